@@ -1,0 +1,50 @@
+// moekit/core/context.h — where an op runs: device, stream, allocator, backend choice.
+//
+// Cheap to copy (shared state). There is no hidden global state beyond Context::cpu()'s default
+// allocator. A CUDA context owns (or borrows) a stream, a stream-ordered allocator and library
+// handles; building without CUDA makes Context::cuda() throw ErrorKind::Unsupported.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "moekit/core/device.h"
+#include "moekit/core/tensor.h"
+
+namespace moekit {
+
+class Context {
+ public:
+  /// CPU context; `threads` = 0 uses every core.
+  static Context cpu(int threads = 0);
+  /// CUDA context on `device`; `stream` is a cudaStream_t (nullptr: the context creates one).
+  static Context cuda(int device = 0, void* stream = nullptr);
+  /// The best available: CUDA device 0 when a GPU is usable, else the CPU.
+  static Context best_available();
+  /// Number of usable CUDA devices (0 when built without CUDA or no driver/GPU).
+  static int cuda_device_count();
+  /// Whether this build contains the CUDA backend.
+  static bool built_with_cuda();
+
+  const Device& device() const;
+  void* stream() const;
+  Allocator& allocator() const;
+  int threads() const;
+  /// A copy of this context that allocates through `allocator` (e.g. a counting allocator).
+  Context with_allocator(std::shared_ptr<Allocator> allocator) const;
+  /// Forces primitives to use the backend named `name` ("" = automatic). The environment variable
+  /// MOEKIT_BACKEND does the same for every context that forces nothing.
+  Context with_backend(std::string name) const;
+  const std::string& forced_backend() const;
+  /// Waits for all work queued on the context's stream.
+  void synchronize() const;
+
+  struct Impl;
+  const std::shared_ptr<Impl>& impl() const { return impl_; }
+
+ private:
+  explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,50 @@
+// moekit/core/splits.h — per-group row counts (SPEC §1).
+//
+// G counts, each >= 0 (zero-row groups are normal). Two forms:
+//  - host counts: a std::vector<int64_t>, validated on the host before any work;
+//  - device counts: an int32 or int64 tensor [G] on the op's device. No op synchronises with the
+//    host to read them on a GPU path that claims graph safety; values are checked where they are
+//    read (on the CPU device: up front, like host counts).
+// Group g owns rows [off_g, off_g + m_g) with off_g = sum_{j<g} m_j; S = sum m_g <= T.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moekit/core/tensor.h"
+
+namespace moekit {
+
+class Splits {
+ public:
+  Splits() = default;
+  static Splits host(std::vector<int64_t> counts);
+  static Splits device(Tensor counts);
+
+  bool on_host() const { return !counts_tensor_.defined(); }
+  int64_t groups() const;
+  /// Host counts (throws InvalidArgument for device splits: read them with read_counts()).
+  const std::vector<int64_t>& host_counts() const;
+  /// Device counts tensor [G] (undefined for host splits).
+  const Tensor& device_counts() const { return counts_tensor_; }
+
+ private:
+  std::vector<int64_t> counts_;
+  Tensor counts_tensor_;
+};
+
+/// Prefix sums: offsets[g] = sum_{j<g} counts[j], offsets[G] = S.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
+
+/// Checks the metadata of splits against an op: G == groups, device tensor dtype i32/i64, shape
+/// [G], on `device`. For host counts (and device counts that live on the CPU) also the values:
+/// each >= 0 and S <= rows. `argument` names the splits in messages.
+void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device device,
+                     std::string_view argument = "splits");
+
+/// The counts as host integers. Host splits: returned as is. CPU-device splits: read directly.
+/// CUDA-device splits: copied to the host (synchronises ctx's stream; only for baseline paths
+/// that document it).
+std::vector<int64_t> read_counts(const Context& ctx, const Splits& splits);
+
+}  // namespace moekit

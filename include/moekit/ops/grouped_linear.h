@@ -1,0 +1,106 @@
+// moekit/ops/grouped_linear.h — G expert Linear layers applied to rows grouped by expert.
+//
+// Math (SPEC §2). Parameters: weight W [G, N, K] (row g is expert g's (out, in) matrix, exactly
+// like torch.nn.Linear.weight; the layout is canonical and never inferred from shapes), optional
+// bias b [G, N]. Splits give m_g rows to group g, off_g = sum_{j<g} m_j, S = sum m_g <= T.
+//   forward   y[off_g : off_g+m_g] = x[off_g : off_g+m_g] · W_gᵀ + b_g        x [T, K] → y [T, N]
+//   backward  dx_g = dy_g · W_g                                               dx [T, K]
+//             dW_g = dy_gᵀ · x_g   (or main_grad_g += dy_gᵀ · x_g, fp32)       dW [G, N, K]
+//             db_g = Σ_rows dy_g   (fp32 accumulation)                         db [G, N]
+// Rows [S, T) of y and dx are never written. Zero-row groups are fine: dW_g = 0 (main_grad_g
+// unchanged), db_g = 0. Gradients nobody needs are not computed: no dx when the input did not
+// require grad, no dW/db when the weights are frozen.
+// dtypes: activations and parameters share one dtype (f32, f16, bf16); accumulation is fp32.
+//
+// Caller-provided buffers (SPEC §3). `ForwardOptions::output` receives y and
+// `BackwardOptions::grad_input` receives dx. Requirements, checked on host metadata before any
+// work, in this order: shape ([T, N] resp. [T, K], tail included), dtype (the activation dtype),
+// device (the op's), contiguity (row-major dense), no overlap with any input of the same call.
+// A failed check throws Error(InvalidArgument) naming the buffer, the expected and the seen value,
+// and nothing is written. On success the returned tensor *is* the buffer (same data pointer and
+// shape), written in place with no temporary, bit-identical to the internally allocated result,
+// and rows [S, T) keep their previous contents. Internally allocated outputs leave rows [S, T)
+// uninitialised.
+//
+//   GroupedLinear fc({.groups = E, .in = H, .out = F, .dtype = DType::BF16}, ctx);
+//   GroupedLinear::Saved saved;
+//   Tensor y = fc.forward(x, splits, {.output = y_buf}, &saved);      // y aliases y_buf
+//   auto g = fc.backward(saved, dy, {.grad_input = dx_buf});          // g.input aliases dx_buf
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/core/context.h"
+#include "moekit/core/splits.h"
+#include "moekit/core/tensor.h"
+
+namespace moekit {
+
+struct GroupedLinearConfig {
+  int64_t groups = 0;          // G experts on this rank
+  int64_t in = 0;              // K in_features
+  int64_t out = 0;             // N out_features
+  DType dtype = DType::BF16;   // activations and parameters
+  bool bias = false;           // has bias [G, N]
+};
+
+struct GroupedLinearForwardOptions {
+  Tensor output;                     // optional caller buffer for y: [T, N], activation dtype
+  bool input_requires_grad = true;   // false: backward will not compute dx
+};
+
+struct GroupedLinearBackwardOptions {
+  Tensor grad_input;  // optional caller buffer for dx: [T, K], activation dtype
+};
+
+class GroupedLinear {
+ public:
+  /// Allocates weight (and bias) on ctx's device, uninitialised: fill them, or set_weight().
+  GroupedLinear(const GroupedLinearConfig& config, const Context& ctx);
+
+  const GroupedLinearConfig& config() const { return config_; }
+  const Context& context() const { return ctx_; }
+
+  const Tensor& weight() const { return weight_; }  // [G, N, K]
+  Tensor weight(int64_t g) const;                   // expert g's [N, K] view of the packed weight
+  const Tensor& bias() const { return bias_; }      // [G, N] or undefined
+  /// Uses caller storage for the parameters (validated: shape, dtype, device, contiguity).
+  void set_weight(const Tensor& weight);
+  void set_bias(const Tensor& bias);
+  /// Megatron-style fp32 gradient buffer [G, N, K]: backward then does main_grad += dW instead of
+  /// returning a new tensor (Grads::weight is then this buffer). An undefined tensor turns it off.
+  void set_main_grad(const Tensor& main_grad);
+  const Tensor& main_grad() const { return main_grad_; }
+  /// Frozen weights (false): backward computes neither dW nor db.
+  void set_weight_requires_grad(bool requires_grad) { weight_requires_grad_ = requires_grad; }
+  bool weight_requires_grad() const { return weight_requires_grad_; }
+
+  using ForwardOptions = GroupedLinearForwardOptions;
+  /// What backward needs, filled by forward.
+  struct Saved {
+    Tensor input;   // x [T, K]
+    Splits splits;
+    bool input_requires_grad = false;
+    bool valid = false;
+  };
+  /// y = grouped x · Wᵀ + b. Pass `saved` to train (nullptr: inference, nothing kept).
+  Tensor forward(const Tensor& x, const Splits& splits, const ForwardOptions& options = {},
+                 Saved* saved = nullptr) const;
+
+  using BackwardOptions = GroupedLinearBackwardOptions;
+  struct Grads {
+    Tensor input;   // dx [T, K] (undefined when the input did not require grad)
+    Tensor weight;  // dW [G, N, K] param dtype, or main_grad (undefined when frozen)
+    Tensor bias;    // db [G, N] param dtype (undefined without bias or when frozen)
+  };
+  Grads backward(const Saved& saved, const Tensor& grad_output,
+                 const BackwardOptions& options = {}) const;
+
+ private:
+  GroupedLinearConfig config_;
+  Context ctx_;
+  Tensor weight_, bias_, main_grad_;
+  bool weight_requires_grad_ = true;
+};
+
+}  // namespace moekit

@@ -1,0 +1,96 @@
+#include "moekit/core/context.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "core/runtime.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace {
+
+class CpuAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+ protected:
+  void* do_allocate(size_t bytes) override {
+    constexpr size_t kAlign = 64;
+    void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (!p) throw_error(ErrorKind::Runtime, str("out of host memory allocating ", bytes, " bytes"));
+    return p;
+  }
+  void do_deallocate(void* p, size_t) noexcept override { std::free(p); }
+};
+
+}  // namespace
+
+Context Context::cpu(int threads) {
+  auto impl = std::make_shared<Impl>();
+  impl->device = Device::cpu();
+  impl->allocator = std::make_shared<CpuAllocator>();
+  impl->threads = threads > 0 ? threads : omp_get_num_procs();
+  return Context(std::move(impl));
+}
+
+Context Context::cuda(int device, void* stream) {
+  const int n = detail::cuda_device_count();
+  if (!built_with_cuda()) {
+    throw_error(ErrorKind::Unsupported,
+                "this moekit was built without CUDA (MOEKIT_WITH_CUDA=OFF or nvcc not found)");
+  }
+  if (device < 0 || device >= n) {
+    throw_invalid("device", str("a CUDA device index in [0, ", n, ")"), std::to_string(device));
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->device = Device::cuda(device);
+  impl->threads = 1;
+  detail::init_cuda_context(*impl, device, stream);
+  return Context(std::move(impl));
+}
+
+Context Context::best_available() {
+  return cuda_device_count() > 0 ? cuda(0) : cpu();
+}
+
+int Context::cuda_device_count() { return detail::cuda_device_count(); }
+
+bool Context::built_with_cuda() {
+#ifdef MOEKIT_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+const Device& Context::device() const { return impl_->device; }
+void* Context::stream() const { return impl_->stream; }
+Allocator& Context::allocator() const { return *impl_->allocator; }
+int Context::threads() const { return impl_->threads; }
+
+Context Context::with_allocator(std::shared_ptr<Allocator> allocator) const {
+  if (!allocator) throw_invalid("allocator", "a non-null allocator", "nullptr");
+  if (!(allocator->device() == device())) {
+    throw_invalid("allocator", str("an allocator for ", device().to_string()),
+                  allocator->device().to_string());
+  }
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->allocator = std::move(allocator);
+  return Context(std::move(impl));
+}
+
+Context Context::with_backend(std::string name) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->backend = std::move(name);
+  return Context(std::move(impl));
+}
+
+const std::string& Context::forced_backend() const { return impl_->backend; }
+
+void Context::synchronize() const {
+  if (device().is_cuda()) detail::cuda_synchronize(*this);
+}
+
+}  // namespace moekit

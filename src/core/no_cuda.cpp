@@ -1,0 +1,19 @@
+// Built instead of src/cuda/ when moekit has no CUDA backend.
+#include "core/runtime.h"
+#include "moekit/core/error.h"
+
+namespace moekit::detail {
+namespace {
+[[noreturn]] void no_cuda() {
+  throw_error(ErrorKind::Unsupported,
+              "this moekit was built without CUDA (MOEKIT_WITH_CUDA=OFF or nvcc not found)");
+}
+}  // namespace
+
+int cuda_device_count() { return 0; }
+void init_cuda_context(Context::Impl&, int, void*) { no_cuda(); }
+void cuda_copy(const Context&, void*, Device, const void*, Device, size_t) { no_cuda(); }
+void cuda_fill(const Context&, const Tensor&, double) { no_cuda(); }
+void cuda_synchronize(const Context&) { no_cuda(); }
+
+}  // namespace moekit::detail

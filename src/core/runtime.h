@@ -1,0 +1,36 @@
+// Internal: the hooks through which core reaches a device runtime. Implemented by
+// src/cuda/runtime.cu when CUDA is built, and by core/no_cuda.cpp otherwise (every call throws
+// ErrorKind::Unsupported and cuda_device_count() returns 0). Core never includes CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "moekit/core/context.h"
+
+namespace moekit {
+
+struct Context::Impl {
+  Device device;
+  void* stream = nullptr;                // cudaStream_t for CUDA contexts
+  std::shared_ptr<Allocator> allocator;
+  int threads = 1;                       // CPU worker threads
+  std::string backend;                   // forced backend name, "" = automatic
+  std::shared_ptr<void> cuda;            // CUDA resources (stream ownership, cuBLAS handle, ...)
+};
+
+namespace detail {
+
+int cuda_device_count();
+/// Fills impl->stream, impl->allocator and impl->cuda for a CUDA context.
+void init_cuda_context(Context::Impl& impl, int device, void* stream);
+/// Copies `bytes` between any two devices, ordered on ctx's stream; a copy that ends on the host
+/// waits for it.
+void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,
+               Device src_device, size_t bytes);
+void cuda_fill(const Context& ctx, const Tensor& t, double value);
+void cuda_synchronize(const Context& ctx);
+
+}  // namespace detail
+}  // namespace moekit

@@ -1,0 +1,111 @@
+#include "moekit/core/splits.h"
+
+#include "core/runtime.h"
+#include "moekit/core/context.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+
+Splits Splits::host(std::vector<int64_t> counts) {
+  Splits s;
+  s.counts_ = std::move(counts);
+  return s;
+}
+
+Splits Splits::device(Tensor counts) {
+  if (!counts.defined()) throw_invalid("splits", "a defined counts tensor", "undefined tensor");
+  Splits s;
+  s.counts_tensor_ = std::move(counts);
+  return s;
+}
+
+int64_t Splits::groups() const {
+  if (on_host()) return static_cast<int64_t>(counts_.size());
+  return counts_tensor_.dim() == 1 ? counts_tensor_.size(0) : -1;
+}
+
+const std::vector<int64_t>& Splits::host_counts() const {
+  if (!on_host()) throw_invalid("splits", "host counts", "device counts (use read_counts)");
+  return counts_;
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) off[g + 1] = off[g] + counts[g];
+  return off;
+}
+
+namespace {
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i == 16) return s + ", ... (" + std::to_string(v.size()) + " counts)]";
+    s += (i ? ", " : "") + std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+std::vector<int64_t> read_cpu_tensor(const Tensor& t) {
+  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = t.dtype() == DType::I32 ? t.data_as<const int32_t>()[i] : t.data_as<const int64_t>()[i];
+  }
+  return out;
+}
+
+void check_values(const std::vector<int64_t>& counts, int64_t rows, std::string_view argument) {
+  int64_t total = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] < 0) {
+      throw_invalid(argument, "every count >= 0",
+                    str("count ", counts[g], " for group ", g, " in ", list(counts)));
+    }
+    total += counts[g];
+  }
+  if (total > rows) {
+    throw_invalid(argument, str("a total row count S <= T = ", rows, " (rows presented)"),
+                  str("S = ", total, " from ", list(counts)));
+  }
+}
+}  // namespace
+
+void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device device,
+                     std::string_view argument) {
+  if (splits.on_host()) {
+    if (splits.groups() != groups) {
+      throw_invalid(argument, str(groups, " group counts (one per group)"),
+                    str(splits.groups(), " counts"));
+    }
+    check_values(splits.host_counts(), rows, argument);
+    return;
+  }
+  const Tensor& t = splits.device_counts();
+  if (t.dim() != 1 || t.size(0) != groups) {
+    throw_invalid(argument, str("a counts tensor of shape [", groups, "]"), to_string(t.shape()));
+  }
+  if (t.dtype() != DType::I32 && t.dtype() != DType::I64) {
+    throw_invalid(argument, "counts of dtype i32 or i64", name(t.dtype()));
+  }
+  if (!(t.device() == device)) {
+    throw_invalid(argument, str("counts on ", device.to_string()), t.device().to_string());
+  }
+  if (!t.is_contiguous()) throw_invalid(argument, "a contiguous counts tensor", t.describe());
+  // Counts that live in host memory cost nothing to check now, before any work.
+  if (t.device().is_cpu()) check_values(read_cpu_tensor(t), rows, argument);
+}
+
+std::vector<int64_t> read_counts(const Context& ctx, const Splits& splits) {
+  if (splits.on_host()) return splits.host_counts();
+  const Tensor& t = splits.device_counts();
+  if (t.device().is_cpu()) return read_cpu_tensor(t);
+  std::vector<int64_t> raw(static_cast<size_t>(t.numel()));
+  std::vector<int32_t> raw32(raw.size());
+  void* dst = t.dtype() == DType::I32 ? static_cast<void*>(raw32.data()) : raw.data();
+  detail::cuda_copy(ctx, dst, Device::cpu(), t.data(), t.device(), t.nbytes());
+  if (t.dtype() == DType::I32) {
+    for (size_t i = 0; i < raw.size(); ++i) raw[i] = raw32[i];
+  }
+  return raw;
+}
+
+}  // namespace moekit

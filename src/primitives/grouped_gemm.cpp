@@ -1,0 +1,100 @@
+// Grouped GEMM primitives: the one place their arguments are validated, then backend dispatch.
+#include "moekit/primitives/grouped_gemm.h"
+
+#include <array>
+
+#include "cpu/cpu_backend.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "primitives/args.h"
+#include "primitives/backend_table.h"
+#ifdef MOEKIT_HAS_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace moekit {
+namespace {
+using detail::Backend;
+
+void check_compute_dtype(std::string_view argument, DType t) {
+  if (!is_compute_dtype(t)) throw_invalid(argument, "dtype f32, f16 or bf16", name(t));
+}
+
+constexpr Backend<detail::GroupMArgs> kGroupM[] = {
+#ifdef MOEKIT_HAS_CUDA
+    {"cublas", cuda::group_m_rejects, cuda::group_m_run},
+#endif
+    {"cpu", cpu::group_m_rejects, cpu::group_m_run},
+};
+constexpr Backend<detail::GroupKArgs> kGroupK[] = {
+#ifdef MOEKIT_HAS_CUDA
+    {"cublas", cuda::group_k_rejects, cuda::group_k_run},
+#endif
+    {"cpu", cpu::group_k_rejects, cpu::group_k_run},
+};
+constexpr Backend<detail::BiasGradArgs> kBiasGrad[] = {
+#ifdef MOEKIT_HAS_CUDA
+    {"cuda", cuda::bias_grad_rejects, cuda::bias_grad_run},
+#endif
+    {"cpu", cpu::bias_grad_rejects, cpu::bias_grad_run},
+};
+}  // namespace
+
+void grouped_gemm_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
+                          const Splits& splits, const Tensor& out, const Tensor& bias) {
+  const Device dev = ctx.device();
+  if (!a.defined() || a.dim() != 2) throw_invalid("a", "a 2-D tensor [T, K]", a.describe());
+  if (!b.defined() || b.dim() != 3) throw_invalid("b", "a 3-D tensor [G, *, *]", b.describe());
+  const int64_t T = a.size(0), K = a.size(1), G = b.size(0);
+  const int64_t N = op == BOp::Transposed ? b.size(1) : b.size(2);
+  check_compute_dtype("a", a.dtype());
+  check_input("a", a, {T, K}, a.dtype(), dev);
+  check_input("b", b, op == BOp::Transposed ? Shape{G, N, K} : Shape{G, K, N}, a.dtype(), dev);
+  if (bias.defined()) check_input("bias", bias, {G, N}, a.dtype(), dev);
+  validate_splits(splits, G, T, dev);
+  check_caller_buffer("out", out, {T, N}, a.dtype(), dev, {{"a", a}, {"b", b}, {"bias", bias}});
+  detail::dispatch<detail::GroupMArgs>("grouped_gemm_group_m", kGroupM, ctx,
+                                       {ctx, a, b, op, splits, out, bias, G, T, K, N});
+}
+
+void grouped_gemm_group_k(const Context& ctx, const Tensor& dy, const Tensor& x,
+                          const Splits& splits, const Tensor& dw, bool accumulate) {
+  const Device dev = ctx.device();
+  if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, N]", dy.describe());
+  if (!dw.defined() || dw.dim() != 3) throw_invalid("dw", "a 3-D tensor [G, N, K]", dw.describe());
+  const int64_t T = dy.size(0), N = dy.size(1), G = dw.size(0);
+  const int64_t K = x.defined() && x.dim() == 2 ? x.size(1) : -1;
+  check_compute_dtype("dy", dy.dtype());
+  check_input("dy", dy, {T, N}, dy.dtype(), dev);
+  check_input("x", x, {T, K}, dy.dtype(), dev);
+  validate_splits(splits, G, T, dev);
+  if (accumulate && dw.dtype() != DType::F32) {
+    throw_invalid("dw", "dtype f32 when accumulating (main_grad)", name(dw.dtype()));
+  }
+  if (dw.dtype() != DType::F32 && dw.dtype() != dy.dtype()) {
+    throw_invalid("dw", str("dtype f32 or ", name(dy.dtype())), name(dw.dtype()));
+  }
+  check_caller_buffer("dw", dw, {G, N, K}, dw.dtype(), dev, {{"dy", dy}, {"x", x}});
+  detail::dispatch<detail::GroupKArgs>("grouped_gemm_group_k", kGroupK, ctx,
+                                       {ctx, dy, x, splits, dw, accumulate, G, T, K, N});
+}
+
+void grouped_bias_grad(const Context& ctx, const Tensor& dy, const Splits& splits,
+                       const Tensor& db, bool accumulate) {
+  const Device dev = ctx.device();
+  if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, N]", dy.describe());
+  if (!db.defined() || db.dim() != 2) throw_invalid("db", "a 2-D tensor [G, N]", db.describe());
+  const int64_t T = dy.size(0), N = dy.size(1), G = db.size(0);
+  check_compute_dtype("dy", dy.dtype());
+  check_input("dy", dy, {T, N}, dy.dtype(), dev);
+  validate_splits(splits, G, T, dev);
+  if (accumulate && db.dtype() != DType::F32) {
+    throw_invalid("db", "dtype f32 when accumulating", name(db.dtype()));
+  }
+  check_compute_dtype("db", db.dtype());
+  check_caller_buffer("db", db, {G, N}, db.dtype(), dev, {{"dy", dy}});
+  detail::dispatch<detail::BiasGradArgs>("grouped_bias_grad", kBiasGrad, ctx,
+                                         {ctx, dy, splits, db, accumulate, G, T, N});
+}
+
+}  // namespace moekit
