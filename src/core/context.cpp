@@ -1,9 +1,9 @@
 #include "moekit/core/context.h"
 
-#include <omp.h>
-
+#include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include "core/runtime.h"
 #include "moekit/core/error.h"
@@ -31,7 +31,7 @@ Context Context::cpu(int threads) {
   auto impl = std::make_shared<Impl>();
   impl->device = Device::cpu();
   impl->allocator = std::make_shared<CpuAllocator>();
-  impl->threads = threads > 0 ? threads : omp_get_num_procs();
+  impl->threads = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return Context(std::move(impl));
 }
 

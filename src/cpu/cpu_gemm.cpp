@@ -5,7 +5,6 @@
 // added in fp32, and the block is rounded once into the output. f32 operands go straight to
 // sgemm, which writes the output in place. Results are bit-reproducible for a fixed thread count.
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -23,10 +22,9 @@ std::string reject_unless_cpu(const Context& ctx) {
   return ctx.device().is_cpu() ? "" : str("the context's device is ", ctx.device().to_string());
 }
 
-void set_threads(const Context& ctx) {
-  openblas_set_num_threads(ctx.threads());
-  omp_set_num_threads(ctx.threads());
-}
+// OpenBLAS's threads do the parallel work. The conversions around them stay on the calling
+// thread: a second thread pool (OpenMP) spinning beside OpenBLAS's slowed steps down 15x here.
+void set_threads(const Context& ctx) { openblas_set_num_threads(ctx.threads()); }
 
 const char* row_ptr(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.data()) +
@@ -34,27 +32,11 @@ const char* row_ptr(const Tensor& t, int64_t row) {
 }
 char* row_ptr_mut(const Tensor& t, int64_t row) { return const_cast<char*>(row_ptr(t, row)); }
 
-// Converts `n` elements to fp32, in parallel for large spans (each thread its own chunk: the
-// result does not depend on the thread count).
-void to_f32_parallel(const void* src, DType t, float* dst, int64_t n) {
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  const size_t es = size_of(t);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
-    to_f32(static_cast<const char*>(src) + b * es, t, dst + b, static_cast<size_t>(e - b));
-  }
+void to_f32_block(const void* src, DType t, float* dst, int64_t n) {
+  to_f32(src, t, dst, static_cast<size_t>(n));
 }
-void from_f32_parallel(const float* src, void* dst, DType t, int64_t n) {
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  const size_t es = size_of(t);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
-    from_f32(src + b, static_cast<char*>(dst) + b * es, t, static_cast<size_t>(e - b));
-  }
+void from_f32_block(const float* src, void* dst, DType t, int64_t n) {
+  from_f32(src, dst, t, static_cast<size_t>(n));
 }
 
 void add_bias_rows(float* y, int64_t rows, int64_t n, const float* bias) {
@@ -90,7 +72,7 @@ void group_m_run(const detail::GroupMArgs& args) {
       b_f32 = reinterpret_cast<const float*>(bg);
     } else {
       b32.resize(static_cast<size_t>(N * K));
-      to_f32_parallel(bg, dt, b32.data(), N * K);
+      to_f32_block(bg, dt, b32.data(), N * K);
       b_f32 = b32.data();
     }
     const float* bias_g = nullptr;
@@ -109,7 +91,7 @@ void group_m_run(const detail::GroupMArgs& args) {
       } else {
         a32.resize(static_cast<size_t>(rows * K));
         y32.resize(static_cast<size_t>(rows * N));
-        to_f32_parallel(row_ptr(args.a, row), dt, a32.data(), rows * K);
+        to_f32_block(row_ptr(args.a, row), dt, a32.data(), rows * K);
         a_f32 = a32.data();
         y_f32 = y32.data();
       }
@@ -117,7 +99,7 @@ void group_m_run(const detail::GroupMArgs& args) {
                   static_cast<int>(K), 1.0f, a_f32, static_cast<int>(K), b_f32, ldb, 0.0f, y_f32,
                   static_cast<int>(N));
       if (bias_g) add_bias_rows(y_f32, rows, N, bias_g);
-      if (dt != DType::F32) from_f32_parallel(y_f32, row_ptr_mut(args.out, row), dt, rows * N);
+      if (dt != DType::F32) from_f32_block(y_f32, row_ptr_mut(args.out, row), dt, rows * N);
     }
     off += m;
   }
@@ -167,8 +149,8 @@ void group_k_run(const detail::GroupKArgs& args) {
       } else {
         dy32.resize(static_cast<size_t>(rows * N));
         x32.resize(static_cast<size_t>(rows * K));
-        to_f32_parallel(row_ptr(args.dy, row), dt, dy32.data(), rows * N);
-        to_f32_parallel(row_ptr(args.x, row), dt, x32.data(), rows * K);
+        to_f32_block(row_ptr(args.dy, row), dt, dy32.data(), rows * N);
+        to_f32_block(row_ptr(args.x, row), dt, x32.data(), rows * K);
         dy_f32 = dy32.data();
         x_f32 = x32.data();
       }
@@ -177,7 +159,7 @@ void group_k_run(const detail::GroupKArgs& args) {
                   static_cast<int>(K), static_cast<int>(rows), 1.0f, dy_f32, static_cast<int>(N),
                   x_f32, static_cast<int>(K), beta, c, static_cast<int>(K));
     }
-    if (!f32_out) from_f32_parallel(c, dw_g, args.dw.dtype(), N * K);
+    if (!f32_out) from_f32_block(c, dw_g, args.dw.dtype(), N * K);
     off += m;
   }
 }
@@ -191,7 +173,6 @@ void bias_grad_run(const detail::BiasGradArgs& args) {
   const std::vector<int64_t> offs = offsets_of(counts);
   const int64_t N = args.n;
   const DType dt = args.dy.dtype();
-#pragma omp parallel for schedule(dynamic)
   for (int64_t g = 0; g < args.groups; ++g) {
     std::vector<float> sum(static_cast<size_t>(N), 0.0f), row(static_cast<size_t>(N));
     for (int64_t r = offs[static_cast<size_t>(g)]; r < offs[static_cast<size_t>(g) + 1]; ++r) {

@@ -1,0 +1,307 @@
+// `moekit run`'s workload: grouped linear fc1 [H → F] → fc2 [F → H] over the experts of a rank.
+#include "expert_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace moekit::tools {
+namespace {
+
+constexpr double kSentinel = 7.0;
+
+// Host tensor of random normal values in `dtype`, plus its exact fp64 values.
+struct HostData {
+  Tensor t;
+  std::vector<char> bytes;
+  std::vector<double> f64;
+};
+
+HostData random_host(const Shape& shape, DType dtype, double stddev, std::mt19937_64& rng) {
+  HostData h;
+  const int64_t n = numel(shape);
+  h.bytes.resize(static_cast<size_t>(n) * size_of(dtype));
+  h.f64.resize(static_cast<size_t>(n));
+  std::normal_distribution<double> dist(0.0, stddev);
+  for (auto& v : h.f64) v = dist(rng);
+  from_f64(h.f64.data(), h.bytes.data(), dtype, h.f64.size());
+  to_f64(h.bytes.data(), dtype, h.f64.data(), h.f64.size());  // the values actually stored
+  h.t = Tensor::wrap(h.bytes.data(), shape, dtype, Device::cpu());
+  return h;
+}
+
+std::vector<int64_t> route(int64_t tokens, int64_t experts, bool skewed, std::mt19937_64& rng) {
+  std::vector<int64_t> counts(static_cast<size_t>(experts), tokens / experts);
+  if (!skewed) {
+    for (int64_t e = 0; e < tokens % experts; ++e) ++counts[static_cast<size_t>(e)];
+    return counts;
+  }
+  // Dirichlet(1): normalised exponential draws; largest-remainder rounding keeps the total.
+  std::exponential_distribution<double> exp1(1.0);
+  std::vector<double> w(static_cast<size_t>(experts));
+  double sum = 0;
+  for (auto& x : w) sum += (x = exp1(rng));
+  int64_t assigned = 0;
+  std::vector<std::pair<double, size_t>> rem;
+  for (size_t e = 0; e < w.size(); ++e) {
+    const double share = w[e] / sum * static_cast<double>(tokens);
+    counts[e] = static_cast<int64_t>(std::floor(share));
+    assigned += counts[e];
+    rem.push_back({share - std::floor(share), e});
+  }
+  std::sort(rem.rbegin(), rem.rend());
+  for (int64_t i = 0; i < tokens - assigned; ++i) ++counts[rem[static_cast<size_t>(i)].second];
+  return counts;
+}
+
+std::vector<double> download_f64(const Context& ctx, const Tensor& t) {
+  std::vector<char> bytes(t.nbytes());
+  copy(ctx, t, Tensor::wrap(bytes.data(), t.shape(), t.dtype(), Device::cpu()));
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  to_f64(bytes.data(), t.dtype(), out.data(), out.size());
+  return out;
+}
+
+// Tracks max |out - ref| relative to max |ref| for one named quantity.
+struct ErrorMeter {
+  double max_abs_err = 0, max_abs_ref = 0;
+  void add(double out, double ref) {
+    max_abs_err = std::max(max_abs_err, std::isfinite(out) ? std::fabs(out - ref) : INFINITY);
+    max_abs_ref = std::max(max_abs_ref, std::fabs(ref));
+  }
+  double relative() const { return max_abs_ref > 0 ? max_abs_err / max_abs_ref : max_abs_err; }
+};
+
+}  // namespace
+
+struct ExpertStep::State {
+  StepConfig cfg;
+  Context ctx;
+  std::vector<int64_t> counts, offsets;
+  int64_t rows = 0;  // T + tail: rows of every activation buffer
+  HostData x, w1, w2, dy;
+  Tensor x_d, dy_d, counts_d;
+  Splits splits;
+  GroupedLinear fc1, fc2;
+  Tensor out_buf, dgrad_buf;  // caller-owned buffers [T + tail, H]
+  Tensor y, dx, dw1, dw2;      // last step's results
+
+  State(const StepConfig& c, const Context& cx)
+      : cfg(c),
+        ctx(cx),
+        fc1({.groups = c.experts, .in = c.hidden, .out = c.ffn, .dtype = c.dtype}, cx),
+        fc2({.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype}, cx) {}
+};
+
+ExpertStep::ExpertStep(const StepConfig& cfg, const Context& ctx)
+    : s_(std::make_unique<State>(cfg, ctx)) {
+  State& s = *s_;
+  std::mt19937_64 rng(cfg.seed);
+  s.counts = route(cfg.tokens, cfg.experts, cfg.skewed, rng);
+  s.offsets = offsets_of(s.counts);
+  s.rows = cfg.tokens + cfg.tail;
+  const int64_t H = cfg.hidden, F = cfg.ffn, E = cfg.experts;
+  // Weights scaled like a trained layer's (std 1/sqrt(fan_in)) so activations stay O(1).
+  s.x = random_host({s.rows, H}, cfg.dtype, 1.0, rng);
+  s.w1 = random_host({E, F, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
+  s.w2 = random_host({E, H, F}, cfg.dtype, 1.0 / std::sqrt(double(F)), rng);
+  s.dy = random_host({s.rows, H}, cfg.dtype, 1.0, rng);
+  copy(ctx, s.w1.t, s.fc1.weight());
+  copy(ctx, s.w2.t, s.fc2.weight());
+  s.x_d = to_device(ctx, s.x.t);
+  s.dy_d = to_device(ctx, s.dy.t);
+  // Device counts: the form an expert-parallel dispatch produces (no host round trip needed).
+  std::vector<int64_t> c64 = s.counts;
+  s.counts_d = to_device(ctx, Tensor::wrap(c64.data(), {E}, DType::I64, Device::cpu()));
+  s.splits = Splits::device(s.counts_d);
+  s.out_buf = Tensor::empty({s.rows, H}, cfg.dtype, ctx);
+  s.dgrad_buf = Tensor::empty({s.rows, H}, cfg.dtype, ctx);
+  fill(ctx, s.out_buf, kSentinel);
+  fill(ctx, s.dgrad_buf, kSentinel);
+}
+
+ExpertStep::~ExpertStep() = default;
+
+void ExpertStep::run_once() {
+  State& s = *s_;
+  GroupedLinear::Saved saved1, saved2;
+  Tensor h = s.fc1.forward(s.x_d, s.splits, {}, &saved1);
+  s.y = s.fc2.forward(h, s.splits, {.output = s.out_buf}, &saved2);
+  GroupedLinear::Grads g2 = s.fc2.backward(saved2, s.dy_d);
+  GroupedLinear::Grads g1 = s.fc1.backward(saved1, g2.input, {.grad_input = s.dgrad_buf});
+  s.dx = g1.input;
+  s.dw1 = g1.weight;
+  s.dw2 = g2.weight;
+}
+
+CheckResult ExpertStep::check() const {
+  const State& s = *s_;
+  const int64_t H = s.cfg.hidden, F = s.cfg.ffn;
+  const int64_t S = s.offsets.back();
+  CheckResult r;
+  std::mt19937_64 rng(s.cfg.seed + 1000);
+
+  // Sampled rows: the first and last row of every non-empty expert, plus random rows.
+  std::vector<int64_t> rows_to_check;
+  for (size_t g = 0; g < s.counts.size(); ++g) {
+    if (s.counts[g] == 0) continue;
+    rows_to_check.push_back(s.offsets[g]);
+    rows_to_check.push_back(s.offsets[g + 1] - 1);
+  }
+  for (int i = 0; i < 16 && S > 0; ++i) rows_to_check.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(S)));
+  std::sort(rows_to_check.begin(), rows_to_check.end());
+  rows_to_check.erase(std::unique(rows_to_check.begin(), rows_to_check.end()), rows_to_check.end());
+  if (rows_to_check.size() > 64) {
+    std::shuffle(rows_to_check.begin(), rows_to_check.end(), rng);
+    rows_to_check.resize(64);
+  }
+  auto group_of = [&](int64_t row) {
+    return static_cast<size_t>(std::upper_bound(s.offsets.begin(), s.offsets.end(), row) - s.offsets.begin() - 1);
+  };
+  auto dot = [](const double* a, const double* b, int64_t n, int64_t stride_b = 1) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i * stride_b];
+    return acc;
+  };
+  const double* x = s.x.f64.data();
+  const double* w1 = s.w1.f64.data();
+  const double* w2 = s.w2.f64.data();
+  const double* dy = s.dy.f64.data();
+
+  ErrorMeter y_err, dx_err, dw1_err, dw2_err;
+  const std::vector<double> y = download_f64(s.ctx, s.y);
+  const std::vector<double> dx = download_f64(s.ctx, s.dx);
+  std::vector<double> h(static_cast<size_t>(F)), dh(static_cast<size_t>(F));
+  for (int64_t row : rows_to_check) {
+    const size_t g = group_of(row);
+    const double* w1g = w1 + g * static_cast<size_t>(F * H);
+    const double* w2g = w2 + g * static_cast<size_t>(H * F);
+    for (int64_t f = 0; f < F; ++f) h[static_cast<size_t>(f)] = dot(x + row * H, w1g + f * H, H);
+    for (int64_t n = 0; n < H; ++n) y_err.add(y[static_cast<size_t>(row * H + n)], dot(h.data(), w2g + n * F, F));
+    for (int64_t f = 0; f < F; ++f) dh[static_cast<size_t>(f)] = dot(dy + row * H, w2g + f, H, F);
+    for (int64_t k = 0; k < H; ++k) dx_err.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, F, H));
+  }
+  // Sampled weight-gradient entries: dW2_g[n, f] = Σ_r dy[r, n] h[r, f]; dW1_g[f, k] = Σ_r dh[r, f] x[r, k].
+  for (int i = 0; i < 8; ++i) {
+    const size_t g = static_cast<size_t>(rng() % s.counts.size());
+    const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
+    const int64_t f = static_cast<int64_t>(rng() % static_cast<uint64_t>(F));
+    const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
+    const double* w1g = w1 + g * static_cast<size_t>(F * H);
+    const double* w2g = w2 + g * static_cast<size_t>(H * F);
+    double ref2 = 0, ref1 = 0;
+    for (int64_t r = s.offsets[g]; r < s.offsets[g + 1]; ++r) {
+      ref2 += dy[r * H + n] * dot(x + r * H, w1g + f * H, H);
+      ref1 += dot(dy + r * H, w2g + f, H, F) * x[r * H + k];
+    }
+    dw2_err.add(download_f64(s.ctx, s.dw2.index(static_cast<int64_t>(g)).rows(n, n + 1))[static_cast<size_t>(f)], ref2);
+    dw1_err.add(download_f64(s.ctx, s.dw1.index(static_cast<int64_t>(g)).rows(f, f + 1))[static_cast<size_t>(k)], ref1);
+  }
+  r.rows_checked = static_cast<int>(rows_to_check.size());
+  r.grad_entries_checked = 16;
+
+  // Caller buffers' capacity tails must still hold the sentinel.
+  r.tails_intact = true;
+  for (const std::vector<double>* buf : {&y, &dx}) {
+    for (size_t i = static_cast<size_t>(S * H); i < buf->size(); ++i) r.tails_intact &= (*buf)[i] == kSentinel;
+  }
+  // Tolerance: a few units of the storage dtype's rounding (inputs, the stored intermediate and
+  // the output are each rounded once) plus fp32 accumulation over K ≤ 8192.
+  r.tolerance = 4 * epsilon(s.cfg.dtype) + 2e-5;
+  const std::pair<const char*, const ErrorMeter*> meters[] = {
+      {"y", &y_err}, {"dx", &dx_err}, {"dW1", &dw1_err}, {"dW2", &dw2_err}};
+  for (auto [name, m] : meters) {
+    if (m->relative() >= r.max_error) {
+      r.max_error = m->relative();
+      r.worst = name;
+    }
+  }
+  r.passed = r.max_error <= r.tolerance && r.tails_intact;
+  return r;
+}
+
+StepReport ExpertStep::report(double step_ms, const std::string& preset, const std::string& routing,
+                              const CheckResult& check, bool checked) const {
+  const State& s = *s_;
+  StepReport r;
+  r.layer = "grouped linear fc1 -> fc2";
+  r.preset = preset;
+  r.routing = routing;
+  r.device = s.ctx.device().to_string();
+  r.dtype = std::string(name(s.cfg.dtype));
+  const int64_t H = s.cfg.hidden, F = s.cfg.ffn, E = s.cfg.experts;
+  r.shapes = str("x [", s.rows, ", ", H, "] -> fc1 W [", E, ", ", F, ", ", H, "] -> fc2 W [", E,
+                 ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
+  r.splits_kind = str("device counts (i64 tensor on ", r.device, ")");
+  r.experts = E;
+  r.tokens = s.cfg.tokens;
+  r.tail = s.cfg.tail;
+  r.min_rows = *std::min_element(s.counts.begin(), s.counts.end());
+  r.max_rows = *std::max_element(s.counts.begin(), s.counts.end());
+  r.empty_experts = std::count(s.counts.begin(), s.counts.end(), 0);
+  r.step_ms = step_ms;
+  // Forward: 2 GEMMs of 2·S·H·F; backward: dgrad + wgrad for each: twice the forward.
+  r.gflop = 3.0 * 2.0 * 2.0 * double(s.cfg.tokens) * double(H) * double(F) / 1e9;
+  r.output_aliased = s.y.data() == s.out_buf.data() && s.y.shape() == s.out_buf.shape();
+  r.grad_input_aliased = s.dx.data() == s.dgrad_buf.data() && s.dx.shape() == s.dgrad_buf.shape();
+  r.checked = checked;
+  r.check = check;
+  return r;
+}
+
+std::string StepReport::table() const {
+  std::ostringstream o;
+  char buf[256];
+  o << "moekit run: " << layer << " (preset " << preset << ", " << experts << " experts, " << dtype
+    << ", " << device << ")\n";
+  o << "  shapes      " << shapes << "\n";
+  o << "  routing     " << routing << ": " << tokens << " rows routed (" << min_rows << " to "
+    << max_rows << " per expert, " << empty_experts << " experts empty), capacity tail " << tail
+    << " rows\n";
+  o << "  splits      " << splits_kind << "\n";
+  std::snprintf(buf, sizeof buf, "  step        %.3f ms forward + backward (median)\n", step_ms);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "  throughput  %.1f GFLOP/s (%.2f GFLOP per step)\n",
+                gflop / (step_ms / 1e3), gflop);
+  o << buf;
+  o << "  buffers     output aliased: " << (output_aliased ? "yes" : "NO")
+    << ", grad_input aliased: " << (grad_input_aliased ? "yes" : "NO");
+  if (checked) o << ", tails intact: " << (check.tails_intact ? "yes" : "NO");
+  o << "\n";
+  if (checked) {
+    std::snprintf(buf, sizeof buf,
+                  "  check       max error %.2e (%s; tolerance %.2e) on %d rows + %d "
+                  "weight-gradient entries vs fp64: %s\n",
+                  check.max_error, check.worst.c_str(), check.tolerance, check.rows_checked,
+                  check.grad_entries_checked, check.passed ? "PASS" : "FAIL");
+    o << buf;
+  } else {
+    o << "  check       skipped (--no-check)\n";
+  }
+  return o.str();
+}
+
+std::string StepReport::json() const {
+  std::ostringstream o;
+  o.precision(6);
+  o << "{\"layer\": \"" << layer << "\", \"preset\": \"" << preset << "\", \"device\": \"" << device
+    << "\", \"dtype\": \"" << dtype << "\", \"experts\": " << experts << ", \"tokens\": " << tokens
+    << ", \"tail\": " << tail << ", \"routing\": \"" << routing << "\", \"min_rows\": " << min_rows
+    << ", \"max_rows\": " << max_rows << ", \"empty_experts\": " << empty_experts
+    << ", \"step_ms\": " << step_ms << ", \"gflop_per_step\": " << gflop
+    << ", \"gflops\": " << gflop / (step_ms / 1e3)
+    << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
+    << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false");
+  if (checked) {
+    o << ", \"check\": {\"passed\": " << (check.passed ? "true" : "false")
+      << ", \"max_error\": " << check.max_error << ", \"worst\": \"" << check.worst
+      << "\", \"tolerance\": " << check.tolerance << ", \"rows\": " << check.rows_checked
+      << ", \"grad_entries\": " << check.grad_entries_checked
+      << ", \"tails_intact\": " << (check.tails_intact ? "true" : "false") << "}";
+  }
+  o << "}\n";
+  return o.str();
+}
+
+}  // namespace moekit::tools

@@ -1,0 +1,54 @@
+// The workload of `moekit run`: one expert layer of a rank, its data, one training step, and an
+// fp64 check of that step on sampled rows and weight-gradient entries.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+
+namespace moekit::tools {
+
+struct StepConfig {
+  int64_t hidden = 0, ffn = 0, experts = 0, tokens = 0, tail = 0;
+  bool skewed = false;
+  DType dtype = DType::BF16;
+  uint64_t seed = 1;
+};
+
+struct CheckResult {
+  bool passed = false;
+  double max_error = 0, tolerance = 0;  // max |out - ref| / max |ref| per checked quantity
+  int rows_checked = 0, grad_entries_checked = 0;
+  bool tails_intact = false;
+  std::string worst;  // which quantity had the largest error
+};
+
+struct StepReport {
+  std::string layer, preset, routing, device, dtype, shapes, splits_kind;
+  int64_t experts = 0, tokens = 0, tail = 0, min_rows = 0, max_rows = 0, empty_experts = 0;
+  double step_ms = 0, gflop = 0;
+  bool output_aliased = false, grad_input_aliased = false, checked = false;
+  CheckResult check;
+  std::string table() const;
+  std::string json() const;
+};
+
+class ExpertStep {
+ public:
+  ExpertStep(const StepConfig& cfg, const Context& ctx);
+  ~ExpertStep();
+  /// Forward + backward, output and input gradient written into the caller-owned buffers.
+  void run_once();
+  CheckResult check() const;
+  StepReport report(double step_ms, const std::string& preset, const std::string& routing,
+                    const CheckResult& check, bool checked) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace moekit::tools
