@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "moekit/core/error.h"
 
@@ -64,6 +65,18 @@ uint8_t encode_small(double v, const SmallFloat& f) {
   }
   const int m = static_cast<int>(std::ldexp(q, f.mbits - qlead)) - (1 << f.mbits);
   return sign | static_cast<uint8_t>(((qlead + f.bias) << f.mbits) | m);
+}
+
+// fp64 → fp32 rounding to odd: exact values stay; otherwise the neighbour (of the two fp32
+// values around v) whose last mantissa bit is 1. Overflow gives ±FLT_MAX (odd), which every
+// 16-bit format then rounds as it would round v (f16: inf; bf16: inf, as v > bf16 max + ulp/2).
+float f64_to_f32_round_to_odd(double v) {
+  if (std::isnan(v) || std::isinf(v)) return static_cast<float>(v);
+  float f = static_cast<float>(v);  // nearest
+  if (static_cast<double>(f) == v) return f;
+  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
+  if ((bits_of(f) & 1u) == 0) f = std::nextafter(f, v > f ? INFINITY : -INFINITY);
+  return f;
 }
 
 }  // namespace
@@ -213,9 +226,10 @@ void from_f64(const double* src, void* dst, DType t, size_t n) {
     } else if (t == DType::F8E5M2) {
       static_cast<uint8_t*>(dst)[i] = encode_small(src[i], kE5M2);
     } else {
-      // fp64 → fp32 → 16-bit can double-round only in ties below fp32 precision; reference data
-      // is generated in the target dtype, so this path only stores values already representable.
-      const float f = static_cast<float>(src[i]);
+      // fp64 → fp32 → 16-bit would round twice (a value just above a 16-bit midpoint becomes the
+      // midpoint in fp32, then ties to even). Rounding to fp32 *to odd* first keeps the sticky
+      // information: fp32 has ≥ 2 more bits than f16/bf16, so the second rounding is then exact RNE.
+      const float f = f64_to_f32_round_to_odd(src[i]);
       from_f32(&f, static_cast<char*>(dst) + i * es, t, 1);
     }
   }

@@ -54,17 +54,19 @@ std::vector<int64_t> read_cpu_tensor(const Tensor& t) {
 }
 
 void check_values(const std::vector<int64_t>& counts, int64_t rows, std::string_view argument) {
-  int64_t total = 0;
   for (size_t g = 0; g < counts.size(); ++g) {
     if (counts[g] < 0) {
       throw_invalid(argument, "every count >= 0",
                     str("count ", counts[g], " for group ", g, " in ", list(counts)));
     }
-    total += counts[g];
   }
-  if (total > rows) {
+  // Summed without overflow: huge counts must not wrap to a small (or negative) S.
+  int64_t total = 0;
+  bool overflow = false;
+  for (int64_t c : counts) overflow = overflow || __builtin_add_overflow(total, c, &total);
+  if (overflow || total > rows) {
     throw_invalid(argument, str("a total row count S <= T = ", rows, " (rows presented)"),
-                  str("S = ", total, " from ", list(counts)));
+                  str(overflow ? "S > 2^63 - 1" : str("S = ", total), " from ", list(counts)));
   }
 }
 }  // namespace

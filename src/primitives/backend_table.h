@@ -5,13 +5,19 @@
 // runs. Context::with_backend(name) — or, when the context forces nothing, the environment
 // variable MOEKIT_BACKEND — forces the entry of that name in every table that has one (tables
 // without it choose as usual); a forced entry that rejects the call is an error with its reason.
-// When nothing accepts, the Unsupported error lists every entry's reason.
+// When nothing accepts, the Unsupported error lists every entry's reason. A forced name that no
+// table of this build knows (a typo, or "cublas" in a CPU-only build) is an InvalidArgument error
+// listing the known names — never silently ignored. Every table registers its names with
+// RegisterBackendNames next to its definition (a table always accepts its own names; the
+// registry decides whether a name foreign to the table is some other table's or a typo).
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "moekit/core/context.h"
 #include "moekit/core/error.h"
@@ -31,10 +37,41 @@ inline std::string_view forced_backend_name(const Context& ctx) {
   return env ? std::string_view(env) : std::string_view();
 }
 
+/// Names of every backend of every primitive table in this build (filled at load time).
+inline std::vector<std::string_view>& registered_backend_names() {
+  static std::vector<std::string_view> names;
+  return names;
+}
+
+/// Registers the names of a table: `const RegisterBackendNames kRegisterX(kX);`.
+struct RegisterBackendNames {
+  template <class Args, size_t N>
+  explicit RegisterBackendNames(const Backend<Args> (&table)[N]) {
+    auto& names = registered_backend_names();
+    for (const auto& b : table) {
+      if (std::find(names.begin(), names.end(), b.name) == names.end()) names.push_back(b.name);
+    }
+  }
+};
+
+/// Throws InvalidArgument when `forced` is no backend of this build.
+inline void check_forced_backend_is_known(const Context& ctx, std::string_view forced) {
+  const auto& names = registered_backend_names();
+  if (std::find(names.begin(), names.end(), forced) != names.end()) return;
+  std::string known;
+  for (std::string_view n : names) known += str(known.empty() ? "" : ", ", n);
+  throw_invalid(ctx.forced_backend().empty() ? "MOEKIT_BACKEND" : "backend",
+                str("the name of a backend of this build (", known, ")"), str("'", forced, "'"));
+}
+
 template <class Args>
 void dispatch(std::string_view primitive, std::span<const Backend<Args>> table, const Context& ctx,
               const Args& args) {
   const std::string_view forced = forced_backend_name(ctx);
+  if (!forced.empty() && std::none_of(table.begin(), table.end(),
+                                      [&](const auto& b) { return b.name == forced; })) {
+    check_forced_backend_is_known(ctx, forced);  // not this table's: must be another table's
+  }
   for (const auto& b : table) {
     if (!forced.empty() && b.name == forced) {
       const std::string reason = b.rejects(args);

@@ -11,6 +11,9 @@
 #ifdef MOEKIT_HAS_CUDA
 #include "cuda/cuda_backend.h"
 #endif
+#ifdef MOEKIT_HAS_SM90
+#include "cuda/sm90/sm90_entries.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -21,6 +24,9 @@ void check_compute_dtype(std::string_view argument, DType t) {
 }
 
 constexpr Backend<detail::GroupMArgs> kGroupM[] = {
+#ifdef MOEKIT_HAS_SM90
+    {"sm90", cuda::sm90_group_m_rejects, cuda::sm90_group_m_run},
+#endif
 #ifdef MOEKIT_HAS_CUDA
     {"cublas", cuda::group_m_rejects, cuda::group_m_run},
 #endif
@@ -38,6 +44,9 @@ constexpr Backend<detail::BiasGradArgs> kBiasGrad[] = {
 #endif
     {"cpu", cpu::bias_grad_rejects, cpu::bias_grad_run},
 };
+const detail::RegisterBackendNames kRegisterGroupM(kGroupM);
+const detail::RegisterBackendNames kRegisterGroupK(kGroupK);
+const detail::RegisterBackendNames kRegisterBiasGrad(kBiasGrad);
 }  // namespace
 
 void grouped_gemm_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,

@@ -1,4 +1,5 @@
-// `moekit run`'s workload: grouped linear fc1 [H → F] → fc2 [F → H] over the experts of a rank.
+// `moekit run`'s workload: the grouped MLP of a rank's experts, as a Sequential
+// fc1 [H → 2F] → ScaledSwiGLU → fc2 [F → H] (fused into GroupedMLP unless --no-fuse).
 #include "expert_step.h"
 
 #include <algorithm>
@@ -81,17 +82,24 @@ struct ExpertStep::State {
   std::vector<int64_t> counts, offsets;
   int64_t rows = 0;  // T + tail: rows of every activation buffer
   HostData x, w1, w2, dy;
-  Tensor x_d, dy_d, counts_d;
+  std::vector<float> probs;  // routing weight per row
+  Tensor x_d, dy_d, probs_d, counts_d;
   Splits splits;
-  GroupedLinear fc1, fc2;
+  std::shared_ptr<GroupedLinearOp> fc1, fc2;
+  std::shared_ptr<ScaledSwiGLU> act;
+  std::unique_ptr<Sequential> mlp;
   Tensor out_buf, dgrad_buf;  // caller-owned buffers [T + tail, H]
-  Tensor y, dx, dw1, dw2;      // last step's results
+  Tensor y, dx, dprobs, dw1, dw2;  // last step's results
 
-  State(const StepConfig& c, const Context& cx)
-      : cfg(c),
-        ctx(cx),
-        fc1({.groups = c.experts, .in = c.hidden, .out = c.ffn, .dtype = c.dtype}, cx),
-        fc2({.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype}, cx) {}
+  State(const StepConfig& c, const Context& cx) : cfg(c), ctx(cx) {
+    fc1 = std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = c.experts, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype}, cx);
+    act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, cx);
+    fc2 = std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype}, cx);
+    mlp = std::make_unique<Sequential>(std::vector<OpHandle>{fc1, act, fc2},
+                                       SequentialOptions{.fuse = c.fuse});
+  }
 };
 
 ExpertStep::ExpertStep(const StepConfig& cfg, const Context& ctx)
@@ -104,13 +112,17 @@ ExpertStep::ExpertStep(const StepConfig& cfg, const Context& ctx)
   const int64_t H = cfg.hidden, F = cfg.ffn, E = cfg.experts;
   // Weights scaled like a trained layer's (std 1/sqrt(fan_in)) so activations stay O(1).
   s.x = random_host({s.rows, H}, cfg.dtype, 1.0, rng);
-  s.w1 = random_host({E, F, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
+  s.w1 = random_host({E, 2 * F, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
   s.w2 = random_host({E, H, F}, cfg.dtype, 1.0 / std::sqrt(double(F)), rng);
   s.dy = random_host({s.rows, H}, cfg.dtype, 1.0, rng);
-  copy(ctx, s.w1.t, s.fc1.weight());
-  copy(ctx, s.w2.t, s.fc2.weight());
+  std::uniform_real_distribution<float> unit(0.05f, 1.0f);
+  s.probs.resize(static_cast<size_t>(s.rows));
+  for (auto& p : s.probs) p = unit(rng);
+  copy(ctx, s.w1.t, s.fc1->linear().weight());
+  copy(ctx, s.w2.t, s.fc2->linear().weight());
   s.x_d = to_device(ctx, s.x.t);
   s.dy_d = to_device(ctx, s.dy.t);
+  s.probs_d = to_device(ctx, Tensor::wrap(s.probs.data(), {s.rows}, DType::F32, Device::cpu()));
   // Device counts: the form an expert-parallel dispatch produces (no host round trip needed).
   std::vector<int64_t> c64 = s.counts;
   s.counts_d = to_device(ctx, Tensor::wrap(c64.data(), {E}, DType::I64, Device::cpu()));
@@ -125,14 +137,16 @@ ExpertStep::~ExpertStep() = default;
 
 void ExpertStep::run_once() {
   State& s = *s_;
-  GroupedLinear::Saved saved1, saved2;
-  Tensor h = s.fc1.forward(s.x_d, s.splits, {}, &saved1);
-  s.y = s.fc2.forward(h, s.splits, {.output = s.out_buf}, &saved2);
-  GroupedLinear::Grads g2 = s.fc2.backward(saved2, s.dy_d);
-  GroupedLinear::Grads g1 = s.fc1.backward(saved1, g2.input, {.grad_input = s.dgrad_buf});
-  s.dx = g1.input;
-  s.dw1 = g1.weight;
-  s.dw2 = g2.weight;
+  OpArgs args;
+  args[s.fc2].output = s.out_buf;        // by handle: the combine's input buffer
+  args[s.fc1].grad_input = s.dgrad_buf;  // the dispatch-backward's input buffer
+  auto [y, tape] = s.mlp->forward(s.x_d, {.splits = s.splits, .probs = s.probs_d}, args);
+  SequentialGrads g = s.mlp->backward(tape, s.dy_d);
+  s.y = y;
+  s.dx = g.input;
+  s.dprobs = g.probs;
+  s.dw1 = g.params[0].weight;
+  s.dw2 = g.params[2].weight;
 }
 
 CheckResult ExpertStep::check() const {
@@ -169,48 +183,77 @@ CheckResult ExpertStep::check() const {
   const double* w2 = s.w2.f64.data();
   const double* dy = s.dy.f64.data();
 
-  ErrorMeter y_err, dx_err, dw1_err, dw2_err;
+  // fp64 reference of one row r of group g (SPEC §5, halves layout: a = h[0, F), b = h[F, 2F)).
+  auto silu = [](double a) { return a / (1.0 + std::exp(-a)); };
+  auto dsilu = [](double a) {
+    const double sg = 1.0 / (1.0 + std::exp(-a));
+    return sg * (1.0 + a * (1.0 - sg));
+  };
+  auto h_at = [&](int64_t r, size_t g, int64_t j) {  // h[r, j] = x_r · W1_g[j]
+    return dot(x + r * H, w1 + g * static_cast<size_t>(2 * F * H) + j * H, H);
+  };
+  auto dz_at = [&](int64_t r, size_t g, int64_t f) {  // dz[r, f] = dy_r · W2_g[:, f]
+    return dot(dy + r * H, w2 + g * static_cast<size_t>(H * F) + f, H, F);
+  };
+
+  ErrorMeter y_err, dx_err, dp_err, dw1_err, dw2_err;
   const std::vector<double> y = download_f64(s.ctx, s.y);
   const std::vector<double> dx = download_f64(s.ctx, s.dx);
-  std::vector<double> h(static_cast<size_t>(F)), dh(static_cast<size_t>(F));
+  const std::vector<double> dp = download_f64(s.ctx, s.dprobs);
+  std::vector<double> a(static_cast<size_t>(F)), b(static_cast<size_t>(F)), z(static_cast<size_t>(F)),
+      dh(static_cast<size_t>(2 * F));
   for (int64_t row : rows_to_check) {
     const size_t g = group_of(row);
-    const double* w1g = w1 + g * static_cast<size_t>(F * H);
+    const double p = s.probs[static_cast<size_t>(row)];
+    const double* w1g = w1 + g * static_cast<size_t>(2 * F * H);
     const double* w2g = w2 + g * static_cast<size_t>(H * F);
-    for (int64_t f = 0; f < F; ++f) h[static_cast<size_t>(f)] = dot(x + row * H, w1g + f * H, H);
-    for (int64_t n = 0; n < H; ++n) y_err.add(y[static_cast<size_t>(row * H + n)], dot(h.data(), w2g + n * F, F));
-    for (int64_t f = 0; f < F; ++f) dh[static_cast<size_t>(f)] = dot(dy + row * H, w2g + f, H, F);
-    for (int64_t k = 0; k < H; ++k) dx_err.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, F, H));
+    double dp_ref = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      const size_t i = static_cast<size_t>(f);
+      a[i] = h_at(row, g, f);
+      b[i] = h_at(row, g, F + f);
+      z[i] = p * silu(a[i]) * b[i];
+      const double dz = dz_at(row, g, f);
+      dp_ref += dz * silu(a[i]) * b[i];
+      dh[i] = p * dz * b[i] * dsilu(a[i]);
+      dh[i + static_cast<size_t>(F)] = p * dz * silu(a[i]);
+    }
+    for (int64_t n = 0; n < H; ++n) y_err.add(y[static_cast<size_t>(row * H + n)], dot(z.data(), w2g + n * F, F));
+    for (int64_t k = 0; k < H; ++k) dx_err.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, 2 * F, H));
+    dp_err.add(dp[static_cast<size_t>(row)], dp_ref);
   }
-  // Sampled weight-gradient entries: dW2_g[n, f] = Σ_r dy[r, n] h[r, f]; dW1_g[f, k] = Σ_r dh[r, f] x[r, k].
+  // Sampled weight-gradient entries: dW2_g[n, f] = Σ_r dy[r, n]·z[r, f]; dW1_g[j, k] = Σ_r dh[r, j]·x[r, k].
   for (int i = 0; i < 8; ++i) {
     const size_t g = static_cast<size_t>(rng() % s.counts.size());
     const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
     const int64_t f = static_cast<int64_t>(rng() % static_cast<uint64_t>(F));
+    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * F));
     const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
-    const double* w1g = w1 + g * static_cast<size_t>(F * H);
-    const double* w2g = w2 + g * static_cast<size_t>(H * F);
+    const int64_t jf = j % F;  // the gate/linear pair that column j belongs to
     double ref2 = 0, ref1 = 0;
     for (int64_t r = s.offsets[g]; r < s.offsets[g + 1]; ++r) {
-      ref2 += dy[r * H + n] * dot(x + r * H, w1g + f * H, H);
-      ref1 += dot(dy + r * H, w2g + f, H, F) * x[r * H + k];
+      const double p = s.probs[static_cast<size_t>(r)];
+      ref2 += dy[r * H + n] * p * silu(h_at(r, g, f)) * h_at(r, g, F + f);
+      const double av = h_at(r, g, jf), bv = h_at(r, g, F + jf), dz = dz_at(r, g, jf);
+      const double dhj = j < F ? p * dz * bv * dsilu(av) : p * dz * silu(av);
+      ref1 += dhj * x[r * H + k];
     }
     dw2_err.add(download_f64(s.ctx, s.dw2.index(static_cast<int64_t>(g)).rows(n, n + 1))[static_cast<size_t>(f)], ref2);
-    dw1_err.add(download_f64(s.ctx, s.dw1.index(static_cast<int64_t>(g)).rows(f, f + 1))[static_cast<size_t>(k)], ref1);
+    dw1_err.add(download_f64(s.ctx, s.dw1.index(static_cast<int64_t>(g)).rows(j, j + 1))[static_cast<size_t>(k)], ref1);
   }
   r.rows_checked = static_cast<int>(rows_to_check.size());
   r.grad_entries_checked = 16;
 
   // Caller buffers' capacity tails must still hold the sentinel.
   r.tails_intact = true;
-  for (const std::vector<double>* buf : {&y, &dx}) {
+  for (const std::vector<double>* buf : {&y, &dx}) {  // dprobs is internal: its tail is unspecified
     for (size_t i = static_cast<size_t>(S * H); i < buf->size(); ++i) r.tails_intact &= (*buf)[i] == kSentinel;
   }
   // Tolerance: a few units of the storage dtype's rounding (inputs, the stored intermediate and
   // the output are each rounded once) plus fp32 accumulation over K ≤ 8192.
   r.tolerance = 4 * epsilon(s.cfg.dtype) + 2e-5;
   const std::pair<const char*, const ErrorMeter*> meters[] = {
-      {"y", &y_err}, {"dx", &dx_err}, {"dW1", &dw1_err}, {"dW2", &dw2_err}};
+      {"y", &y_err}, {"dx", &dx_err}, {"dprobs", &dp_err}, {"dW1", &dw1_err}, {"dW2", &dw2_err}};
   for (auto [name, m] : meters) {
     if (m->relative() >= r.max_error) {
       r.max_error = m->relative();
@@ -225,14 +268,14 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
                               const CheckResult& check, bool checked) const {
   const State& s = *s_;
   StepReport r;
-  r.layer = "grouped linear fc1 -> fc2";
+  r.layer = str("grouped MLP fc1 -> ScaledSwiGLU -> fc2, Sequential plan ", s.mlp->plan());
   r.preset = preset;
   r.routing = routing;
   r.device = s.ctx.device().to_string();
   r.dtype = std::string(name(s.cfg.dtype));
   const int64_t H = s.cfg.hidden, F = s.cfg.ffn, E = s.cfg.experts;
-  r.shapes = str("x [", s.rows, ", ", H, "] -> fc1 W [", E, ", ", F, ", ", H, "] -> fc2 W [", E,
-                 ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
+  r.shapes = str("x [", s.rows, ", ", H, "] -> fc1 W1 [", E, ", ", 2 * F, ", ", H,
+                 "] -> SwiGLU*probs -> fc2 W2 [", E, ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
   r.splits_kind = str("device counts (i64 tensor on ", r.device, ")");
   r.experts = E;
   r.tokens = s.cfg.tokens;
@@ -241,8 +284,8 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
   r.max_rows = *std::max_element(s.counts.begin(), s.counts.end());
   r.empty_experts = std::count(s.counts.begin(), s.counts.end(), 0);
   r.step_ms = step_ms;
-  // Forward: 2 GEMMs of 2·S·H·F; backward: dgrad + wgrad for each: twice the forward.
-  r.gflop = 3.0 * 2.0 * 2.0 * double(s.cfg.tokens) * double(H) * double(F) / 1e9;
+  // Forward: fc1 2·S·H·2F + fc2 2·S·F·H = 6·S·H·F; backward: dgrad + wgrad, twice the forward.
+  r.gflop = 3.0 * 6.0 * double(s.cfg.tokens) * double(H) * double(F) / 1e9;
   r.output_aliased = s.y.data() == s.out_buf.data() && s.y.shape() == s.out_buf.shape();
   r.grad_input_aliased = s.dx.data() == s.dgrad_buf.data() && s.dx.shape() == s.dgrad_buf.shape();
   r.checked = checked;

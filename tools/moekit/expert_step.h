@@ -16,6 +16,7 @@ struct StepConfig {
   bool skewed = false;
   DType dtype = DType::BF16;
   uint64_t seed = 1;
+  bool fuse = true;  // let Sequential fuse fc1 → ScaledSwiGLU → fc2 into GroupedMLP
 };
 
 struct CheckResult {

@@ -31,8 +31,9 @@ Usage:
   moekit run [options]     run expert-layer training steps and check them against fp64
   moekit --help            this text
 
-`moekit run` builds the expert layer of a preset model for the experts of one rank, routes
---tokens rows to them (uniform or skewed), and runs forward + backward --steps times. The layer's
+`moekit run` builds the expert MLP of a preset model (fc1 -> SwiGLU scaled by the routing
+probability -> fc2, as a Sequential that fuses into GroupedMLP) for the experts of one rank,
+routes --tokens rows to them (uniform or skewed), and runs forward + backward --steps times. The layer's
 output goes into a caller-owned buffer (like the expert-parallel combine's input buffer) and its
 input gradient into another (like dispatch-backward's); the table reports whether the returned
 tensors alias those buffers. Results are checked against an fp64 reference computed from the same
@@ -52,6 +53,7 @@ Options:
   --seed S           random seed (default 1)
   --json             print one JSON object instead of the table
   --no-check         skip the fp64 check
+  --no-fuse          run fc1, ScaledSwiGLU and fc2 as separate ops (default: fused GroupedMLP)
 
 Exit status: 0 when the check passes, 1 when it fails, 2 on a usage error.
 )";
@@ -72,6 +74,7 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   bool check = true;
+  bool fuse = true;
 };
 
 int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
@@ -107,6 +110,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0));
     else if (a == "--json") o.json = true;
     else if (a == "--no-check") o.check = false;
+    else if (a == "--no-fuse") o.fuse = false;
     else if (a == "--help" || a == "-h") { std::fputs(kHelp, stdout); std::exit(0); }
     else usage_error("unknown option '" + a + "'");
   }
@@ -166,6 +170,7 @@ int main(int argc, char** argv) {
     cfg.skewed = o.routing == "skewed";
     cfg.dtype = o.dtype;
     cfg.seed = o.seed;
+    cfg.fuse = o.fuse;
 
     tools::ExpertStep step(cfg, ctx);
     step.run_once();  // warm-up (allocator pools, library handles)

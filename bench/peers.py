@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Peers of moekit_bench, timed on the same shapes and splits, and the side-by-side merge.
+
+How to run (GPU machine, torch 2.x with CUDA):
+    moekit_bench --json moekit.json                      # writes the splits it used
+    python3 bench/peers.py run --splits moekit.json --out peers.json
+    python3 bench/peers.py merge moekit.json peers.json --results-dir bench/results
+or both peer steps at once:
+    python3 bench/peers.py all moekit.json --out peers.json --results-dir bench/results
+
+Peers, per configuration (shape x routing x pass, bf16 in/out, fp32 accumulation):
+  grouped_mm  torch._grouped_mm (fprop: x [T,K] with W^T [G,K,N]; dgrad: dy with W [G,N,K];
+              wgrad: dy^T [N,T] with x [T,K], offsets along T)
+  loop        one torch.mm per non-empty expert (cuBLAS per group), writing into row slices
+  dense       one torch.mm with the same total FLOPs (S rows, or reduction length S for wgrad)
+Timing: CUDA events around each run, warm-up, median of --iters runs, random normal inputs.
+Each peer's result is checked against the loop peer (fp32-accumulated cuBLAS) on a few rows.
+
+merge prints one table whose last column is moekit / torch._grouped_mm and writes
+<results-dir>/<date>-<gpu>.md and .json.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def _torch():
+    import torch  # imported lazily: `merge` needs no GPU
+
+    return torch
+
+
+def time_ms(fn, iters, warmup):
+    torch = _torch()
+    for _ in range(warmup):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    ms = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        ms.append(start.elapsed_time(stop))
+    return statistics.median(ms), min(ms)
+
+
+def run_peers(args):
+    torch = _torch()
+    with open(args.splits) as f:
+        bench = json.load(f)
+    dev = torch.device("cuda")
+    torch.manual_seed(args.seed)
+    configs = bench["results"]
+    shapes = {}
+    for r in configs:
+        shapes.setdefault(r["shape"], r)
+    out = {
+        "tool": "bench/peers.py",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "results": [],
+    }
+    print(f"peers: torch {torch.__version__} CUDA {torch.version.cuda} on {out['gpu']}")
+    print(f"{'shape':15} {'routing':8} {'pass':6} {'grouped_mm':>11} {'loop':>9} {'dense':>9}  (TFLOP/s)")
+    for name, first in shapes.items():
+        E, T, K, N = first["E"], first["T"], first["K"], first["N"]
+        x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(E, N, K, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+        y = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
+        dx = torch.empty(T, K, device=dev, dtype=torch.bfloat16)
+        dw = torch.empty(E, N, K, device=dev, dtype=torch.bfloat16)
+        for r in [c for c in configs if c["shape"] == name]:
+            counts = r["counts"]
+            S = sum(counts)
+            offs_list, acc = [], 0
+            for c in counts:
+                acc += c
+                offs_list.append(acc)
+            offs = torch.tensor(offs_list, device=dev, dtype=torch.int32)
+            bounds = [(g, o - c, o) for g, (c, o) in enumerate(zip(counts, offs_list)) if c > 0]
+            p = r["pass"]
+            flops = 2.0 * S * N * K
+            wt = w.transpose(1, 2)  # [G, K, N], column-major per expert
+
+            if p == "fprop":
+                def gmm():
+                    return torch._grouped_mm(x, wt, offs=offs)
+
+                def loop():
+                    for g, a, b in bounds:
+                        torch.mm(x[a:b], w[g].t(), out=y[a:b])
+                    return y
+
+                def dense():
+                    return torch.mm(x[:S], w[0].t())
+            elif p == "dgrad":
+                def gmm():
+                    return torch._grouped_mm(dy, w, offs=offs)
+
+                def loop():
+                    for g, a, b in bounds:
+                        torch.mm(dy[a:b], w[g], out=dx[a:b])
+                    return dx
+
+                def dense():
+                    return torch.mm(dy[:S], w[0])
+            else:
+                dyt = dy.t()  # [N, T]
+
+                def gmm():
+                    return torch._grouped_mm(dyt, x, offs=offs)
+
+                def loop():
+                    for g, a, b in bounds:
+                        torch.mm(dyt[:, a:b], x[a:b], out=dw[g])
+                    return dw
+
+                def dense():
+                    return torch.mm(dyt[:, :S], x[:S])
+
+            row = {k: r[k] for k in ("shape", "E", "T", "K", "N", "routing", "pass")}
+            ref = loop().float()
+            for label, fn in (("grouped_mm", gmm), ("loop", loop), ("dense", dense)):
+                try:
+                    med, mn = time_ms(fn, args.iters, args.warmup)
+                    entry = {"median_ms": med, "min_ms": mn, "tflops": flops / (med * 1e-3) / 1e12}
+                    if label == "grouped_mm":
+                        got = fn().float()
+                        if p == "wgrad":
+                            idx = [g for g, _, _ in bounds]
+                            err = (got[idx] - ref[idx]).norm() / ref[idx].norm()
+                        else:
+                            err = (got[:S] - ref[:S]).norm() / ref[:S].norm()
+                        entry["rel_err_vs_loop"] = float(err)
+                    row[label] = entry
+                except Exception as e:  # a peer that cannot run this shape: recorded, not fatal
+                    row[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            out["results"].append(row)
+
+            def fmt(e):
+                return f"{e['tflops']:9.1f}" if "tflops" in e else f"{'n/a':>9}"
+
+            print(f"{name:15} {r['routing']:8} {p:6} {fmt(row['grouped_mm']):>11} {fmt(row['loop'])} {fmt(row['dense'])}")
+            sys.stdout.flush()
+        del x, w, dy, y, dx, dw
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+    return out
+
+
+def merge(moekit_json, peers_json, results_dir, stem=None):
+    with open(moekit_json) as f:
+        mk = json.load(f)
+    with open(peers_json) as f:
+        pe = json.load(f)
+    key = lambda r: (r["shape"], r["routing"], r["pass"])
+    peers = {key(r): r for r in pe["results"]}
+
+    def tf(e):
+        return e.get("tflops") if isinstance(e, dict) else None
+
+    rows, ratios = [], {"fprop": [], "dgrad": [], "wgrad": []}
+    for r in mk["results"]:
+        p = peers.get(key(r), {})
+        g, l, d = tf(p.get("grouped_mm")), tf(p.get("loop")), tf(p.get("dense"))
+        ratio = r["tflops"] / g if g else None
+        if ratio:
+            ratios[r["pass"]].append(ratio)
+        rows.append({
+            "shape": r["shape"], "routing": r["routing"], "pass": r["pass"],
+            "E": r["E"], "T": r["T"], "K": r["K"], "N": r["N"],
+            "moekit_ms": r["median_ms"], "moekit_tflops": r["tflops"],
+            "moekit_check": "PASS" if r["check"]["pass"] else "FAIL",
+            "grouped_mm_tflops": g, "loop_tflops": l, "dense_tflops": d,
+            "moekit_vs_loop": r["tflops"] / l if l else None,
+            "moekit_vs_dense": r["tflops"] / d if d else None,
+            "moekit_vs_grouped_mm": ratio,
+        })
+
+    def f1(v):
+        return "n/a" if v is None else f"{v:.1f}"
+
+    def f2(v):
+        return "n/a" if v is None else f"{v:.2f}"
+
+    header = ("| shape | routing | pass | moekit ms | moekit TFLOP/s | check | dense cuBLAS | cuBLAS loop "
+              "| torch._grouped_mm | moekit/grouped_mm |")
+    lines = [header, "|" + "---|" * 10]
+    for x in rows:
+        lines.append(f"| {x['shape']} | {x['routing']} | {x['pass']} | {x['moekit_ms']:.3f} | "
+                     f"{f1(x['moekit_tflops'])} | {x['moekit_check']} | {f1(x['dense_tflops'])} | "
+                     f"{f1(x['loop_tflops'])} | {f1(x['grouped_mm_tflops'])} | "
+                     f"{f2(x['moekit_vs_grouped_mm'])} |")
+    summary = {p: (statistics.median(v) if v else None) for p, v in ratios.items()}
+    headline = "median moekit/torch._grouped_mm: " + ", ".join(
+        f"{p} {f2(v)}" for p, v in summary.items())
+    md = [f"# moekit grouped GEMM vs peers — {mk['gpu']}", "",
+          f"- date: {mk['date']} (moekit), {pe['date']} (peers)",
+          f"- moekit commit: {mk['commit']}",
+          f"- GPU: {mk['gpu']} ({mk.get('sm_count', '?')} SMs); clocks before [sm, mem, max sm, power, temp, driver]: "
+          f"{mk.get('clocks_before', '')}; after: {mk.get('clocks_after', '')}",
+          f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out, fp32 accumulation, "
+          f"median of {mk['iters']} runs after {mk['warmup']} warm-ups, CUDA events",
+          f"- moekit backend: {mk.get('backend', 'auto')} (\"cublas\" = one cuBLAS call per group); "
+          f"TFLOP/s = 2·S·N·K / time",
+          "", *lines, "", headline, ""]
+    text = "\n".join(md)
+    print(text)
+    if results_dir:
+        os.makedirs(results_dir, exist_ok=True)
+        if stem is None:
+            gpu = re.sub(r"[^A-Za-z0-9]+", "-", mk["gpu"]).strip("-").lower()
+            stem = f"{mk['date'][:10]}-{gpu}"
+        with open(os.path.join(results_dir, stem + ".md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(results_dir, stem + ".json"), "w") as f:
+            json.dump({"moekit": mk, "peers": pe, "merged": rows, "median_ratio_vs_grouped_mm": summary},
+                      f, indent=1)
+        print(f"wrote {os.path.join(results_dir, stem)}.{{md,json}}")
+    return summary
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="time the torch peers on moekit_bench's splits")
+    r.add_argument("--splits", required=True, help="moekit_bench --json output")
+    r.add_argument("--out", required=True)
+    m = sub.add_parser("merge", help="side-by-side table from the two JSON files")
+    m.add_argument("moekit")
+    m.add_argument("peers")
+    m.add_argument("--results-dir", default="")
+    m.add_argument("--stem", default=None)
+    a = sub.add_parser("all", help="run, then merge")
+    a.add_argument("moekit")
+    a.add_argument("--out", required=True)
+    a.add_argument("--results-dir", default="")
+    a.add_argument("--stem", default=None)
+    for p in (r, a):
+        p.add_argument("--iters", type=int, default=20)
+        p.add_argument("--warmup", type=int, default=5)
+        p.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run_peers(args)
+    elif args.cmd == "merge":
+        merge(args.moekit, args.peers, args.results_dir, args.stem)
+    else:
+        args.splits = args.moekit
+        run_peers(args)
+        merge(args.moekit, args.out, args.results_dir, args.stem)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+// moekit/primitives/activation.h — SwiGLU activation primitives over rows grouped by expert.
+//
+// h [T, 2F] holds, per row, a gate part `a` [F] and a linear part `b` [F] in one of two column
+// layouts (GluLayout). With routing probs p [T] (fp32; "scaled SwiGLU", SPEC §5) or without them
+// (plain SwiGLU, p_t = 1):
+//   forward   z[t, j]  = p_t · silu(a[t, j]) · b[t, j]                           z  [T, F]
+//   backward  da[t, j] = p_t · dz[t, j] · b[t, j] · silu'(a[t, j])                dh [T, 2F],
+//             db[t, j] = p_t · dz[t, j] · silu(a[t, j])                              h's layout
+//             dp_t     = Σ_j dz[t, j] · silu(a[t, j]) · b[t, j]                  dp [T] f32
+// with silu(a) = a·σ(a) and silu'(a) = σ(a)·(1 + a·(1 − σ(a))).
+//
+// Only valid rows are touched: S = Σ splits (the backend computes it; the group structure itself
+// does not matter to an elementwise op), rows [0, S) are read and written, rows [S, T) of z, dh and
+// dp are never written. Math is fp32 for every dtype with one rounding into the output dtype; the
+// dp row sum runs over j in order (fp32), so results are bit-reproducible on a backend.
+// Validation (host metadata only) happens before any work; then the first backend of the
+// primitive's table that accepts the call runs (see grouped_gemm.h for the dispatch rules).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "moekit/core/context.h"
+#include "moekit/core/splits.h"
+#include "moekit/core/tensor.h"
+
+namespace moekit {
+
+/// Column layout of the gate (a) and linear (b) parts in a GLU input h [T, 2F].
+enum class GluLayout {
+  Halves,         // h = [a | b]: a_j at column j, b_j at column F + j (default; TE's SwiGLU)
+  Interleaved32,  // blocks of 32 columns alternating gate, linear: a_j at column 64·⌊j/32⌋ + j%32,
+                  // b_j 32 columns further (TE's glu_interleave_size = 32: one GEMM tile of fc1
+                  // then holds matching gate and linear columns). Requires 2F % 64 == 0.
+};
+inline constexpr int64_t kGluInterleaveBlock = 32;
+
+/// "halves" or "interleaved32".
+std::string_view name(GluLayout layout);
+
+/// Column of h holding a_j (gate) / b_j (linear) for a GLU of width F (h has 2F columns).
+constexpr int64_t glu_gate_column(int64_t j, int64_t /*F*/, GluLayout layout) {
+  if (layout == GluLayout::Halves) return j;
+  return 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock;
+}
+constexpr int64_t glu_linear_column(int64_t j, int64_t F, GluLayout layout) {
+  if (layout == GluLayout::Halves) return F + j;
+  return glu_gate_column(j, F, layout) + kGluInterleaveBlock;
+}
+
+/// SwiGLU forward: z = p ⊙ silu(a) ⊙ b on rows [0, S).
+/// h: [T, 2F] (f32, f16 or bf16), probs: [T] f32 or undefined (plain SwiGLU), z: [T, F] in h's
+/// dtype, contiguous, overlapping no input. Interleaved32 requires 2F % 64 == 0.
+void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
+                    GluLayout layout, const Tensor& z);
+
+/// SwiGLU backward on rows [0, S): dh (da and db in h's layout) and, when `dprobs` is defined,
+/// dp_t = Σ_j dz[t, j]·silu(a[t, j])·b[t, j] — written (accumulate_dprobs = false) or added to
+/// what dprobs holds (accumulate_dprobs = true; the sum is formed first, then added once).
+/// h: [T, 2F], probs: [T] f32 or undefined, dz: [T, F] in h's dtype, dh: [T, 2F] in h's dtype,
+/// dprobs: [T] f32 or undefined (requires probs). dh and dprobs overlap no input and each other.
+void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
+                     const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                     bool accumulate_dprobs);
+
+}  // namespace moekit

@@ -1,0 +1,155 @@
+// SwiGLU (plain and prob-scaled) on the GPU — the CUDA entries of swiglu_forward/backward.
+//
+// Math (include/moekit/primitives/activation.h), per valid row t < S and column j < F, with a, b
+// the gate and linear parts of h [T, 2F] in the call's GluLayout and p_t = probs[t] or 1:
+//   forward   z[t, j]  = p_t · silu(a)·b
+//   backward  dh[t, gate(j)] = p_t·dz·b·silu'(a),  dh[t, lin(j)] = p_t·dz·silu(a),
+//             dp_t = Σ_j dz·silu(a)·b   (written or added to dprobs)
+// Work split: one block per row at a time (grid-stride over rows), threads over j; dp_t is a
+// fixed-order block sum, so results are bit-reproducible run to run. The elementwise products
+// are rounded one by one in the CPU oracle's order (no FMA contraction), so they differ from
+// src/cpu/cpu_activation.cpp only through expf. Rows [S, T) are never touched.
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/cuda_activation.h"
+#include "cuda/device_math.cuh"
+#include "cuda/resources.h"
+
+namespace moekit::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
+  return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
+                     : j;
+}
+__device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleaved) {
+  return interleaved ? gate_col(j, true) + kGluInterleaveBlock : F + j;
+}
+__device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+// h: [T, 2F] stride ldh; z: [T, F] stride ldz; probs: [T] or nullptr.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
+                          int64_t S, int64_t F, bool interleaved, T* __restrict__ z, int64_t ldz) {
+  for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
+    const T* hr = h + t * ldh;
+    T* zr = z + t * ldz;
+    const float p = probs ? probs[t] : 1.0f;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const float a = to_float(hr[gate_col(j, interleaved)]);
+      const float b = to_float(hr[lin_col(j, F, interleaved)]);
+      const float act = __fmul_rn(__fmul_rn(a, sigmoid(a)), b);
+      zr[j] = from_float<T>(__fmul_rn(p, act));
+    }
+  }
+}
+
+// dz: [T, F] stride ldz; dh: [T, 2F] stride ldd; dprobs: [T] or nullptr.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
+                           const T* __restrict__ dz, int64_t ldz, int64_t S, int64_t F,
+                           bool interleaved, T* __restrict__ dh, int64_t ldd,
+                           float* __restrict__ dprobs, bool accumulate) {
+  __shared__ float scratch[32];
+  for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
+    const T* hr = h + t * ldh;
+    const T* dzr = dz + t * ldz;
+    T* dhr = dh + t * ldd;
+    const float p = probs ? probs[t] : 1.0f;
+    float dp = 0.0f;
+    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+      const int64_t ia = gate_col(j, interleaved), ib = lin_col(j, F, interleaved);
+      const float a = to_float(hr[ia]), b = to_float(hr[ib]), g = to_float(dzr[j]);
+      const float sig = sigmoid(a);
+      const float silu = __fmul_rn(a, sig);
+      const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
+      const float pdz = __fmul_rn(p, g);
+      dhr[ia] = from_float<T>(__fmul_rn(__fmul_rn(pdz, b), dsilu));
+      dhr[ib] = from_float<T>(__fmul_rn(pdz, silu));
+      dp = __fadd_rn(dp, __fmul_rn(g, __fmul_rn(silu, b)));
+    }
+    if (dprobs) {  // uniform across the block: every thread takes part in the sum
+      const float sum = block_sum(dp, scratch);
+      if (threadIdx.x == 0) dprobs[t] = accumulate ? dprobs[t] + sum : sum;
+    }
+  }
+}
+
+unsigned row_grid(int64_t S, int sm_count) {
+  return static_cast<unsigned>(std::min<int64_t>(S, int64_t{sm_count > 0 ? sm_count : 132} * 16));
+}
+
+template <class T>
+void forward_typed(const detail::SwigluForwardArgs& a, int64_t S, const CudaResources& res) {
+  swiglu_forward_kernel<T><<<row_grid(S, res.sm_count), kThreads, 0, res.stream>>>(
+      static_cast<const T*>(a.h.data()), a.h.strides()[0],
+      a.probs.defined() ? a.probs.data_as<const float>() : nullptr, S, a.f,
+      a.layout == GluLayout::Interleaved32, static_cast<T*>(a.z.data()), a.z.strides()[0]);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void backward_typed(const detail::SwigluBackwardArgs& a, int64_t S, const CudaResources& res) {
+  swiglu_backward_kernel<T><<<row_grid(S, res.sm_count), kThreads, 0, res.stream>>>(
+      static_cast<const T*>(a.h.data()), a.h.strides()[0],
+      a.probs.defined() ? a.probs.data_as<const float>() : nullptr,
+      static_cast<const T*>(a.dz.data()), a.dz.strides()[0], S, a.f,
+      a.layout == GluLayout::Interleaved32, static_cast<T*>(a.dh.data()), a.dh.strides()[0],
+      a.dprobs.defined() ? a.dprobs.data_as<float>() : nullptr, a.accumulate_dprobs);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+int64_t valid_rows(const Context& ctx, const Splits& splits, int64_t rows) {
+  int64_t s = 0;
+  for (int64_t m : checked_host_counts(ctx, splits, rows)) s += m;
+  return s;
+}
+
+}  // namespace
+
+std::string swiglu_forward_rejects(const detail::SwigluForwardArgs& args) {
+  return reject_unless_cuda(args.ctx);
+}
+
+void swiglu_forward_run(const detail::SwigluForwardArgs& args) {
+  CudaResources& res = resources(args.ctx);
+  DeviceGuard guard(res.device);
+  const int64_t S = valid_rows(args.ctx, args.splits, args.rows);
+  if (S == 0 || args.f == 0) return;
+  switch (args.h.dtype()) {
+    case DType::F32: return forward_typed<float>(args, S, res);
+    case DType::F16: return forward_typed<__half>(args, S, res);
+    case DType::BF16: return forward_typed<__nv_bfloat16>(args, S, res);
+    default: throw_invalid("h", "dtype f32, f16 or bf16", name(args.h.dtype()));
+  }
+}
+
+std::string swiglu_backward_rejects(const detail::SwigluBackwardArgs& args) {
+  return reject_unless_cuda(args.ctx);
+}
+
+void swiglu_backward_run(const detail::SwigluBackwardArgs& args) {
+  CudaResources& res = resources(args.ctx);
+  DeviceGuard guard(res.device);
+  const int64_t S = valid_rows(args.ctx, args.splits, args.rows);
+  if (S == 0) return;
+  if (args.f == 0) {  // nothing to differentiate; dp = 0 (unchanged when accumulating)
+    if (args.dprobs.defined() && !args.accumulate_dprobs) {
+      MOEKIT_CUDA_CHECK(cudaMemsetAsync(args.dprobs.data(), 0, static_cast<size_t>(S) * 4, res.stream));
+    }
+    return;
+  }
+  switch (args.h.dtype()) {
+    case DType::F32: return backward_typed<float>(args, S, res);
+    case DType::F16: return backward_typed<__half>(args, S, res);
+    case DType::BF16: return backward_typed<__nv_bfloat16>(args, S, res);
+    default: throw_invalid("h", "dtype f32, f16 or bf16", name(args.h.dtype()));
+  }
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,26 @@
+// Internal: the CUDA backend's entries ("cuda") in the activation and grouped-bias primitive
+// tables (src/primitives/activation.cpp, grouped_bias.cpp). Kernels: activation.cu (SwiGLU) and
+// bias.cu (grouped bias add, prob-scaled bias gradient). Math as the CPU oracle
+// (src/cpu/cpu_activation.cpp): fp32, one rounding into the output dtype; row sums in a fixed
+// order per backend (a block-wide tree, so bit-reproducible run to run, not bit-equal to the CPU).
+//
+// Splits: like the cuBLAS baseline (cuda_backend.h), device counts are copied to the host —
+// this synchronises the context's stream — and validated before any kernel runs.
+#pragma once
+
+#include <string>
+
+#include "primitives/activation_args.h"
+
+namespace moekit::cuda {
+
+std::string swiglu_forward_rejects(const detail::SwigluForwardArgs& args);
+void swiglu_forward_run(const detail::SwigluForwardArgs& args);
+std::string swiglu_backward_rejects(const detail::SwigluBackwardArgs& args);
+void swiglu_backward_run(const detail::SwigluBackwardArgs& args);
+std::string bias_add_rejects(const detail::BiasAddArgs& args);
+void bias_add_run(const detail::BiasAddArgs& args);
+std::string scaled_bias_grad_rejects(const detail::ScaledBiasGradArgs& args);
+void scaled_bias_grad_run(const detail::ScaledBiasGradArgs& args);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,46 @@
+// Internal: host launchers of moekit's own CUDA kernels (device code lives in the .cu files
+// named beside each). Arguments are already validated; every launcher queues work on `stream`
+// and checks the launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "moekit/core/tensor.h"
+
+namespace moekit::cuda {
+
+// pointer_arrays.cu: the device arrays of operand pointers of a cublasGemmGroupedBatchedEx call,
+// written by a kernel from its (by-value) parameters: dst[0, n) = a, dst[n, 2n) = b,
+// dst[2n, 3n) = c. dst holds 3 · kMaxBatchedGemms pointers (CudaResources::gemm_pointers).
+inline constexpr size_t kMaxBatchedGemms = 1024;  // 24 KB of kernel parameters (sm_70+: < 32 KB)
+struct GemmPointers {
+  int count;
+  const void* a[kMaxBatchedGemms];
+  const void* b[kMaxBatchedGemms];
+  void* c[kMaxBatchedGemms];
+};
+void launch_write_gemm_pointers(const GemmPointers& ptrs, void** dst, cudaStream_t stream);
+
+// fill.cu: each of the `elems` elements at `data` set to the `elem_bytes`-byte pattern `value`.
+void launch_fill(void* data, size_t elems, const void* value, size_t elem_bytes, int sm_count,
+                 cudaStream_t stream);
+
+// bias.cu: grouped bias gradient. For each group g with rows [offsets[g], offsets[g+1]) of
+// dy [T, N]: db[g, :] = Σ of those rows, each scaled by probs[t] when probs (device, [T] f32) is
+// given (fp32, fixed order), or db[g, :] += that sum when accumulating (db f32). An empty group
+// gets 0 (unchanged when accumulating). Deterministic: one thread block owns each (group, column
+// tile) and reduces its rows in a fixed order.
+void launch_grouped_bias_grad(const Tensor& dy, const float* probs,
+                              const std::vector<int64_t>& offsets, const Tensor& db,
+                              bool accumulate, cudaStream_t stream);
+
+// bias.cu: out[r, :] = bias[g, :] for every row r of group g (rows [S, T) untouched): the C of
+// a beta = 1 group-M GEMM when the cuBLASLt bias epilogue is not used, and the whole result of
+// the degenerate K = 0 GEMM.
+void launch_grouped_bias_broadcast(const Tensor& bias, const std::vector<int64_t>& offsets,
+                                   const Tensor& out, cudaStream_t stream);
+
+}  // namespace moekit::cuda

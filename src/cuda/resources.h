@@ -1,0 +1,87 @@
+// Internal: what a CUDA Context owns — its stream, cuBLAS/cuBLASLt handles and their workspace —
+// and the helpers every CUDA backend file uses to reach them.
+//
+// One CudaResources per Context::cuda() call, shared by the copies of that context (with_backend,
+// with_allocator) and kept alive by the context's allocator, so tensors allocated on the stream
+// can be freed on it after the context itself is gone. A context (and its copies) must be used
+// from one host thread at a time: the cuBLAS handle is not thread-safe.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "moekit/core/context.h"
+#include "moekit/core/splits.h"
+
+namespace moekit::cuda {
+
+/// A cuBLASLt algorithm chosen once for a problem and reused (keyed by everything that the
+/// heuristic looks at: types, transposes, sizes, leading dimensions, pointer alignments).
+struct LtPlanKey {
+  int dtype, op_a, epilogue;
+  int64_t m, n, k, lda, ldb, ldd;
+  int align_a, align_b, align_d, align_bias;
+  auto tie() const {
+    return std::tie(dtype, op_a, epilogue, m, n, k, lda, ldb, ldd, align_a, align_b, align_d,
+                    align_bias);
+  }
+  friend bool operator<(const LtPlanKey& x, const LtPlanKey& y) { return x.tie() < y.tie(); }
+};
+
+struct CudaResources {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  bool owns_stream = false;
+  cudaMemPool_t pool = nullptr;        // per-device pool shared by every context (caches memory)
+  cublasHandle_t blas = nullptr;       // bound to `stream`, using `workspace`
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;           // cudaMalloc'ed once; used by cuBLAS and cuBLASLt calls,
+  size_t workspace_bytes = 0;          // which run in stream order and never overlap
+  void** gemm_pointers = nullptr;      // after the workspace: 3 · kMaxBatchedGemms pointers for
+                                       // cublasGemmGroupedBatchedEx (same allocation)
+  int sm_count = 0;
+
+  std::mutex lt_mutex;
+  std::map<LtPlanKey, cublasLtMatmulAlgo_t> lt_plans;
+
+  CudaResources() = default;
+  CudaResources(const CudaResources&) = delete;
+  CudaResources& operator=(const CudaResources&) = delete;
+  ~CudaResources();  // synchronises the stream, then releases everything (errors ignored)
+};
+
+/// The resources of a CUDA context (throws InvalidArgument for a CPU context).
+CudaResources& resources(const Context& ctx);
+
+/// Makes `device` current for the scope and restores the previous device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  int device_ = -1;
+};
+
+/// "" when the context can run CUDA backends, else the reason (for the tables' rejects()).
+std::string reject_unless_cuda(const Context& ctx);
+
+/// Host copies of the group counts, validated (each >= 0, S <= rows) when they came from the GPU.
+/// Device counts are copied to the host: this synchronises the context's stream (the cuBLAS
+/// baseline is not graph-capturable with device splits; see cuda_backend.h).
+std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& splits, int64_t rows,
+                                         const char* argument = "splits");
+
+}  // namespace moekit::cuda

@@ -1,0 +1,214 @@
+// CUDA runtime hooks of core (src/core/runtime.h): device count, context resources (stream,
+// stream-ordered allocator, cuBLAS/cuBLASLt handles and workspace), copies and synchronisation.
+// The fill kernel is in fill.cu.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core/runtime.h"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+#include "cuda/resources.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace cuda {
+namespace {
+
+// cuBLAS recommends 32 MiB of workspace on Hopper; cuBLASLt shares it (same stream).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kPointerBytes = 3 * kMaxBatchedGemms * sizeof(void*);  // grouped-batched GEMMs
+
+// One memory pool per device for every moekit context on it: freed blocks stay cached in the
+// pool (release threshold: never trim at synchronisation), so steady-state allocation costs no
+// cudaMalloc. Created on first use and deliberately never destroyed: contexts may outlive any
+// static destructor, and the driver reclaims the memory at exit.
+cudaMemPool_t device_pool(int device) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pools.size() <= static_cast<size_t>(device)) pools.resize(static_cast<size_t>(device) + 1);
+  cudaMemPool_t& pool = pools[static_cast<size_t>(device)];
+  if (!pool) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    MOEKIT_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t threshold = UINT64_MAX;
+    MOEKIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  return pool;
+}
+
+// Stream-ordered allocator: memory is allocated and freed in the order of the context's stream,
+// so a tensor freed right after the kernels that use it were queued is reused only by work queued
+// after them. Work on other streams must be ordered with the context's stream by the caller.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(std::shared_ptr<CudaResources> res) : res_(std::move(res)) {}
+  Device device() const override { return Device::cuda(res_->device); }
+
+ protected:
+  void* do_allocate(size_t bytes) override {
+    DeviceGuard guard(res_->device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, res_->pool, res_->stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw_error(ErrorKind::Runtime,
+                  str("cudaMallocFromPoolAsync of ", bytes, " bytes on cuda:", res_->device,
+                      " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+    }
+    return p;
+  }
+  void do_deallocate(void* p, size_t) noexcept override {
+    DeviceGuard guard(res_->device);
+    if (cudaFreeAsync(p, res_->stream) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+ private:
+  std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
+};
+
+}  // namespace
+
+CudaResources::~CudaResources() {
+  // Errors are ignored: this may run at process exit, after the CUDA runtime has shut down.
+  int previous = -1;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device;
+  if (restore) (void)cudaSetDevice(device);
+  if (stream) (void)cudaStreamSynchronize(stream);
+  if (blas) (void)cublasDestroy(blas);
+  if (lt) (void)cublasLtDestroy(lt);
+  if (workspace) (void)cudaFree(workspace);
+  if (owns_stream && stream) (void)cudaStreamDestroy(stream);
+  if (restore) (void)cudaSetDevice(previous);
+  (void)cudaGetLastError();
+}
+
+CudaResources& resources(const Context& ctx) {
+  if (!ctx.device().is_cuda() || !ctx.impl()->cuda) {
+    throw_invalid("context", "a CUDA context", ctx.device().to_string());
+  }
+  return *static_cast<CudaResources*>(ctx.impl()->cuda.get());
+}
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device_) MOEKIT_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+}
+
+std::string reject_unless_cuda(const Context& ctx) {
+  if (!ctx.device().is_cuda()) return str("the context's device is ", ctx.device().to_string());
+  return "";
+}
+
+namespace {
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i == 16) return s + ", ... (" + std::to_string(v.size()) + " counts)]";
+    s += (i ? ", " : "") + std::to_string(v[i]);
+  }
+  return s + "]";
+}
+}  // namespace
+
+std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& splits, int64_t rows,
+                                         const char* argument) {
+  std::vector<int64_t> counts = read_counts(ctx, splits);
+  if (splits.on_host()) return counts;  // validated by the primitive before dispatch
+  // Device counts were only read now: the same checks as host counts, before any GEMM runs.
+  int64_t total = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] < 0) {
+      throw_invalid(argument, "every count >= 0",
+                    str("count ", counts[g], " for group ", g, " in ", list(counts)));
+    }
+    total += counts[g];
+  }
+  if (total > rows) {
+    throw_invalid(argument, str("a total row count S <= T = ", rows, " (rows presented)"),
+                  str("S = ", total, " from ", list(counts)));
+  }
+  return counts;
+}
+
+}  // namespace cuda
+
+namespace detail {
+
+int cuda_device_count() {
+  int n = 0;
+  // No driver, no GPU, or a driver older than the runtime: no usable device, never an error.
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void init_cuda_context(Context::Impl& impl, int device, void* stream) {
+  using cuda::CudaResources;
+  auto res = std::make_shared<CudaResources>();
+  res->device = device;
+  cuda::DeviceGuard guard(device);
+  if (stream) {
+    res->stream = static_cast<cudaStream_t>(stream);  // borrowed: the caller keeps it alive
+  } else {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&res->stream, cudaStreamNonBlocking));
+    res->owns_stream = true;
+  }
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&res->sm_count, cudaDevAttrMultiProcessorCount, device));
+  res->pool = cuda::device_pool(device);
+  MOEKIT_CUDA_CHECK(cudaMalloc(&res->workspace, cuda::kWorkspaceBytes + cuda::kPointerBytes));
+  res->workspace_bytes = cuda::kWorkspaceBytes;
+  res->gemm_pointers =
+      reinterpret_cast<void**>(static_cast<char*>(res->workspace) + cuda::kWorkspaceBytes);
+  MOEKIT_CUBLAS_CHECK(cublasCreate(&res->blas));
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+  MOEKIT_CUBLAS_CHECK(cublasSetStream(res->blas, res->stream));
+  MOEKIT_CUBLAS_CHECK(cublasSetWorkspace(res->blas, res->workspace, res->workspace_bytes));
+  // fp32 compute is exact fp32 (no TF32) and split-K reductions stay in fp32.
+  MOEKIT_CUBLAS_CHECK(cublasSetMathMode(
+      res->blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  MOEKIT_CUBLAS_CHECK(cublasLtCreate(&res->lt));
+
+  impl.stream = res->stream;
+  impl.allocator = std::make_shared<cuda::CudaAllocator>(res);
+  impl.cuda = std::move(res);
+}
+
+void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,
+               Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (ctx.device().is_cuda()) {
+    auto& res = cuda::resources(ctx);
+    cuda::DeviceGuard guard(res.device);
+    MOEKIT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, res.stream));
+    // The host may read what lands there as soon as we return.
+    if (dst_device.is_cpu()) MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+    return;
+  }
+  // A CPU context moving CUDA memory: no stream of its own, so a synchronous copy.
+  cuda::DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
+  MOEKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void cuda_synchronize(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+}
+
+}  // namespace detail
+}  // namespace moekit

@@ -1,0 +1,216 @@
+// GroupedMLP: the fused fc1 → scaled SwiGLU → fc2 (SPEC §5), written on primitives only.
+//
+// It calls the same primitives, in the same order and with the same arguments, as the unfused
+// Sequential of its three ops (GroupedLinear's forward/backward, ScaledSwiGLU's, and
+// GroupedLinearOp's prob-scaled bias) — each part on its own op's context — so on a backend the
+// fused and unfused results are bit-identical. What fusion buys is that the whole block is one
+// op: validation happens once up front, the intermediates h [T, 2F] and z [T, F] are private (no
+// caller buffers, nothing else may hold them), and a GPU backend can replace a sequence of these
+// calls by fused kernels (activation and prob scaling in GEMM epilogues) without touching the ops.
+#include "moekit/ops/grouped_mlp.h"
+
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "moekit/primitives/activation.h"
+#include "moekit/primitives/grouped_bias.h"
+#include "moekit/primitives/grouped_gemm.h"
+
+namespace moekit {
+namespace {
+
+GroupedLinearConfig fc1_config(const GroupedMLPConfig& c) {
+  return {
+      .groups = c.groups, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype, .bias = c.fc1_bias};
+}
+GroupedLinearConfig fc2_config(const GroupedMLPConfig& c) {
+  return {.groups = c.groups, .in = c.ffn, .out = c.hidden, .dtype = c.dtype, .bias = c.fc2_bias};
+}
+
+// Weight gradient of a layer exactly as GroupedLinear::backward computes it.
+Tensor weight_grad(const GroupedLinear& layer, const Tensor& dy, const Tensor& x,
+                   const Splits& splits) {
+  const Context& ctx = layer.context();
+  if (layer.main_grad().defined()) {
+    grouped_gemm_group_k(ctx, dy, x, splits, layer.main_grad(), /*accumulate=*/true);
+    return layer.main_grad();
+  }
+  Tensor dw = Tensor::empty(layer.weight().shape(), layer.config().dtype, ctx);
+  grouped_gemm_group_k(ctx, dy, x, splits, dw, false);
+  return dw;
+}
+
+}  // namespace
+
+GroupedMLP::GroupedMLP(const GroupedMLPConfig& config, const Context& ctx)
+    : GroupedMLP(
+          std::make_shared<GroupedLinearOp>(fc1_config(config), ctx),
+          std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = config.layout}, ctx),
+          std::make_shared<GroupedLinearOp>(
+              fc2_config(config), ctx, GroupedLinearOpOptions{.scale_bias = config.fc2_bias})) {}
+
+GroupedMLP::GroupedMLP(std::shared_ptr<GroupedLinearOp> fc1,
+                       std::shared_ptr<ScaledSwiGLU> activation,
+                       std::shared_ptr<GroupedLinearOp> fc2)
+    : fc1_(std::move(fc1)), act_(std::move(activation)), fc2_(std::move(fc2)) {
+  if (!fc1_ || !act_ || !fc2_) throw_invalid("ops", "three non-null ops", "a null op");
+  const std::string reason = mismatch(*fc1_, *act_, *fc2_);
+  if (!reason.empty()) throw_invalid("ops", "fc1 → ScaledSwiGLU → fc2 of a grouped MLP", reason);
+}
+
+std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op) {
+  const auto* fc1 = dynamic_cast<const GroupedLinearOp*>(&fc1_op);
+  const auto* act = dynamic_cast<const ScaledSwiGLU*>(&act_op);
+  const auto* fc2 = dynamic_cast<const GroupedLinearOp*>(&fc2_op);
+  if (!fc1) return str("fc1 is a ", fc1_op.kind(), ", not a GroupedLinear");
+  if (!act) return str("the activation is a ", act_op.kind(), ", not a ScaledSwiGLU");
+  if (!fc2) return str("fc2 is a ", fc2_op.kind(), ", not a GroupedLinear");
+  const GroupedLinearConfig &c1 = fc1->config(), &c2 = fc2->config();
+  if (c1.groups != c2.groups) return str("fc1 has ", c1.groups, " groups, fc2 ", c2.groups);
+  if (c1.out != 2 * c2.in) {
+    return str("fc1 out_features (", c1.out, ") is not 2 × fc2 in_features (2 × ", c2.in, ")");
+  }
+  if (c1.dtype != c2.dtype) return str("fc1 is ", name(c1.dtype), ", fc2 ", name(c2.dtype));
+  if (!(fc1->context().device() == fc2->context().device()) ||
+      !(fc1->context().device() == act->context().device())) {
+    return "the ops are on different devices";
+  }
+  if (fc1->scale_bias()) return "fc1 has a prob-scaled bias (the grouped MLP's b1 is plain)";
+  if (c2.bias && !fc2->scale_bias()) {
+    return "fc2 has a plain bias; the grouped MLP's b2 is scaled by the routing prob "
+           "(GroupedLinearOpOptions::scale_bias)";
+  }
+  if (act->config().layout == GluLayout::Interleaved32 && c1.out % (2 * kGluInterleaveBlock) != 0) {
+    return str("fc1 out_features (", c1.out, ") is not a multiple of ", 2 * kGluInterleaveBlock,
+               " as the interleaved GLU layout requires");
+  }
+  return "";
+}
+
+Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& splits,
+                           const ForwardOptions& options, Saved* saved) const {
+  const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
+  const Device dev = context().device();
+  const DType dt = dtype();
+  const int64_t F = ffn();
+  // ---- validation, host metadata only, before any work
+  check_input("input", x, {-1, in_features()}, dt, dev);
+  const int64_t T = x.size(0);
+  check_input("probs", probs, {T}, DType::F32, dev);
+  validate_splits(splits, groups(), T, dev);
+  if (options.output.defined()) {
+    check_caller_buffer("output", options.output, {T, out_features()}, dt, dev,
+                        {{"input", x},
+                         {"probs", probs},
+                         {"splits", splits.device_counts()},
+                         {"fc1 weight", l1.weight()},
+                         {"fc1 bias", fc1_->bias()},
+                         {"fc2 weight", l2.weight()},
+                         {"fc2 bias", fc2_->bias()},
+                         {"fc1 main_grad", l1.main_grad()},
+                         {"fc2 main_grad", l2.main_grad()}});
+  }
+  // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward)
+  Tensor h = Tensor::empty({T, 2 * F}, dt, l1.context());
+  grouped_gemm_group_m(l1.context(), x, l1.weight(), BOp::Transposed, splits, h, l1.bias());
+  // ---- activation: z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward)
+  Tensor z = Tensor::empty({T, F}, dt, act_->context());
+  swiglu_forward(act_->context(), h, probs, splits, layout(), z);
+  // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place (as GroupedLinearOp with scale_bias)
+  Tensor y = options.output.defined() ? options.output
+                                      : Tensor::empty({T, out_features()}, dt, l2.context());
+  grouped_gemm_group_m(l2.context(), z, l2.weight(), BOp::Transposed, splits, y, l2.bias());
+  if (fc2_->scale_bias()) grouped_bias_add(l2.context(), y, fc2_->bias(), probs, splits, y);
+  if (saved) {
+    saved->input = x;
+    saved->h = h;
+    saved->z = z;
+    saved->probs = probs;
+    saved->splits = splits;
+    saved->input_requires_grad = options.input_requires_grad;
+    saved->probs_requires_grad = options.probs_requires_grad;
+    saved->valid = true;
+  }
+  return y;
+}
+
+GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
+                                       const BackwardOptions& options) const {
+  if (!s.valid)
+    throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
+  const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
+  const Device dev = context().device();
+  const DType dt = dtype();
+  const int64_t T = s.input.size(0);
+  // ---- validation, host metadata only, before any work
+  check_input("grad_output", dy, {T, out_features()}, dt, dev);
+  if (options.grad_input.defined()) {
+    if (!s.input_requires_grad) {
+      throw_invalid("grad_input", "no buffer (the input does not require grad)",
+                    options.grad_input.describe());
+    }
+    check_caller_buffer("grad_input", options.grad_input, {T, in_features()}, dt, dev,
+                        {{"grad_output", dy},
+                         {"input", s.input},
+                         {"probs", s.probs},
+                         {"fc1 weight", l1.weight()},
+                         {"fc1 bias", fc1_->bias()},
+                         {"fc2 weight", l2.weight()},
+                         {"fc2 bias", fc2_->bias()},
+                         {"fc1 main_grad", l1.main_grad()},
+                         {"fc2 main_grad", l2.main_grad()},
+                         {"grad_probs", options.grad_probs}});
+  }
+  const bool accumulate_dp = options.grad_probs.defined();
+  if (accumulate_dp && s.probs_requires_grad) {
+    check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, dev,
+                        {{"grad_output", dy}, {"input", s.input}, {"probs", s.probs}});
+  }
+  for (const GroupedLinear* l : {&l1, &l2}) {
+    if (l->main_grad().defined() && l->weight_requires_grad()) {
+      check_caller_buffer(l == &l1 ? "fc1 main_grad" : "fc2 main_grad", l->main_grad(),
+                          l->weight().shape(), DType::F32, dev,
+                          {{"grad_output", dy},
+                           {"input", s.input},
+                           {"fc1 weight", l1.weight()},
+                           {"fc2 weight", l2.weight()}});
+    }
+  }
+
+  Grads grads;
+  if (s.probs_requires_grad) {
+    grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
+  }
+  bool dp_written = accumulate_dp;
+  // ---- fc2 (as GroupedLinear::backward, then the scaled bias as GroupedLinearOp)
+  Tensor dz = Tensor::empty({T, ffn()}, dt, l2.context());
+  grouped_gemm_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
+  if (l2.weight_requires_grad()) grads.fc2.weight = weight_grad(l2, dy, s.z, s.splits);
+  if (fc2_->scale_bias() && (l2.weight_requires_grad() || s.probs_requires_grad)) {
+    if (l2.weight_requires_grad())
+      grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
+    grouped_scaled_bias_grad(l2.context(), dy, s.probs, fc2_->bias(), s.splits, grads.fc2.bias,
+                             grads.probs, dp_written);
+    dp_written = dp_written || grads.probs.defined();
+  }
+  // ---- activation (as ScaledSwiGLU::backward)
+  Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
+  swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(), dh, grads.probs,
+                  dp_written);
+  // ---- fc1 (as GroupedLinear::backward)
+  if (s.input_requires_grad) {
+    grads.input = options.grad_input.defined()
+                      ? options.grad_input
+                      : Tensor::empty({T, in_features()}, dt, l1.context());
+    grouped_gemm_group_m(l1.context(), dh, l1.weight(), BOp::Plain, s.splits, grads.input);
+  }
+  if (l1.weight_requires_grad()) {
+    grads.fc1.weight = weight_grad(l1, dh, s.input, s.splits);
+    if (l1.bias().defined()) {
+      grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
+      grouped_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
+    }
+  }
+  return grads;
+}
+
+}  // namespace moekit

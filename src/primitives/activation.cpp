@@ -1,0 +1,104 @@
+// Activation primitives (SwiGLU): the one place their arguments are validated, then dispatch.
+#include "moekit/primitives/activation.h"
+
+#include "cpu/cpu_activation.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "primitives/activation_args.h"
+#include "primitives/backend_table.h"
+#ifdef MOEKIT_HAS_CUDA
+#include "cuda/cuda_activation.h"
+#endif
+
+namespace moekit {
+namespace {
+using detail::Backend;
+
+constexpr Backend<detail::SwigluForwardArgs> kSwigluForward[] = {
+#ifdef MOEKIT_HAS_CUDA
+    {"cuda", cuda::swiglu_forward_rejects, cuda::swiglu_forward_run},
+#endif
+    {"cpu", cpu::swiglu_forward_rejects, cpu::swiglu_forward_run},
+};
+constexpr Backend<detail::SwigluBackwardArgs> kSwigluBackward[] = {
+#ifdef MOEKIT_HAS_CUDA
+    {"cuda", cuda::swiglu_backward_rejects, cuda::swiglu_backward_run},
+#endif
+    {"cpu", cpu::swiglu_backward_rejects, cpu::swiglu_backward_run},
+};
+const detail::RegisterBackendNames kRegisterSwigluForward(kSwigluForward);
+const detail::RegisterBackendNames kRegisterSwigluBackward(kSwigluBackward);
+
+// h [T, 2F]: defined, 2-D, compute dtype, even width, the layout's width rule, contiguous.
+// Returns F.
+int64_t check_glu_input(const Tensor& h, GluLayout layout, Device dev) {
+  if (!h.defined() || h.dim() != 2) throw_invalid("h", "a 2-D tensor [T, 2F]", h.describe());
+  if (!is_compute_dtype(h.dtype())) throw_invalid("h", "dtype f32, f16 or bf16", name(h.dtype()));
+  const int64_t width = h.size(1);
+  if (width % 2 != 0) {
+    throw_invalid("h", "an even column count 2F (gate and linear parts of F columns each)",
+                  str(width, " columns"));
+  }
+  if (layout == GluLayout::Interleaved32 && width % (2 * kGluInterleaveBlock) != 0) {
+    throw_invalid("h",
+                  str("2F a multiple of ", 2 * kGluInterleaveBlock,
+                      " for the interleaved GLU layout (blocks of ", kGluInterleaveBlock,
+                      " gate and ", kGluInterleaveBlock, " linear columns)"),
+                  str("2F = ", width));
+  }
+  check_input("h", h, {h.size(0), width}, h.dtype(), dev);
+  return width / 2;
+}
+
+void check_row_splits(const Splits& splits, int64_t rows, Device dev) {
+  if (splits.groups() < 1) {
+    throw_invalid("splits", "at least one group count (host counts or a [G] counts tensor)",
+                  splits.on_host() ? "0 counts" : splits.device_counts().describe());
+  }
+  validate_splits(splits, splits.groups(), rows, dev);
+}
+}  // namespace
+
+std::string_view name(GluLayout layout) {
+  return layout == GluLayout::Halves ? "halves" : "interleaved32";
+}
+
+void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
+                    GluLayout layout, const Tensor& z) {
+  const Device dev = ctx.device();
+  const int64_t F = check_glu_input(h, layout, dev);
+  const int64_t T = h.size(0);
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  check_row_splits(splits, T, dev);
+  check_caller_buffer("z", z, {T, F}, h.dtype(), dev,
+                      {{"h", h}, {"probs", probs}, {"splits", splits.device_counts()}});
+  detail::dispatch<detail::SwigluForwardArgs>("swiglu_forward", kSwigluForward, ctx,
+                                              {ctx, h, probs, splits, layout, z, T, F});
+}
+
+void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
+                     const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                     bool accumulate_dprobs) {
+  const Device dev = ctx.device();
+  const int64_t F = check_glu_input(h, layout, dev);
+  const int64_t T = h.size(0);
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  check_input("dz", dz, {T, F}, h.dtype(), dev);
+  check_row_splits(splits, T, dev);
+  const Tensor& counts = splits.device_counts();
+  check_caller_buffer("dh", dh, {T, 2 * F}, h.dtype(), dev,
+                      {{"h", h}, {"probs", probs}, {"dz", dz}, {"splits", counts}});
+  if (dprobs.defined()) {
+    if (!probs.defined()) {
+      throw_invalid("dprobs", "no tensor when probs are not given (plain SwiGLU has no probs)",
+                    dprobs.describe());
+    }
+    check_caller_buffer("dprobs", dprobs, {T}, DType::F32, dev,
+                        {{"h", h}, {"probs", probs}, {"dz", dz}, {"splits", counts}, {"dh", dh}});
+  }
+  detail::dispatch<detail::SwigluBackwardArgs>(
+      "swiglu_backward", kSwigluBackward, ctx,
+      {ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs, T, F});
+}
+
+}  // namespace moekit

@@ -1,0 +1,183 @@
+#include "support/reference.h"
+
+#include <cmath>
+#include <numeric>
+
+namespace moekit::test {
+namespace {
+
+std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) off[g + 1] = off[g] + counts[g];
+  return off;
+}
+
+size_t at(int64_t i) {
+  return static_cast<size_t>(i);
+}
+
+}  // namespace
+
+Reference reference_forward(const std::vector<double>& x, const std::vector<double>& w,
+                            const std::vector<double>& bias, const std::vector<int64_t>& counts,
+                            int64_t K, int64_t N) {
+  const auto off = offsets(counts);
+  const int64_t S = off.back();
+  Reference r;
+  r.cols = N;
+  r.value.assign(at(S * N), 0.0);
+  r.magnitude.assign(at(S * N), 0.0);
+  r.length.assign(at(S * N), K + (bias.empty() ? 0 : 1));
+  for (size_t g = 0; g < counts.size(); ++g) {
+    for (int64_t row = off[g]; row < off[g + 1]; ++row) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0, m = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = x[at(row * K + k)] * w[at((static_cast<int64_t>(g) * N + n) * K + k)];
+          s += t;
+          m += std::fabs(t);
+        }
+        if (!bias.empty()) {
+          const double b = bias[at(static_cast<int64_t>(g) * N + n)];
+          s += b;
+          m += std::fabs(b);
+        }
+        r.value[at(row * N + n)] = s;
+        r.magnitude[at(row * N + n)] = m;
+      }
+    }
+  }
+  return r;
+}
+
+Reference reference_dgrad(const std::vector<double>& dy, const std::vector<double>& w,
+                          const std::vector<int64_t>& counts, int64_t K, int64_t N) {
+  const auto off = offsets(counts);
+  const int64_t S = off.back();
+  Reference r;
+  r.cols = K;
+  r.value.assign(at(S * K), 0.0);
+  r.magnitude.assign(at(S * K), 0.0);
+  r.length.assign(at(S * K), N);
+  for (size_t g = 0; g < counts.size(); ++g) {
+    for (int64_t row = off[g]; row < off[g + 1]; ++row) {
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0, m = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double t = dy[at(row * N + n)] * w[at((static_cast<int64_t>(g) * N + n) * K + k)];
+          s += t;
+          m += std::fabs(t);
+        }
+        r.value[at(row * K + k)] = s;
+        r.magnitude[at(row * K + k)] = m;
+      }
+    }
+  }
+  return r;
+}
+
+Reference reference_wgrad(const std::vector<double>& dy, const std::vector<double>& x,
+                          const std::vector<int64_t>& counts, int64_t K, int64_t N,
+                          const std::vector<double>& start) {
+  const auto off = offsets(counts);
+  const auto G = static_cast<int64_t>(counts.size());
+  Reference r;
+  r.cols = K;
+  r.value.assign(at(G * N * K), 0.0);
+  r.magnitude.assign(at(G * N * K), 0.0);
+  r.length.assign(at(G * N * K), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const size_t i = at((g * N + n) * K + k);
+        double s = 0, m = 0;
+        for (int64_t row = off[at(g)]; row < off[at(g) + 1]; ++row) {
+          const double t = dy[at(row * N + n)] * x[at(row * K + k)];
+          s += t;
+          m += std::fabs(t);
+        }
+        int64_t len = counts[at(g)];
+        if (!start.empty()) {
+          s += start[i];
+          m += std::fabs(start[i]);
+          len += 1;
+        }
+        r.value[i] = s;
+        r.magnitude[i] = m;
+        r.length[i] = len;
+      }
+    }
+  }
+  return r;
+}
+
+Reference reference_dbias(const std::vector<double>& dy, const std::vector<int64_t>& counts,
+                          int64_t N) {
+  const auto off = offsets(counts);
+  const auto G = static_cast<int64_t>(counts.size());
+  Reference r;
+  r.cols = N;
+  r.value.assign(at(G * N), 0.0);
+  r.magnitude.assign(at(G * N), 0.0);
+  r.length.assign(at(G * N), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, m = 0;
+      for (int64_t row = off[at(g)]; row < off[at(g) + 1]; ++row) {
+        s += dy[at(row * N + n)];
+        m += std::fabs(dy[at(row * N + n)]);
+      }
+      r.value[at(g * N + n)] = s;
+      r.magnitude[at(g * N + n)] = m;
+      r.length[at(g * N + n)] = counts[at(g)];
+    }
+  }
+  return r;
+}
+
+double tolerance(const Reference& ref, size_t i, DType out) {
+  return epsilon(out) * std::fabs(ref.value[i]) +
+         epsilon(DType::F32) * static_cast<double>(ref.length[i]) * ref.magnitude[i];
+}
+
+namespace {
+::testing::AssertionResult compare(std::string_view what, const std::vector<double>& got,
+                                   const std::vector<double>& want, const Reference& ref, DType out,
+                                   double scale, std::string_view want_name) {
+  const size_t n = ref.value.size();
+  if (got.size() < n || want.size() < n) {
+    return ::testing::AssertionFailure()
+           << what << ": " << got.size() << " values, expected at least " << n;
+  }
+  size_t bad = 0, first = n;
+  for (size_t i = 0; i < n; ++i) {
+    const double tol = scale * tolerance(ref, i, out);
+    if (!(std::fabs(got[i] - want[i]) <= tol)) {  // written so that NaN fails
+      if (first == n) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  const auto cols = static_cast<size_t>(ref.cols);
+  return ::testing::AssertionFailure()
+         << what << " (" << name(out) << "): " << bad << " of " << n
+         << " elements outside tolerance; first at index " << first << " (row " << first / cols
+         << ", col " << first % cols << "): got " << got[first] << ", " << want_name << " "
+         << want[first] << ", |diff| " << std::fabs(got[first] - want[first]) << ", tolerance "
+         << scale * tolerance(ref, first, out) << " (fp64 reference " << ref.value[first]
+         << ", magnitude " << ref.magnitude[first] << ", terms " << ref.length[first] << ")";
+}
+}  // namespace
+
+::testing::AssertionResult matches_reference(std::string_view what, const std::vector<double>& got,
+                                             const Reference& ref, DType out) {
+  return compare(what, got, ref.value, ref, out, 1.0, "reference");
+}
+
+::testing::AssertionResult close_to_each_other(std::string_view what, const std::vector<double>& a,
+                                               const std::vector<double>& b, const Reference& ref,
+                                               DType out) {
+  return compare(what, a, b, ref, out, 2.0, "other");
+}
+
+}  // namespace moekit::test

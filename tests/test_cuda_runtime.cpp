@@ -1,0 +1,614 @@
+// test_cuda_runtime — the CUDA backend below the ops: runtime hooks (device count, context,
+// stream-ordered allocator, copy, fill, errors) and the cuBLAS / kernel primitives checked with
+// guard bands (outputs are views in the middle of larger sentinel-filled buffers: nothing
+// outside the view, and nothing in rows [S, T), may change), skewed large shapes against the fp64
+// reference, bitwise run-to-run determinism and device-split validation.
+//
+// Every case that needs a GPU skips with the reason when Context::cuda_device_count() == 0 (CI);
+// the cases named ...WithoutGpu run everywhere. Suite names start with "Cuda" so that
+// --gtest_filter='Cuda*' selects them (tools/gpu-check runs compute-sanitizer that way).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+#include "support/reference.h"
+#include "support/test_util.h"
+
+namespace moekit {
+namespace {
+
+using ::testing::HasSubstr;
+using test::caught;
+
+// ================================================================ helpers
+
+#define MOEKIT_REQUIRE_GPU()                                                                \
+  do {                                                                                      \
+    if (!Context::built_with_cuda()) GTEST_SKIP() << "built without the CUDA backend";      \
+    if (Context::cuda_device_count() == 0) {                                                \
+      GTEST_SKIP() << "no usable CUDA device (Context::cuda_device_count() == 0)";           \
+    }                                                                                       \
+  } while (0)
+
+const Context& gpu() {
+  static const Context ctx = Context::cuda(0);
+  return ctx;
+}
+
+std::vector<uint8_t> host_bytes(const Tensor& host_tensor) {
+  const auto* p = static_cast<const uint8_t*>(host_tensor.data());
+  return {p, p + host_tensor.nbytes()};
+}
+
+std::vector<double> host_doubles(const Tensor& host_tensor) {
+  std::vector<double> v(static_cast<size_t>(host_tensor.numel()));
+  to_f64(host_tensor.data(), host_tensor.dtype(), v.data(), v.size());
+  return v;
+}
+
+// Skewed group sizes: a Dirichlet(1) split of `total` rows (normalised exponentials, largest
+// remainder rounding) with the groups listed in `empty` forced to zero rows.
+std::vector<int64_t> skewed_counts(int64_t groups, int64_t total, uint64_t seed,
+                                   std::vector<int64_t> empty = {}) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> e(1.0);
+  std::vector<double> w(static_cast<size_t>(groups));
+  double sum = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const bool is_empty = std::find(empty.begin(), empty.end(), g) != empty.end();
+    w[static_cast<size_t>(g)] = is_empty ? 0.0 : e(rng);
+    sum += w[static_cast<size_t>(g)];
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(groups));
+  int64_t assigned = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    counts[g] = static_cast<int64_t>(std::floor(w[g] / sum * static_cast<double>(total)));
+    assigned += counts[g];
+  }
+  for (size_t g = 0; assigned < total; g = (g + 1) % counts.size()) {
+    if (w[g] > 0) {
+      ++counts[g];
+      ++assigned;
+    }
+  }
+  return counts;
+}
+
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// A [rows, cols] view in the middle of a sentinel-filled device buffer with `pad` guard rows on
+// either side. check() verifies that the guard rows (and any `extra` rows of the view) still hold
+// the sentinel, bit for bit.
+struct Guarded {
+  Tensor buffer;  // [pad + rows + pad, cols]
+  Tensor view;    // [rows, cols]
+  int64_t pad, rows, cols;
+  DType dtype;
+
+  Guarded(const Shape& shape, DType dt, int64_t guard_rows = 3) : dtype(dt) {
+    rows = shape[0];
+    cols = numel(shape) / std::max<int64_t>(rows, 1);
+    if (rows == 0) cols = 1;
+    pad = guard_rows;
+    buffer = Tensor::empty({pad + rows + pad, cols}, dt, gpu());
+    fill(gpu(), buffer, test::kSentinel);
+    view = buffer.rows(pad, pad + rows).view(shape);
+  }
+  // Byte image of the whole buffer.
+  std::vector<uint8_t> all() const { return test::bytes_of(gpu(), buffer); }
+  // The guard bands are intact, and rows [valid, rows) of the view too.
+  ::testing::AssertionResult untouched_outside(int64_t valid_rows) const {
+    const auto bytes = all();
+    auto r = test::rows_hold_sentinel(bytes, 0, pad, cols, dtype);
+    if (!r) return r << " (leading guard band)";
+    r = test::rows_hold_sentinel(bytes, pad + valid_rows, pad + rows + pad, cols, dtype);
+    if (!r) return r << " (tail rows [S, T) or trailing guard band)";
+    return ::testing::AssertionSuccess();
+  }
+  std::vector<double> values() const { return test::to_doubles(gpu(), view.view({numel(view.shape())})); }
+};
+
+// ================================================================ runtime
+
+TEST(CudaRuntime, DeviceCountIsNonNegativeWithoutGpu) {
+  // Must never throw, also with no driver / no GPU (CI).
+  int n = -1;
+  EXPECT_NO_THROW(n = Context::cuda_device_count());
+  EXPECT_GE(n, 0);
+  if (!Context::built_with_cuda()) {
+    EXPECT_EQ(n, 0);
+    auto e = caught([] { Context::cuda(0); });
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  } else if (n == 0) {
+    auto e = caught([] { Context::cuda(0); });
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("device"));
+  }
+}
+
+TEST(CudaRuntime, CublasBackendRejectsCpuContextWithoutGpu) {
+  // Forcing the CUDA entries on a CPU context names the reason.
+  if (!Context::built_with_cuda()) GTEST_SKIP() << "built without the CUDA backend";
+  const Context cpu = Context::cpu(1).with_backend("cublas");
+  Tensor a = test::random_normal({4, 8}, DType::F32, 1);
+  Tensor b = test::random_normal({2, 6, 8}, DType::F32, 2);
+  Tensor out = Tensor::empty({4, 6}, DType::F32, cpu);
+  auto e = caught([&] { grouped_gemm_group_m(cpu, a, b, BOp::Transposed, Splits::host({1, 3}), out); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("the context's device is cpu"));
+}
+
+TEST(CudaRuntime, ContextOwnsOrBorrowsStream) {
+  MOEKIT_REQUIRE_GPU();
+  const Context owner = Context::cuda(0);
+  ASSERT_NE(owner.stream(), nullptr);
+  EXPECT_EQ(owner.device(), Device::cuda(0));
+  {
+    const Context borrower = Context::cuda(0, owner.stream());
+    EXPECT_EQ(borrower.stream(), owner.stream());
+    Tensor t = Tensor::empty({1000}, DType::F32, borrower);
+    fill(borrower, t, 3.0);
+    borrower.synchronize();
+  }  // destroying the borrower must leave the stream usable
+  Tensor t = Tensor::empty({1000}, DType::F32, owner);
+  fill(owner, t, 2.5);
+  const auto v = test::to_doubles(owner, t);
+  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return x == 2.5; }));
+}
+
+TEST(CudaRuntime, AllocatorCountsAndFreesInStreamOrder) {
+  MOEKIT_REQUIRE_GPU();
+  const Context ctx = Context::cuda(0);
+  ctx.allocator().reset_stats();
+  for (int i = 0; i < 50; ++i) {
+    Tensor t = Tensor::empty({1 << 20}, DType::BF16, ctx);
+    fill(ctx, t, static_cast<double>(i));
+  }  // each freed right after its fill was queued; the pool reuses the block
+  ctx.synchronize();
+  const auto s = ctx.allocator().stats();
+  EXPECT_EQ(s.count, 50);
+  EXPECT_EQ(s.largest, int64_t{2} << 20);
+  Tensor empty = Tensor::empty({0, 7}, DType::F32, ctx);
+  EXPECT_EQ(empty.numel(), 0);
+}
+
+TEST(CudaRuntime, RuntimeErrorNamesCallAndStatus) {
+  MOEKIT_REQUIRE_GPU();
+  auto e = caught([] { Tensor::empty({int64_t{1} << 50}, DType::U8, gpu()); });  // 1 PiB
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+  EXPECT_THAT(e->what(), HasSubstr("cudaMallocFromPoolAsync"));
+  EXPECT_THAT(e->what(), HasSubstr("cudaError"));  // the status name, e.g. ...MemoryAllocation
+  // The context stays usable after the failure.
+  Tensor t = Tensor::empty({16}, DType::F32, gpu());
+  fill(gpu(), t, 1.0);
+  EXPECT_EQ(test::to_doubles(gpu(), t)[15], 1.0);
+}
+
+TEST(CudaRuntime, CopyRoundTripsEveryDtype) {
+  MOEKIT_REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I32,
+                   DType::I64, DType::U8}) {
+    SCOPED_TRACE(std::string(name(dt)));
+    for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{100003}}) {
+      Tensor host = Tensor::empty({n}, dt, test::host());
+      auto* p = static_cast<uint8_t*>(host.data());
+      std::mt19937 rng(static_cast<unsigned>(n));
+      for (size_t i = 0; i < host.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng());
+      Tensor d1 = to_device(gpu(), host);                  // H2D
+      Tensor d2 = Tensor::empty({n}, dt, gpu());
+      copy(gpu(), d1, d2);                                 // D2D
+      Tensor back = Tensor::empty({n}, dt, test::host());
+      copy(gpu(), d2, back);                               // D2H (synchronises)
+      EXPECT_EQ(host_bytes(back), host_bytes(host));
+    }
+  }
+}
+
+TEST(CudaRuntime, CopyFromCpuContextIsSynchronous) {
+  MOEKIT_REQUIRE_GPU();
+  Tensor host = test::random_normal({513}, DType::F32, 9);
+  Tensor dev = Tensor::empty({513}, DType::F32, gpu());
+  copy(test::host(), host, dev);
+  Tensor back = Tensor::empty({513}, DType::F32, test::host());
+  copy(test::host(), dev, back);
+  EXPECT_EQ(host_bytes(back), host_bytes(host));
+}
+
+// The stored bytes of `value` in `dt`: integers by conversion, floating types by core's rounding.
+std::vector<uint8_t> encoded(double value, DType dt) {
+  std::vector<uint8_t> out(size_of(dt));
+  switch (dt) {
+    case DType::I32: { const auto v = static_cast<int32_t>(value); std::memcpy(out.data(), &v, 4); break; }
+    case DType::I64: { const auto v = static_cast<int64_t>(value); std::memcpy(out.data(), &v, 8); break; }
+    case DType::U8: out[0] = static_cast<uint8_t>(value); break;
+    default: from_f64(&value, out.data(), dt, 1);
+  }
+  return out;
+}
+
+TEST(CudaRuntime, FillMatchesHostEncodingEveryDtypeInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  constexpr int64_t kPad = 3, kRows = 1001, kCols = 3;
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F8E5M2, DType::I32,
+                   DType::I64, DType::U8}) {
+    for (double value : {0.0, 1.0, -1.5, 3.14159, 1000.25}) {
+      if (!is_floating(dt) && value < 0 && dt == DType::U8) continue;
+      SCOPED_TRACE(str(name(dt), " value ", value));
+      Tensor buffer = Tensor::empty({kPad + kRows + kPad, kCols}, dt, gpu());
+      fill(gpu(), buffer, test::kSentinel);
+      fill(gpu(), buffer.rows(kPad, kPad + kRows), value);
+      const auto bytes = test::bytes_of(gpu(), buffer);
+      const auto sentinel = encoded(test::kSentinel, dt), want = encoded(value, dt);
+      const size_t es = size_of(dt);
+      int64_t bad_inside = 0, bad_outside = 0;
+      for (int64_t r = 0; r < kPad + kRows + kPad; ++r) {
+        const bool inside = r >= kPad && r < kPad + kRows;
+        for (int64_t c = 0; c < kCols; ++c) {
+          const uint8_t* e = bytes.data() + static_cast<size_t>(r * kCols + c) * es;
+          if (std::memcmp(e, (inside ? want : sentinel).data(), es) != 0) ++(inside ? bad_inside : bad_outside);
+        }
+      }
+      EXPECT_EQ(bad_inside, 0) << "elements of the view not set to the value";
+      EXPECT_EQ(bad_outside, 0) << "guard-band elements changed";
+    }
+  }
+}
+
+// A fill of a 16-bit tensor at an odd byte address cannot use 2-byte stores: refused cleanly.
+TEST(CudaRuntime, FillRefusesMisalignedElements) {
+  MOEKIT_REQUIRE_GPU();
+  Tensor bytes = Tensor::empty({64}, DType::U8, gpu());
+  Tensor odd = Tensor::wrap(static_cast<char*>(bytes.data()) + 1, {8}, DType::BF16, gpu().device());
+  auto e = caught([&] { fill(gpu(), odd, 1.5); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+}
+
+// ================================================================ primitives with guard bands
+
+struct GemmCase {
+  DType dtype;
+  int64_t T, K, N;
+  std::vector<int64_t> counts;  // S = sum <= T
+  bool bias;
+};
+
+std::string label(const GemmCase& c) {
+  return str(name(c.dtype), " T=", c.T, " K=", c.K, " N=", c.N, " S=", sum_of(c.counts),
+             " G=", c.counts.size(), c.bias ? " +bias" : "");
+}
+
+std::vector<GemmCase> gemm_cases() {
+  return {
+      {DType::BF16, 64, 32, 48, {10, 0, 31, 7, 0}, false},
+      {DType::BF16, 64, 32, 48, {10, 0, 31, 7, 0}, true},
+      {DType::F16, 50, 40, 24, {0, 25, 0, 20}, true},
+      {DType::F32, 77, 19, 13, {5, 0, 1, 60}, true},   // odd sizes: misaligned group starts
+      {DType::F32, 77, 19, 13, {5, 0, 1, 60}, false},
+      {DType::BF16, 9, 8, 8, {0, 0, 0}, false},         // every group empty: nothing written
+      {DType::BF16, 2048, 384, 640, skewed_counts(8, 1900, 11, {2, 5}), true},  // skewed, large
+      {DType::BF16, 2048, 640, 384, skewed_counts(8, 2048, 12, {0}), false},
+      // Many small groups: one grouped-batched cuBLAS call instead of a loop.
+      {DType::BF16, 700, 64, 96, skewed_counts(40, 650, 13, {3, 7, 8}), true},
+      {DType::BF16, 700, 64, 96, skewed_counts(40, 650, 13, {3, 7, 8}), false},
+      {DType::F16, 520, 40, 56, skewed_counts(24, 520, 15, {0}), false},
+      {DType::F32, 300, 24, 40, skewed_counts(16, 300, 14), false},
+  };
+}
+
+TEST(CudaGroupedGemm, GroupMForwardMatchesReferenceInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const GemmCase& c : gemm_cases()) {
+    SCOPED_TRACE(label(c));
+    const int64_t G = static_cast<int64_t>(c.counts.size()), S = sum_of(c.counts);
+    Tensor x = test::random_normal({c.T, c.K}, c.dtype, ++seed);
+    Tensor w = test::random_normal({G, c.N, c.K}, c.dtype, ++seed);
+    Tensor b = c.bias ? test::random_normal({G, c.N}, c.dtype, ++seed) : Tensor();
+    Guarded out({c.T, c.N}, c.dtype);
+    grouped_gemm_group_m(gpu(), to_device(gpu(), x), to_device(gpu(), w), BOp::Transposed,
+                         Splits::host(c.counts), out.view,
+                         c.bias ? to_device(gpu(), b) : Tensor());
+    EXPECT_TRUE(out.untouched_outside(S));
+    const auto ref = test::reference_forward(host_doubles(x), host_doubles(w),
+                                             c.bias ? host_doubles(b) : std::vector<double>{},
+                                             c.counts, c.K, c.N);
+    EXPECT_TRUE(test::matches_reference("y", out.values(), ref, c.dtype));
+  }
+}
+
+TEST(CudaGroupedGemm, GroupMDgradMatchesReferenceInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const GemmCase& c : gemm_cases()) {
+    if (c.bias) continue;
+    SCOPED_TRACE(label(c));
+    const int64_t G = static_cast<int64_t>(c.counts.size()), S = sum_of(c.counts);
+    Tensor dy = test::random_normal({c.T, c.N}, c.dtype, ++seed);
+    Tensor w = test::random_normal({G, c.N, c.K}, c.dtype, ++seed);
+    Guarded dx({c.T, c.K}, c.dtype);
+    grouped_gemm_group_m(gpu(), to_device(gpu(), dy), to_device(gpu(), w), BOp::Plain,
+                         Splits::host(c.counts), dx.view);
+    EXPECT_TRUE(dx.untouched_outside(S));
+    const auto ref = test::reference_dgrad(host_doubles(dy), host_doubles(w), c.counts, c.K, c.N);
+    EXPECT_TRUE(test::matches_reference("dx", dx.values(), ref, c.dtype));
+  }
+}
+
+TEST(CudaGroupedGemm, GroupKWgradMatchesReferenceInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (const GemmCase& c : gemm_cases()) {
+    for (bool accumulate : {false, true}) {
+      const DType dw_type = accumulate ? DType::F32 : c.dtype;
+      SCOPED_TRACE(label(c) + (accumulate ? " accumulate into f32" : ""));
+      const int64_t G = static_cast<int64_t>(c.counts.size());
+      Tensor dy = test::random_normal({c.T, c.N}, c.dtype, ++seed);
+      Tensor x = test::random_normal({c.T, c.K}, c.dtype, ++seed);
+      // dw: a [G, N, K] view in the middle of a flat sentinel buffer (rows of one element).
+      Guarded dw({G * c.N * c.K}, dw_type, 5);
+      Tensor dw_view = dw.view.view({G, c.N, c.K});
+      std::vector<double> start;
+      if (accumulate) {
+        Tensor s = test::random_normal({G, c.N, c.K}, DType::F32, ++seed);
+        copy(gpu(), s, dw_view);
+        start = host_doubles(s);
+      }
+      grouped_gemm_group_k(gpu(), to_device(gpu(), dy), to_device(gpu(), x),
+                           Splits::host(c.counts), dw_view, accumulate);
+      EXPECT_TRUE(dw.untouched_outside(G * c.N * c.K));
+      const auto got = dw.values();
+      const auto ref = test::reference_wgrad(host_doubles(dy), host_doubles(x), c.counts, c.K,
+                                             c.N, start);
+      EXPECT_TRUE(test::matches_reference("dw", got, ref, dw_type));
+      // Empty groups: exactly 0, or exactly unchanged when accumulating.
+      for (int64_t g = 0; g < G; ++g) {
+        if (c.counts[static_cast<size_t>(g)] != 0) continue;
+        for (int64_t i = g * c.N * c.K; i < (g + 1) * c.N * c.K; ++i) {
+          const double want = accumulate ? start[static_cast<size_t>(i)] : 0.0;
+          ASSERT_EQ(got[static_cast<size_t>(i)], want) << "group " << g << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaGroupedGemm, BiasGradMatchesReferenceInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (const GemmCase& c : gemm_cases()) {
+    for (bool accumulate : {false, true}) {
+      const DType db_type = accumulate ? DType::F32 : c.dtype;
+      SCOPED_TRACE(label(c) + (accumulate ? " accumulate into f32" : ""));
+      const int64_t G = static_cast<int64_t>(c.counts.size());
+      Tensor dy = test::random_normal({c.T, c.N}, c.dtype, ++seed);
+      Guarded db({G, c.N}, db_type);
+      std::vector<double> start(static_cast<size_t>(G * c.N), 0.0);
+      if (accumulate) {
+        Tensor s = test::random_normal({G, c.N}, DType::F32, ++seed);
+        copy(gpu(), s, db.view);
+        start = host_doubles(s);
+      }
+      grouped_bias_grad(gpu(), to_device(gpu(), dy), Splits::host(c.counts), db.view, accumulate);
+      EXPECT_TRUE(db.untouched_outside(G));
+      auto ref = test::reference_dbias(host_doubles(dy), c.counts, c.N);
+      if (accumulate) {
+        for (size_t i = 0; i < start.size(); ++i) {
+          ref.value[i] += start[i];
+          ref.magnitude[i] += std::abs(start[i]);
+          ref.length[i] += 1;
+        }
+      }
+      EXPECT_TRUE(test::matches_reference("db", db.values(), ref, db_type));
+    }
+  }
+}
+
+// The bias must be added to the fp32 product before the one rounding into the output dtype. With
+// every row of x equal, y[r, n] = c_n + bias_n for all r; choosing bias_n ≈ -c_n makes the result
+// small while the product is large, so a kernel that rounds the product to 16 bits before adding
+// the bias is off by many ulps of the result (the fp64 reference rule then fails). cuBLAS does
+// this differently for aligned and misaligned operands (see grouped_gemm_cublas.cpp), so the
+// cases cover: 16-byte aligned operands, a K that misaligns every row, operands at an odd
+// element offset with aligned leading dimensions, and a bias alone at an odd offset.
+TEST(CudaGroupedGemm, BiasIsAddedBeforeTheOneRounding) {
+  MOEKIT_REQUIRE_GPU();
+  enum class Offset { None, Operands, BiasOnly };
+  struct Case3 {
+    int64_t K, N;
+    Offset offset;
+  };
+  // Copies host tensor `t` to the GPU, at an odd element offset when `shifted`.
+  auto upload = [](const Tensor& t, bool shifted, std::vector<Tensor>& keep) {
+    if (!shifted) return to_device(gpu(), t);
+    Tensor flat = Tensor::empty({t.numel() + 1}, t.dtype(), gpu());
+    keep.push_back(flat);
+    Tensor view = flat.rows(1, 1 + t.numel()).view(t.shape());
+    copy(gpu(), t, view);
+    return view;
+  };
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (Case3 c : {Case3{64, 128, Offset::None}, Case3{256, 96, Offset::None},
+                    Case3{19, 70, Offset::None}, Case3{64, 128, Offset::Operands},
+                    Case3{64, 128, Offset::BiasOnly}}) {
+      SCOPED_TRACE(str(name(dt), " K=", c.K, " N=", c.N, " offset ", static_cast<int>(c.offset)));
+      const std::vector<int64_t> counts{64, 0, 40};
+      const int64_t G = 3, T = 110, K = c.K, N = c.N;
+      Tensor row = test::random_normal({1, K}, dt, 7 + static_cast<uint64_t>(K));
+      Tensor x = Tensor::empty({T, K}, dt, test::host());
+      for (int64_t r = 0; r < T; ++r) std::memcpy(x.rows(r, r + 1).data(), row.data(), row.nbytes());
+      Tensor w = test::random_normal({G, N, K}, dt, 8 + static_cast<uint64_t>(N));
+      const auto xd = host_doubles(x), wd = host_doubles(w);
+      std::vector<double> bias_d(static_cast<size_t>(G * N));
+      std::mt19937_64 rng(9);
+      std::uniform_real_distribution<double> small(-1.0 / 64, 1.0 / 64);
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t n = 0; n < N; ++n) {
+          double prod = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            prod += xd[static_cast<size_t>(k)] * wd[static_cast<size_t>((g * N + n) * K + k)];
+          }
+          bias_d[static_cast<size_t>(g * N + n)] = -prod + small(rng);
+        }
+      }
+      Tensor bias = Tensor::empty({G, N}, dt, test::host());
+      from_f64(bias_d.data(), bias.data(), dt, bias_d.size());
+      std::vector<Tensor> keep;
+      const bool shift_operands = c.offset == Offset::Operands;
+      // y: a flat guarded buffer whose view starts 5 elements in (10 bytes: misaligned) when the
+      // operands are shifted, else 3 aligned rows in.
+      Guarded y_flat({T * N}, dt, shift_operands ? 5 : 3 * N);
+      const Tensor y = y_flat.view.view({T, N});
+      grouped_gemm_group_m(gpu(), upload(x, shift_operands, keep), upload(w, false, keep),
+                           BOp::Transposed, Splits::host(counts), y,
+                           upload(bias, c.offset == Offset::BiasOnly, keep));
+      EXPECT_TRUE(y_flat.untouched_outside(104 * N));
+      const auto ref = test::reference_forward(xd, wd, host_doubles(bias), counts, K, N);
+      EXPECT_TRUE(test::matches_reference("y", y_flat.values(), ref, dt));
+    }
+  }
+}
+
+// ================================================================ determinism
+
+TEST(CudaGroupedGemm, BitwiseReproducibleRunToRun) {
+  MOEKIT_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  const int64_t T = 3000, K = 512, N = 768;
+  // 8 large groups (a loop of GEMMs) and 48 small ones (one grouped-batched call).
+  for (int64_t G : {8, 48}) {
+    SCOPED_TRACE(str(G, " groups"));
+    const auto counts = skewed_counts(G, 2900, 21, {3});
+    Tensor x = to_device(gpu(), test::random_normal({T, K}, dt, 1));
+    Tensor dy = to_device(gpu(), test::random_normal({T, N}, dt, 2));
+    Tensor w = to_device(gpu(), test::random_normal({G, N, K}, dt, 3));
+    Tensor b = to_device(gpu(), test::random_normal({G, N}, dt, 4));
+    const Splits splits = Splits::host(counts);
+    auto run = [&] {
+      std::vector<std::vector<uint8_t>> r;
+      Tensor y = test::filled(gpu(), {T, N}, dt, test::kSentinel);
+      Tensor yb = test::filled(gpu(), {T, N}, dt, test::kSentinel);
+      Tensor dx = test::filled(gpu(), {T, K}, dt, test::kSentinel);
+      Tensor dw = Tensor::empty({G, N, K}, dt, gpu());
+      Tensor main_grad = test::filled(gpu(), {G, N, K}, DType::F32, 0.5);
+      Tensor db = Tensor::empty({G, N}, dt, gpu());
+      grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, splits, y);
+      grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, splits, yb, b);
+      grouped_gemm_group_m(gpu(), dy, w, BOp::Plain, splits, dx);
+      grouped_gemm_group_k(gpu(), dy, x, splits, dw, false);
+      grouped_gemm_group_k(gpu(), dy, x, splits, main_grad, true);
+      grouped_bias_grad(gpu(), dy, splits, db, false);
+      for (const Tensor* t : {&y, &yb, &dx, &dw, &main_grad, &db}) r.push_back(test::bytes_of(gpu(), *t));
+      return r;
+    };
+    const auto first = run();
+    const auto second = run();
+    const char* names[] = {"y", "y+bias", "dx", "dw", "main_grad", "db"};
+    const DType types[] = {dt, dt, dt, dt, DType::F32, dt};
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_TRUE(test::bit_identical(second[i], first[i], types[i])) << names[i];
+    }
+  }
+}
+
+// ================================================================ device splits
+
+TEST(CudaDeviceSplits, MatchHostSplitsBitwise) {
+  MOEKIT_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  const int64_t T = 300, K = 64, N = 96, G = 6;
+  const std::vector<int64_t> counts{40, 0, 100, 13, 0, 120};  // S = 273 < T
+  Tensor x = to_device(gpu(), test::random_normal({T, K}, dt, 5));
+  Tensor w = to_device(gpu(), test::random_normal({G, N, K}, dt, 6));
+  Tensor dy = to_device(gpu(), test::random_normal({T, N}, dt, 7));
+  Tensor y_host = test::filled(gpu(), {T, N}, dt, test::kSentinel);
+  Tensor dw_host = Tensor::empty({G, N, K}, DType::F32, gpu());
+  Tensor db_host = Tensor::empty({G, N}, DType::F32, gpu());
+  grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, Splits::host(counts), y_host);
+  grouped_gemm_group_k(gpu(), dy, x, Splits::host(counts), dw_host, false);
+  grouped_bias_grad(gpu(), dy, Splits::host(counts), db_host, false);
+  for (DType ct : {DType::I32, DType::I64}) {
+    SCOPED_TRACE(std::string("counts ") + std::string(name(ct)));
+    const Splits dsplits = Splits::device(to_device(gpu(), test::counts_tensor(counts, ct)));
+    Tensor y = test::filled(gpu(), {T, N}, dt, test::kSentinel);
+    Tensor dw = Tensor::empty({G, N, K}, DType::F32, gpu());
+    Tensor db = Tensor::empty({G, N}, DType::F32, gpu());
+    grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, dsplits, y);
+    grouped_gemm_group_k(gpu(), dy, x, dsplits, dw, false);
+    grouped_bias_grad(gpu(), dy, dsplits, db, false);
+    EXPECT_TRUE(test::bit_identical(test::bytes_of(gpu(), y), test::bytes_of(gpu(), y_host), dt));
+    EXPECT_TRUE(test::bit_identical(test::bytes_of(gpu(), dw), test::bytes_of(gpu(), dw_host), DType::F32));
+    EXPECT_TRUE(test::bit_identical(test::bytes_of(gpu(), db), test::bytes_of(gpu(), db_host), DType::F32));
+  }
+}
+
+TEST(CudaDeviceSplits, InvalidCountsAreRejectedBeforeAnyWrite) {
+  MOEKIT_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  const int64_t T = 100, K = 32, N = 48, G = 4;
+  Tensor x = to_device(gpu(), test::random_normal({T, K}, dt, 8));
+  Tensor w = to_device(gpu(), test::random_normal({G, N, K}, dt, 9));
+  Tensor dy = to_device(gpu(), test::random_normal({T, N}, dt, 10));
+  struct Bad {
+    std::vector<int64_t> counts;
+    const char* names;  // what the message must mention
+  };
+  const Bad bad[] = {{{10, -3, 20, 5}, "count -3 for group 1"}, {{50, 30, 20, 1}, "S = 101"}};
+  for (const Bad& b : bad) {
+    for (DType ct : {DType::I32, DType::I64}) {
+      SCOPED_TRACE(str(b.names, " counts ", name(ct)));
+      const Splits s = Splits::device(to_device(gpu(), test::counts_tensor(b.counts, ct)));
+      Guarded y({T, N}, dt);
+      auto e = caught([&] { grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, s, y.view); });
+      ASSERT_TRUE(e.has_value());
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(e->what(), HasSubstr("splits"));
+      EXPECT_THAT(e->what(), HasSubstr(b.names));
+      EXPECT_TRUE(y.untouched_outside(0)) << "a rejected call wrote its output";
+
+      Guarded dw({G * N * K}, DType::F32);
+      e = caught([&] { grouped_gemm_group_k(gpu(), dy, x, s, dw.view.view({G, N, K}), true); });
+      ASSERT_TRUE(e.has_value());
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(e->what(), HasSubstr(b.names));
+      EXPECT_TRUE(dw.untouched_outside(0));
+
+      Guarded db({G, N}, DType::F32);
+      e = caught([&] { grouped_bias_grad(gpu(), dy, s, db.view, false); });
+      ASSERT_TRUE(e.has_value());
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(e->what(), HasSubstr(b.names));
+      EXPECT_TRUE(db.untouched_outside(0));
+    }
+  }
+}
+
+TEST(CudaGroupedGemm, ForcingCpuBackendOnGpuContextNamesTheReason) {
+  MOEKIT_REQUIRE_GPU();
+  const Context ctx = gpu().with_backend("cpu");
+  Tensor a = to_device(gpu(), test::random_normal({4, 8}, DType::F32, 1));
+  Tensor b = to_device(gpu(), test::random_normal({2, 6, 8}, DType::F32, 2));
+  Tensor out = Tensor::empty({4, 6}, DType::F32, gpu());
+  auto e = caught([&] { grouped_gemm_group_m(ctx, a, b, BOp::Transposed, Splits::host({1, 3}), out); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("the context's device is cuda:0"));
+}
+
+}  // namespace
+}  // namespace moekit

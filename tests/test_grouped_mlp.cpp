@@ -1,0 +1,734 @@
+// Grouped MLP (SPEC §5) and the primitives it is written on: SwiGLU (both GLU layouts, with and
+// without routing probs) and the prob-scaled grouped bias.
+//
+// Every suite is device-parameterised ("cpu" always; "cuda" skips with the reason when no GPU is
+// usable). Data is random normal (never zeros), made on the host and moved with to_device; caller
+// buffers are sentinel-prefilled and internal allocations NaN-poisoned; results are checked
+// against the fp64 reference of support/mlp_reference.h stage by stage, gradients also against
+// finite differences, and the fused op against the unfused Sequential bit for bit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "moekit/ops/grouped_mlp.h"
+#include "moekit/ops/sequential.h"
+#include "moekit/primitives/activation.h"
+#include "moekit/primitives/grouped_bias.h"
+#include "support/mlp_reference.h"
+#include "support/test_util.h"
+
+namespace moekit::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
+constexpr GluLayout kLayouts[] = {GluLayout::Halves, GluLayout::Interleaved32};
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+std::string label(DType dt, GluLayout layout) {
+  return str(name(dt), "/", name(layout));
+}
+
+class OnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    auto c = make_context(GetParam(), &why);
+    if (!c) GTEST_SKIP() << why;
+    ctx_ = *c;
+  }
+  Context ctx_ = Context::cpu();
+};
+
+std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
+}
+
+// ============================================================== SwiGLU primitive
+using SwiGLUPrimitive = OnDevice;
+
+TEST_P(SwiGLUPrimitive, ForwardMatchesFp64ForBothLayoutsWithAndWithoutProbs) {
+  const std::vector<int64_t> counts = {4, 0, 5};  // a zero-row group, S = 9
+  const int64_t S = sum(counts), T = S + 4, F = 64;
+  const Splits splits = Splits::host(counts);
+  const Tensor probs_h = make_mlp_data({.T = T}).probs;
+  for (DType dt : kDtypes) {
+    for (GluLayout layout : kLayouts) {
+      for (bool scaled : {false, true}) {
+        SCOPED_TRACE(str(label(dt, layout), scaled ? " scaled" : " plain"));
+        const Tensor h_h = random_normal({T, 2 * F}, dt, 11, 2.0);
+        const Tensor h = to_device(ctx_, h_h), probs = to_device(ctx_, probs_h);
+        const Tensor z = filled(ctx_, {T, F}, dt, kSentinel);
+        swiglu_forward(ctx_, h, scaled ? probs : Tensor(), splits, layout, z);
+        const std::vector<double> p = scaled ? to_doubles(host(), probs_h) : std::vector<double>{};
+        EXPECT_TRUE(
+            matches_expected("z", to_doubles(ctx_, z),
+                             swiglu_forward_ref(to_doubles(host(), h_h), p, S, F, layout, dt)));
+        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z), S, T, F, dt));
+      }
+    }
+  }
+}
+
+TEST_P(SwiGLUPrimitive, BackwardMatchesFp64WithProbsGradWrittenOrAccumulated) {
+  const std::vector<int64_t> counts = {3, 6, 0};
+  const int64_t S = sum(counts), T = S + 3, F = 32;
+  const Splits splits = Splits::host(counts);
+  const Tensor probs_h = make_mlp_data({.T = T}).probs;
+  const Tensor start_h = random_normal({T}, DType::F32, 5);
+  for (DType dt : kDtypes) {
+    for (GluLayout layout : kLayouts) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0: plain, 1: dprobs written, 2: accumulated
+        SCOPED_TRACE(str(label(dt, layout), " mode ", mode));
+        const Tensor h_h = random_normal({T, 2 * F}, dt, 21, 2.0);
+        const Tensor dz_h = random_normal({T, F}, dt, 22);
+        const Tensor h = to_device(ctx_, h_h), dz = to_device(ctx_, dz_h);
+        const Tensor probs = to_device(ctx_, probs_h);
+        const Tensor dh = filled(ctx_, {T, 2 * F}, dt, kSentinel);
+        Tensor dprobs;
+        if (mode == 1) dprobs = filled(ctx_, {T}, DType::F32, kSentinel);
+        if (mode == 2) {
+          dprobs = to_device(ctx_, start_h);
+          copy(ctx_, host_filled({T - S}, DType::F32, kSentinel), dprobs.rows(S, T));
+        }
+        swiglu_backward(ctx_, h, mode ? probs : Tensor(), dz, splits, layout, dh, dprobs,
+                        mode == 2);
+        const std::vector<double> p = mode ? to_doubles(host(), probs_h) : std::vector<double>{};
+        const std::vector<double> start =
+            mode == 2 ? to_doubles(host(), start_h) : std::vector<double>{};
+        const SwigluGradExpected want = swiglu_backward_ref(
+            to_doubles(host(), h_h), p, to_doubles(host(), dz_h), S, F, layout, dt, start);
+        EXPECT_TRUE(matches_expected("dh", to_doubles(ctx_, dh), want.dh));
+        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dh), S, T, 2 * F, dt));
+        if (mode) {
+          EXPECT_TRUE(matches_expected("dprobs", to_doubles(ctx_, dprobs), want.dprobs));
+          EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dprobs), S, T, 1, DType::F32));
+        }
+      }
+    }
+  }
+}
+
+// The interleaved layout, checked independently of the column formula the reference shares with
+// the library: permuting the columns by hand must give bit-identical results.
+TEST_P(SwiGLUPrimitive, InterleavedLayoutIsHalvesWithColumnsPermutedIn32Blocks) {
+  const std::vector<int64_t> counts = {5, 4};
+  const int64_t S = sum(counts), T = S + 2, F = 96;  // 2F = 192: three 64-column block pairs
+  const Splits splits = Splits::host(counts);
+  const DType dt = DType::BF16;
+  const Tensor halves = random_normal({T, 2 * F}, dt, 31, 2.0);
+  Tensor inter = Tensor::empty({T, 2 * F}, dt, host());
+  const auto* src = halves.data_as<const uint16_t>();
+  auto* dst = inter.data_as<uint16_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < F / 32; ++c) {
+      for (int64_t o = 0; o < 32; ++o) {
+        dst[t * 2 * F + 64 * c + o] = src[t * 2 * F + 32 * c + o];           // gate block c
+        dst[t * 2 * F + 64 * c + 32 + o] = src[t * 2 * F + F + 32 * c + o];  // linear block c
+      }
+    }
+  }
+  const Tensor probs = to_device(ctx_, make_mlp_data({.T = T}).probs);
+  const Tensor dz = to_device(ctx_, random_normal({T, F}, dt, 32));
+  Tensor z[2], dh[2], dp[2];
+  const Tensor h[2] = {to_device(ctx_, halves), to_device(ctx_, inter)};
+  for (int i = 0; i < 2; ++i) {
+    const GluLayout layout = i ? GluLayout::Interleaved32 : GluLayout::Halves;
+    z[i] = filled(ctx_, {T, F}, dt, kSentinel);
+    dh[i] = filled(ctx_, {T, 2 * F}, dt, kSentinel);
+    dp[i] = filled(ctx_, {T}, DType::F32, kSentinel);
+    swiglu_forward(ctx_, h[i], probs, splits, layout, z[i]);
+    swiglu_backward(ctx_, h[i], probs, dz, splits, layout, dh[i], dp[i], false);
+  }
+  EXPECT_TRUE(bit_identical(bytes_of(ctx_, z[1]), bytes_of(ctx_, z[0]), dt));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx_, dp[1]), bytes_of(ctx_, dp[0]), DType::F32));
+  const std::vector<uint8_t> dh_h = bytes_of(ctx_, dh[0]), dh_i = bytes_of(ctx_, dh[1]);
+  const auto* a = reinterpret_cast<const uint16_t*>(dh_h.data());
+  const auto* b = reinterpret_cast<const uint16_t*>(dh_i.data());
+  int64_t differ = 0;
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t c = 0; c < F / 32; ++c) {
+      for (int64_t o = 0; o < 32; ++o) {
+        differ += b[t * 2 * F + 64 * c + o] != a[t * 2 * F + 32 * c + o];
+        differ += b[t * 2 * F + 64 * c + 32 + o] != a[t * 2 * F + F + 32 * c + o];
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0) << "dh of the interleaved layout is not dh of halves, permuted";
+}
+
+TEST_P(SwiGLUPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
+  const Splits splits = Splits::host({4});
+  const Tensor h96 = to_device(ctx_, random_normal({4, 96}, DType::F32, 41));
+  const Tensor z48 = filled(ctx_, {4, 48}, DType::F32, kSentinel);
+  auto e =
+      caught([&] { swiglu_forward(ctx_, h96, Tensor(), splits, GluLayout::Interleaved32, z48); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'h'"));
+  EXPECT_THAT(e->what(), HasSubstr("multiple of 64 for the interleaved GLU layout"));
+  EXPECT_THAT(e->what(), HasSubstr("2F = 96"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z48), 0, 4, 48, DType::F32));
+
+  const Tensor h7 = to_device(ctx_, random_normal({4, 7}, DType::F32, 42));
+  e = caught([&] { swiglu_forward(ctx_, h7, Tensor(), splits, GluLayout::Halves, z48); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("even column count 2F"));
+
+  const Tensor dz = to_device(ctx_, random_normal({4, 48}, DType::F32, 43));
+  const Tensor dh = filled(ctx_, {4, 96}, DType::F32, kSentinel);
+  const Tensor dp = filled(ctx_, {4}, DType::F32, kSentinel);
+  e = caught(
+      [&] { swiglu_backward(ctx_, h96, Tensor(), dz, splits, GluLayout::Halves, dh, dp, false); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'dprobs'"));
+  EXPECT_THAT(e->what(), HasSubstr("plain SwiGLU has no probs"));
+
+  // z overlapping its input h.
+  const Tensor z_over = Tensor::wrap(h96.data(), {4, 48}, DType::F32, ctx_.device());
+  e = caught([&] { swiglu_forward(ctx_, h96, Tensor(), splits, GluLayout::Halves, z_over); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("overlapping input 'h'"));
+
+  // S > T.
+  e = caught(
+      [&] { swiglu_forward(ctx_, h96, Tensor(), Splits::host({5}), GluLayout::Halves, z48); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'splits'"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, SwiGLUPrimitive, ::testing::ValuesIn(device_names()),
+                         device_name);
+
+// ============================================================== grouped bias primitive
+using GroupedBiasPrimitive = OnDevice;
+
+TEST_P(GroupedBiasPrimitive, AddMatchesFp64ScaledOrPlainInPlaceOrNot) {
+  const std::vector<int64_t> counts = {3, 0, 4, 2};
+  const int64_t S = sum(counts), T = S + 3, N = 24, G = 4;
+  const Splits splits = Splits::host(counts);
+  const Tensor probs_h = make_mlp_data({.T = T}).probs;
+  for (DType dt : kDtypes) {
+    for (bool scaled : {false, true}) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(str(name(dt), scaled ? " scaled" : " plain", in_place ? " in place" : ""));
+        const Tensor x_h = random_normal({T, N}, dt, 51), b_h = random_normal({G, N}, dt, 52);
+        const Tensor x = to_device(ctx_, x_h), bias = to_device(ctx_, b_h);
+        const Tensor out = in_place ? x : filled(ctx_, {T, N}, dt, kSentinel);
+        const std::vector<uint8_t> tail_before = bytes_of(ctx_, out.rows(S, T));
+        grouped_bias_add(ctx_, x, bias, scaled ? to_device(ctx_, probs_h) : Tensor(), splits, out);
+        const std::vector<double> p = scaled ? to_doubles(host(), probs_h) : std::vector<double>{};
+        EXPECT_TRUE(matches_expected(
+            "out", to_doubles(ctx_, out),
+            bias_add_ref(to_doubles(host(), x_h), to_doubles(host(), b_h), p, counts, N, dt)));
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, out.rows(S, T)), tail_before, dt));
+      }
+    }
+  }
+}
+
+TEST_P(GroupedBiasPrimitive, ScaledGradMatchesFp64WithZeroRowGroups) {
+  const std::vector<int64_t> counts = {0, 5, 3, 0};
+  const int64_t S = sum(counts), T = S + 2, N = 20, G = 4;
+  const Splits splits = Splits::host(counts);
+  const Tensor probs_h = make_mlp_data({.T = T}).probs;
+  const Tensor start_h = random_normal({T}, DType::F32, 61);
+  for (DType dt : kDtypes) {
+    for (DType db_dt : {dt, DType::F32}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(str(name(dt), " db ", name(db_dt), accumulate ? " accumulate" : ""));
+        const Tensor dy_h = random_normal({T, N}, dt, 62), b_h = random_normal({G, N}, dt, 63);
+        const Tensor db = filled(ctx_, {G, N}, db_dt, kSentinel);
+        const Tensor dp =
+            accumulate ? to_device(ctx_, start_h) : filled(ctx_, {T}, DType::F32, kSentinel);
+        const std::vector<uint8_t> dp_tail = bytes_of(ctx_, dp.rows(S, T));
+        grouped_scaled_bias_grad(ctx_, to_device(ctx_, dy_h), to_device(ctx_, probs_h),
+                                 to_device(ctx_, b_h), splits, db, dp, accumulate);
+        const ScaledBiasGradExpected want = scaled_bias_grad_ref(
+            to_doubles(host(), dy_h), to_doubles(host(), probs_h), to_doubles(host(), b_h), counts,
+            N, db_dt, accumulate ? to_doubles(host(), start_h) : std::vector<double>{});
+        EXPECT_TRUE(matches_expected("db", to_doubles(ctx_, db), want.db));  // zero-row: exactly 0
+        EXPECT_TRUE(matches_expected("dprobs", to_doubles(ctx_, dp), want.dprobs));
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, dp.rows(S, T)), dp_tail, DType::F32));
+      }
+    }
+  }
+}
+
+TEST_P(GroupedBiasPrimitive, RejectsBadArguments) {
+  const Splits splits = Splits::host({2, 2});
+  const Tensor x = to_device(ctx_, random_normal({4, 8}, DType::F32, 71));
+  const Tensor bias = to_device(ctx_, random_normal({2, 8}, DType::F32, 72));
+  const Tensor probs16 = to_device(ctx_, random_normal({4}, DType::F16, 73));
+  auto e = caught([&] { grouped_bias_add(ctx_, x, bias, probs16, splits, x); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'probs'"));
+  EXPECT_THAT(e->what(), HasSubstr("dtype f32"));
+  const Tensor part = x.rows(1, 4);  // overlaps x without being x
+  const Tensor out = Tensor::wrap(part.data(), {4, 8}, DType::F32, ctx_.device());
+  e = caught([&] { grouped_bias_add(ctx_, x, bias, Tensor(), splits, out); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("overlapping input 'x'"));
+  e = caught([&] {
+    grouped_scaled_bias_grad(ctx_, x, to_device(ctx_, random_normal({4}, DType::F32, 74)), bias,
+                             splits, Tensor(), Tensor(), false);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("db or dprobs"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GroupedBiasPrimitive, ::testing::ValuesIn(device_names()),
+                         device_name);
+
+// ============================================================== GroupedMLP
+struct MlpRun {
+  Tensor y, dx;
+  GroupedMLP::Saved saved;
+  GroupedMLP::Grads grads;
+};
+
+// Forward with a sentinel-filled output buffer, backward with a sentinel-filled grad_input.
+MlpRun run_mlp(const Context& ctx, const GroupedMLP& mlp, const MlpData& d, const Splits& splits) {
+  MlpRun r;
+  const MlpCase& c = d.c;
+  const Tensor x = to_device(ctx, d.x), probs = to_device(ctx, d.probs), dy = to_device(ctx, d.dy);
+  const Tensor ybuf = filled(ctx, {c.T, c.N}, c.dtype, kSentinel);
+  const Tensor dxbuf = filled(ctx, {c.T, c.H}, c.dtype, kSentinel);
+  r.y = mlp.forward(x, probs, splits, {.output = ybuf}, &r.saved);
+  EXPECT_EQ(r.y.data(), ybuf.data()) << "y does not alias the output buffer";
+  r.grads = mlp.backward(r.saved, dy, {.grad_input = dxbuf});
+  EXPECT_EQ(r.grads.input.data(), dxbuf.data()) << "dx does not alias the grad_input buffer";
+  r.dx = r.grads.input;
+  return r;
+}
+
+// Checks every result of a run against the stage-wise fp64 reference, and the tails.
+void expect_matches_reference(const Context& ctx, const MlpData& d, const MlpRun& r,
+                              const std::vector<double>& main_grad1 = {},
+                              const std::vector<double>& main_grad2 = {}) {
+  const MlpCase& c = d.c;
+  const MlpProblem p = d.problem();
+  const int64_t S = p.valid_rows();
+  const std::vector<double> h = to_doubles(ctx, r.saved.h), z = to_doubles(ctx, r.saved.z);
+  const MlpForwardExpected f = mlp_forward_ref(p, h, z);
+  EXPECT_TRUE(matches_expected("h", h, f.h));
+  EXPECT_TRUE(matches_expected("z", z, f.z));
+  EXPECT_TRUE(matches_expected("y", to_doubles(ctx, r.y), f.y));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx, r.y), S, c.T, c.N, c.dtype)) << "y tail";
+  const MlpGradExpected g =
+      mlp_backward_ref(p, h, z, to_doubles(host(), d.dy), main_grad1, main_grad2);
+  EXPECT_TRUE(matches_expected("dx", to_doubles(ctx, r.dx), g.dx));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx, r.dx), S, c.T, c.H, c.dtype)) << "dx tail";
+  EXPECT_TRUE(matches_expected("dprobs", to_doubles(ctx, r.grads.probs), g.dprobs));
+  EXPECT_TRUE(matches_expected("dW1", to_doubles(ctx, r.grads.fc1.weight), g.dw1));
+  EXPECT_TRUE(matches_expected("dW2", to_doubles(ctx, r.grads.fc2.weight), g.dw2));
+  ASSERT_EQ(r.grads.fc1.bias.defined(), c.b1);
+  ASSERT_EQ(r.grads.fc2.bias.defined(), c.b2);
+  if (c.b1) {
+    EXPECT_TRUE(matches_expected("db1", to_doubles(ctx, r.grads.fc1.bias), g.db1));
+  }
+  if (c.b2) {
+    EXPECT_TRUE(matches_expected("db2", to_doubles(ctx, r.grads.fc2.bias), g.db2));
+  }
+  if (c.dtype == DType::F32) {  // end to end, no intermediate stored by the op
+    const std::vector<double> exact = mlp_forward_exact(p), got = to_doubles(ctx, r.y);
+    for (size_t i = 0; i < exact.size(); ++i) {
+      ASSERT_NEAR(got[i], exact[i], 1e-4 * (1.0 + std::abs(exact[i]))) << "y end to end at " << i;
+    }
+  }
+}
+
+using MlpParam = std::tuple<std::string, DType, GluLayout>;
+class GroupedMLPTest : public ::testing::TestWithParam<MlpParam> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    auto c = make_context(std::get<0>(GetParam()), &why);
+    if (!c) GTEST_SKIP() << why;
+    ctx_ = *c;
+  }
+  DType dtype() const { return std::get<1>(GetParam()); }
+  GluLayout layout() const { return std::get<2>(GetParam()); }
+  Context ctx_ = Context::cpu();
+};
+
+TEST_P(GroupedMLPTest, ForwardBackwardMatchFp64WithAndWithoutBiases) {
+  for (const auto& [b1, b2] :
+       {std::pair{true, true}, {false, false}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(str("b1 ", b1, " b2 ", b2));
+    const Context pc = poisoned(ctx_);  // internal allocations start as NaN
+    const MlpData d = make_mlp_data({.G = 4,
+                                     .H = 24,
+                                     .F = 64,
+                                     .counts = {6, 0, 9, 4},
+                                     .dtype = dtype(),
+                                     .layout = layout(),
+                                     .b1 = b1,
+                                     .b2 = b2,
+                                     .seed = 3});
+    const MlpOps ops = make_mlp_ops(pc, d);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    expect_matches_reference(pc, d, run_mlp(pc, mlp, d, Splits::host(d.c.counts)));
+  }
+}
+
+TEST_P(GroupedMLPTest, FusedEqualsUnfusedSequentialBitForBit) {
+  for (bool main_grad : {false, true}) {
+    for (const auto& [b1, b2] : {std::pair{true, true}, {false, false}}) {
+      SCOPED_TRACE(str("main_grad ", main_grad, " b1 ", b1, " b2 ", b2));
+      const MlpData d = make_mlp_data({.G = 3,
+                                       .H = 32,
+                                       .F = 64,
+                                       .counts = {7, 0, 12},
+                                       .dtype = dtype(),
+                                       .layout = layout(),
+                                       .b1 = b1,
+                                       .b2 = b2,
+                                       .seed = 4});
+      const MlpCase& c = d.c;
+      const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 81);
+      const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 82);
+      struct Result {
+        std::string what;
+        DType dtype;
+        std::vector<uint8_t> bytes;
+      };
+      std::vector<Result> results[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        const MlpOps ops = make_mlp_ops(ctx_, d);
+        if (main_grad) {
+          ops.fc1->linear().set_main_grad(to_device(ctx_, mg1_h));
+          ops.fc2->linear().set_main_grad(to_device(ctx_, mg2_h));
+        }
+        Sequential seq({ops.fc1, ops.act, ops.fc2}, {.fuse = fused == 1});
+        ASSERT_EQ(seq.fused(), fused == 1);
+        // The fused run writes into caller buffers, the unfused one allocates: also SPEC §3's
+        // "bit-identical to the internally allocated result".
+        OpArgs args;
+        if (fused) {
+          args[ops.fc2].output = filled(ctx_, {c.T, c.N}, c.dtype, kSentinel);
+          args[0].grad_input = filled(ctx_, {c.T, c.H}, c.dtype, kSentinel);
+        }
+        const ExtraInputs in{.splits = Splits::host(c.counts), .probs = to_device(ctx_, d.probs)};
+        auto [y, tape] = seq.forward(to_device(ctx_, d.x), in, args);
+        const SequentialGrads g = seq.backward(tape, to_device(ctx_, d.dy));
+        const int64_t S = sum(c.counts);
+        const DType wdt = main_grad ? DType::F32 : c.dtype;
+        auto& r = results[fused];
+        r.push_back({"y", c.dtype, bytes_of(ctx_, y.rows(0, S))});
+        r.push_back({"dx", c.dtype, bytes_of(ctx_, g.input.rows(0, S))});
+        r.push_back({"dprobs", DType::F32, bytes_of(ctx_, g.probs.rows(0, S))});
+        r.push_back({"dW1", wdt, bytes_of(ctx_, g.params[0].weight)});
+        r.push_back({"dW2", wdt, bytes_of(ctx_, g.params[2].weight)});
+        if (b1) r.push_back({"db1", c.dtype, bytes_of(ctx_, g.params[0].bias)});
+        if (b2) r.push_back({"db2", c.dtype, bytes_of(ctx_, g.params[2].bias)});
+        if (main_grad) {
+          EXPECT_EQ(g.params[0].weight.data(), ops.fc1->linear().main_grad().data());
+          EXPECT_EQ(g.params[2].weight.data(), ops.fc2->linear().main_grad().data());
+        }
+      }
+      ASSERT_EQ(results[0].size(), results[1].size());
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        EXPECT_TRUE(bit_identical(results[1][i].bytes, results[0][i].bytes, results[0][i].dtype))
+            << results[0][i].what;
+      }
+    }
+  }
+}
+
+std::string mlp_name(const ::testing::TestParamInfo<MlpParam>& info) {
+  return str(std::get<0>(info.param), "_", name(std::get<1>(info.param)), "_",
+             name(std::get<2>(info.param)));
+}
+INSTANTIATE_TEST_SUITE_P(DevicesDtypesLayouts, GroupedMLPTest,
+                         ::testing::Combine(::testing::ValuesIn(device_names()),
+                                            ::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(kLayouts)),
+                         mlp_name);
+
+// -------------------------------------------------------------- device-only cases
+using GroupedMLPDevice = OnDevice;
+
+double loss_of(const Context& ctx, const Tensor& y, const std::vector<double>& dy, int64_t S,
+               int64_t N) {
+  const std::vector<double> v = to_doubles(ctx, y);
+  double l = 0.0;
+  for (int64_t i = 0; i < S * N; ++i) l += v[static_cast<size_t>(i)] * dy[static_cast<size_t>(i)];
+  return l;
+}
+
+// Every gradient of the MLP — dx, dprobs, dW1, db1, dW2, db2 — against central finite differences
+// of L = Σ_{t<S} dy_t · y_t evaluated by the op itself (f32). Tail rows of x and probs have zero
+// gradient: the finite differences check that they influence nothing.
+TEST_P(GroupedMLPDevice, EveryGradientMatchesFiniteDifferences) {
+  for (GluLayout layout : kLayouts) {
+    SCOPED_TRACE(name(layout));
+    const MlpData d = make_mlp_data({.G = 3,
+                                     .H = 8,
+                                     .F = layout == GluLayout::Halves ? 8 : 32,
+                                     .T = 10,
+                                     .counts = {3, 0, 4},
+                                     .layout = layout,
+                                     .seed = 5});
+    const MlpCase& c = d.c;
+    const int64_t S = sum(c.counts);
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Splits splits = Splits::host(c.counts);
+    Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs);
+    const std::vector<double> dy = to_doubles(host(), d.dy);
+    GroupedMLP::Saved saved;
+    mlp.forward(x, probs, splits, {}, &saved);
+    const GroupedMLP::Grads g = mlp.backward(saved, to_device(ctx_, d.dy));
+    auto valid_rows_only = [&](const Tensor& t, int64_t cols) {
+      std::vector<double> v = to_doubles(ctx_, t);
+      std::fill(v.begin() + S * cols, v.end(), 0.0);
+      return v;
+    };
+    auto host_copy = [&](const Tensor& t) { return to_host(ctx_, t); };
+    std::vector<FdSlot> slots = {
+        {"x", x, host_copy(x), valid_rows_only(g.input, c.H)},
+        {"probs", probs, host_copy(probs), valid_rows_only(g.probs, 1)},
+        {"W1", ops.fc1->linear().weight(), host_copy(ops.fc1->linear().weight()),
+         to_doubles(ctx_, g.fc1.weight)},
+        {"b1", ops.fc1->bias(), host_copy(ops.fc1->bias()), to_doubles(ctx_, g.fc1.bias)},
+        {"W2", ops.fc2->linear().weight(), host_copy(ops.fc2->linear().weight()),
+         to_doubles(ctx_, g.fc2.weight)},
+        {"b2", ops.fc2->bias(), host_copy(ops.fc2->bias()), to_doubles(ctx_, g.fc2.bias)},
+    };
+    EXPECT_TRUE(matches_finite_differences(
+        ctx_, slots, [&] { return loss_of(ctx_, mlp.forward(x, probs, splits), dy, S, c.N); }));
+  }
+}
+
+// SPEC §3 through the fused MLP: y and dx are written straight into the caller buffers — no
+// temporary of their size is allocated (shapes chosen so y and dx are the largest tensors; the
+// weight grads go to main_grad) — and tail rows keep the sentinel.
+TEST_P(GroupedMLPDevice, CallerBuffersAreWrittenInPlaceWithoutATemporary) {
+  const MlpData d =
+      make_mlp_data({.G = 3, .H = 64, .F = 8, .counts = {20, 0, 25}, .dtype = DType::BF16});
+  const MlpCase& c = d.c;
+  const Context pc = poisoned(ctx_);
+  const MlpOps ops = make_mlp_ops(pc, d);
+  ops.fc1->linear().set_main_grad(filled(pc, {c.G, 2 * c.F, c.H}, DType::F32, 0.0));
+  ops.fc2->linear().set_main_grad(filled(pc, {c.G, c.N, c.F}, DType::F32, 0.0));
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Tensor x = to_device(pc, d.x), probs = to_device(pc, d.probs), dy = to_device(pc, d.dy);
+  const Tensor ybuf = filled(pc, {c.T, c.N}, c.dtype, kSentinel);
+  const Tensor dxbuf = filled(pc, {c.T, c.H}, c.dtype, kSentinel);
+  const auto y_bytes = static_cast<int64_t>(ybuf.nbytes()),
+             dx_bytes = static_cast<int64_t>(dxbuf.nbytes());
+  const int64_t S = sum(c.counts);
+
+  pc.allocator().reset_stats();
+  GroupedMLP::Saved saved;
+  const Tensor y = mlp.forward(x, probs, Splits::host(c.counts), {.output = ybuf}, &saved);
+  EXPECT_EQ(y.data(), ybuf.data());
+  EXPECT_EQ(y.shape(), ybuf.shape());
+  EXPECT_LT(pc.allocator().stats().largest, y_bytes) << "forward allocated a y-sized temporary";
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(pc, ybuf), S, c.T, c.N, c.dtype));
+
+  pc.allocator().reset_stats();
+  const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_input = dxbuf});
+  EXPECT_EQ(g.input.data(), dxbuf.data());
+  EXPECT_EQ(g.input.shape(), dxbuf.shape());
+  EXPECT_LT(pc.allocator().stats().largest, dx_bytes) << "backward allocated a dx-sized temporary";
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(pc, dxbuf), S, c.T, c.H, c.dtype));
+}
+
+TEST_P(GroupedMLPDevice, MainGradAccumulatesOnFc1AndFc2) {
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(name(dt));
+    const MlpData d =
+        make_mlp_data({.G = 3, .H = 16, .F = 32, .counts = {5, 0, 6}, .dtype = dt, .seed = 6});
+    const MlpCase& c = d.c;
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 91);
+    const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 92);
+    ops.fc1->linear().set_main_grad(to_device(ctx_, mg1_h));
+    ops.fc2->linear().set_main_grad(to_device(ctx_, mg2_h));
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const MlpRun r = run_mlp(ctx_, mlp, d, Splits::host(c.counts));
+    EXPECT_EQ(r.grads.fc1.weight.data(), ops.fc1->linear().main_grad().data());
+    EXPECT_EQ(r.grads.fc2.weight.data(), ops.fc2->linear().main_grad().data());
+    // Zero-row group 1: main_grad unchanged bit for bit (the reference's tolerance there is 0).
+    expect_matches_reference(ctx_, d, r, to_doubles(host(), mg1_h), to_doubles(host(), mg2_h));
+  }
+}
+
+TEST_P(GroupedMLPDevice, GradientsNobodyNeedsAreNotComputed) {
+  const MlpData d = make_mlp_data({.seed = 7});
+  const MlpCase& c = d.c;
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  ops.fc1->linear().set_weight_requires_grad(false);
+  ops.fc2->linear().set_weight_requires_grad(false);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Splits splits = Splits::host(c.counts);
+  GroupedMLP::Saved saved;
+  mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits,
+              {.input_requires_grad = false, .probs_requires_grad = false}, &saved);
+  const GroupedMLP::Grads g = mlp.backward(saved, to_device(ctx_, d.dy));
+  EXPECT_FALSE(g.input.defined());
+  EXPECT_FALSE(g.probs.defined());
+  EXPECT_FALSE(g.fc1.weight.defined());
+  EXPECT_FALSE(g.fc1.bias.defined());
+  EXPECT_FALSE(g.fc2.weight.defined());
+  EXPECT_FALSE(g.fc2.bias.defined());
+  const Tensor dxbuf = filled(ctx_, {c.T, c.H}, c.dtype, kSentinel);
+  auto e = caught([&] { mlp.backward(saved, to_device(ctx_, d.dy), {.grad_input = dxbuf}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'grad_input'"));
+  EXPECT_THAT(e->what(), HasSubstr("does not require grad"));
+}
+
+// S = 0: nothing is written into the buffers, weight and bias grads are exactly 0, main_grad
+// is unchanged.
+TEST_P(GroupedMLPDevice, AllGroupsEmptyWritesNoRow) {
+  const MlpData d =
+      make_mlp_data({.G = 3, .H = 16, .F = 32, .T = 6, .counts = {0, 0, 0}, .dtype = DType::BF16});
+  const MlpCase& c = d.c;
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 93);
+  ops.fc2->linear().set_main_grad(to_device(ctx_, mg2_h));
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const MlpRun r = run_mlp(ctx_, mlp, d, Splits::host(c.counts));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, r.y), 0, c.T, c.N, c.dtype));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, r.dx), 0, c.T, c.H, c.dtype));
+  for (double v : to_doubles(ctx_, r.grads.fc1.weight)) ASSERT_EQ(v, 0.0);
+  for (double v : to_doubles(ctx_, r.grads.fc1.bias)) ASSERT_EQ(v, 0.0);
+  for (double v : to_doubles(ctx_, r.grads.fc2.bias)) ASSERT_EQ(v, 0.0);
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx_, r.grads.fc2.weight), bytes_of(host(), mg2_h), DType::F32));
+}
+
+TEST_P(GroupedMLPDevice, DeviceSplitsGiveTheSameBitsAsHostSplits) {
+  const MlpData d =
+      make_mlp_data({.G = 4, .counts = {3, 0, 7, 2}, .dtype = DType::BF16, .seed = 8});
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const MlpRun a = run_mlp(ctx_, mlp, d, Splits::host(d.c.counts));
+  for (DType it : {DType::I32, DType::I64}) {
+    const MlpRun b =
+        run_mlp(ctx_, mlp, d, Splits::device(to_device(ctx_, counts_tensor(d.c.counts, it))));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, b.y), bytes_of(ctx_, a.y), d.c.dtype));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, b.dx), bytes_of(ctx_, a.dx), d.c.dtype));
+    const int64_t S = sum(d.c.counts);
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, b.grads.probs.rows(0, S)),
+                              bytes_of(ctx_, a.grads.probs.rows(0, S)), DType::F32));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, b.grads.fc1.weight),
+                              bytes_of(ctx_, a.grads.fc1.weight), d.c.dtype));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, b.grads.fc2.bias), bytes_of(ctx_, a.grads.fc2.bias),
+                              d.c.dtype));
+  }
+}
+
+// Random shapes, splits (with zero-row groups and tails), dtypes, layouts and biases: the fp64
+// reference and fused == unfused on each.
+TEST_P(GroupedMLPDevice, FuzzedShapesAndSplits) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    std::mt19937_64 rng(seed * 7919);
+    auto pick = [&](int64_t lo, int64_t hi) {
+      return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+    };
+    MlpCase c;
+    c.G = pick(1, 5);
+    c.H = pick(1, 40);
+    c.N = pick(0, 1) ? c.H : pick(1, 24);  // fc2 out_features may differ from H
+    c.layout = pick(0, 1) ? GluLayout::Interleaved32 : GluLayout::Halves;
+    c.F = c.layout == GluLayout::Halves ? pick(1, 40) : 32 * pick(1, 2);
+    c.dtype = kDtypes[pick(0, 2)];
+    c.b1 = pick(0, 1);
+    c.b2 = pick(0, 1);
+    c.seed = seed;
+    c.counts.resize(static_cast<size_t>(c.G));
+    for (int64_t& m : c.counts) m = pick(0, 2) == 0 ? 0 : pick(1, 12);
+    c.T = sum(c.counts) + pick(0, 4);
+    if (c.T == 0) c.T = 1;
+    SCOPED_TRACE(str("seed ", seed, ": G ", c.G, " H ", c.H, " F ", c.F, " N ", c.N, " ",
+                     label(c.dtype, c.layout), " b1 ", c.b1, " b2 ", c.b2, " T ", c.T));
+    const MlpData d = make_mlp_data(c);
+    const Context pc = poisoned(ctx_);
+    const MlpOps ops = make_mlp_ops(pc, d);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const MlpRun r = run_mlp(pc, mlp, d, Splits::host(c.counts));
+    expect_matches_reference(pc, d, r);
+    // The same ops unfused.
+    Sequential seq({ops.fc1, ops.act, ops.fc2}, {.fuse = false});
+    auto [y, tape] = seq.forward(
+        to_device(pc, d.x), {.splits = Splits::host(c.counts), .probs = to_device(pc, d.probs)});
+    const SequentialGrads g = seq.backward(tape, to_device(pc, d.dy));
+    const int64_t S = sum(c.counts);
+    EXPECT_TRUE(bit_identical(bytes_of(pc, y.rows(0, S)), bytes_of(pc, r.y.rows(0, S)), c.dtype));
+    EXPECT_TRUE(
+        bit_identical(bytes_of(pc, g.input.rows(0, S)), bytes_of(pc, r.dx.rows(0, S)), c.dtype));
+    EXPECT_TRUE(bit_identical(bytes_of(pc, g.probs.rows(0, S)),
+                              bytes_of(pc, r.grads.probs.rows(0, S)), DType::F32));
+    EXPECT_TRUE(
+        bit_identical(bytes_of(pc, g.params[0].weight), bytes_of(pc, r.grads.fc1.weight), c.dtype));
+    EXPECT_TRUE(
+        bit_identical(bytes_of(pc, g.params[2].weight), bytes_of(pc, r.grads.fc2.weight), c.dtype));
+  }
+}
+
+TEST_P(GroupedMLPDevice, RejectsBadCallsBeforeWritingAnything) {
+  const MlpData d = make_mlp_data({.seed = 9});
+  const MlpCase& c = d.c;
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Splits splits = Splits::host(c.counts);
+  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs);
+  const Tensor ybuf = filled(ctx_, {c.T, c.N}, c.dtype, kSentinel);
+
+  auto e = caught([&] {
+    mlp.forward(x, probs, splits, {.output = filled(ctx_, {c.T - 1, c.N}, c.dtype, 0)});
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'output'"));
+  EXPECT_THAT(e->what(), HasSubstr(str("expected shape [", c.T, ", ", c.N, "]")));
+
+  e = caught([&] {
+    mlp.forward(x, probs, splits,
+                {.output = Tensor::wrap(x.data(), {c.T, c.N}, c.dtype, ctx_.device())});
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("overlapping input 'input'"));
+
+  // A bad probs tensor: the valid output buffer stays untouched.
+  e = caught([&] {
+    mlp.forward(x, to_device(ctx_, random_normal({c.T}, DType::BF16, 1)), splits, {.output = ybuf});
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'probs'"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, ybuf), 0, c.T, c.N, c.dtype));
+
+  GroupedMLP::Saved saved;
+  mlp.forward(x, probs, splits, {}, &saved);
+  e = caught([&] {
+    mlp.backward(saved, to_device(ctx_, d.dy),
+                 {.grad_input = filled(ctx_, {c.T, c.H}, DType::F16, 0)});
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'grad_input'"));
+  EXPECT_THAT(e->what(), HasSubstr("expected dtype f32"));
+
+  // A non-fusible triple cannot make a GroupedMLP; the message says why.
+  auto fc2_plain_bias = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = c.G, .in = c.F, .out = c.N, .dtype = c.dtype, .bias = true},
+      ctx_);
+  e = caught([&] { GroupedMLP(ops.fc1, ops.act, fc2_plain_bias); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("fc2 has a plain bias"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GroupedMLPDevice, ::testing::ValuesIn(device_names()),
+                         device_name);
+
+}  // namespace
+}  // namespace moekit::test
