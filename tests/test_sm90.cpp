@@ -113,6 +113,8 @@ struct Sm90Case {
 };
 
 std::string case_name(const ::testing::TestParamInfo<Sm90Case>& info) { return info.param.name; }
+// Readable parameter in ctest's listing (instead of gtest's byte dump).
+void PrintTo(const Sm90Case& c, std::ostream* os) { *os << c.name; }
 
 const Sm90Case kCases[] = {
     // name, dtype, dgrad, bias, counts dtype, T, K, N, counts (zero-row groups and tails)

@@ -1,0 +1,24 @@
+// Internal: the compiled instances of the sm90 group-M grouped GEMM, defined in group_m_bf16.cu
+// and group_m_f16.cu (four per translation unit) and picked by grouped_gemm_sm90.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "cuda/sm90/grouped_gemm_sm90.h"
+
+namespace moekit::cuda::sm90 {
+
+struct GroupMInstance {
+  const char* name;                                            // "bf16 b:k-major coop 256x128x64 c1x2"
+  size_t (*workspace_bytes)(const GroupMProblem& p);
+  void (*run)(const GroupMProblem& p, void* workspace, cudaStream_t stream);
+};
+
+// [dtype][b layout][config]: b layout 0 = K-major (b_transposed, fprop), 1 = N-major (dgrad).
+extern const GroupMInstance group_m_bf16_kmajor_large, group_m_bf16_kmajor_small,
+    group_m_bf16_nmajor_large, group_m_bf16_nmajor_small, group_m_f16_kmajor_large,
+    group_m_f16_kmajor_small, group_m_f16_nmajor_large, group_m_f16_nmajor_small;
+
+}  // namespace moekit::cuda::sm90

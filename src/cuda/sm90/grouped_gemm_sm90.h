@@ -1,0 +1,87 @@
+// Internal: moekit's ahead-of-time compiled Hopper (sm_90a) grouped GEMM, group-M form, behind a
+// raw-pointer interface (no moekit::Tensor, no CUTLASS types: this header is cheap to include).
+//
+// Math (one launch for all G groups; m_g = counts[g] read FROM DEVICE MEMORY, off_g = sum_{j<g} m_j):
+//   b_transposed (fprop, b = weight [G, N, K]):  out[off_g : off_g+m_g] = a[off_g : off_g+m_g] · b[g]ᵀ (+ bias[g])
+//   plain        (dgrad, b = weight [G, K, N]):  out[off_g : off_g+m_g] = a[off_g : off_g+m_g] · b[g]   (+ bias[g])
+// a [T, K], out [T, N], bias [G, N]: row-major, dense, 16-byte aligned; bf16 or f16 in and out,
+// fp32 accumulation, the bias added in fp32 before the one rounding to the output dtype.
+//
+// Promises:
+//  - No host synchronisation and no host read of the counts: a small setup kernel turns the
+//    counts into per-group problem shapes, pointers and strides inside `workspace`, then the
+//    CUTLASS 3.x ptr-array grouped kernel (TMA + wgmma, warp-specialised, persistent) runs over
+//    them. Both launches go on `stream`: the pair is capturable in a CUDA graph and replays with
+//    whatever counts the device holds at replay time.
+//  - Rows [S, T) of `out` are never written (TMA stores are clipped at each group's m_g rows);
+//    a zero-row group produces no tiles (the persistent scheduler skips it; no CTA is spent).
+//  - Invalid device counts (a negative count, or S > T) make every group empty — nothing is read
+//    out of bounds and nothing is written — and OR a code into *error_flag when it is given
+//    (kCountNegative | kCountsExceedRows), for the caller to query later.
+//  - Deterministic: no split-K, no atomics; same inputs → same bits.
+//
+// Use:  std::string why = rejects(p, device);  if (why.empty()) {
+//         void* ws = <stream-ordered allocation of workspace_bytes(p) bytes>;
+//         run(p, ws, stream); }
+// Kernels: group_m_kernel.cuh (the CUTLASS configuration + setup kernel + launcher), instances
+// in group_m_bf16.cu / group_m_f16.cu; selection and checks: grouped_gemm_sm90.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "moekit/core/dtype.h"
+
+namespace moekit::cuda::sm90 {
+
+/// Bits the setup kernel ORs into GroupMProblem::error_flag when the device counts are invalid.
+inline constexpr int kCountNegative = 1;    // some counts[g] < 0
+inline constexpr int kCountsExceedRows = 2;  // S = sum of counts > rows (T)
+
+struct GroupMProblem {
+  const void* a = nullptr;     // [rows, k] row-major (x for fprop, dy for dgrad)
+  const void* b = nullptr;     // [groups, n, k] when b_transposed, else [groups, k, n]
+  bool b_transposed = true;    // true: out = a·bᵀ (fprop); false: out = a·b (dgrad)
+  const void* bias = nullptr;  // [groups, n] or nullptr
+  void* out = nullptr;         // [rows, n] row-major; rows [S, rows) untouched
+  const void* counts = nullptr;  // [groups] int32 or int64, in device memory
+  bool counts_i64 = false;
+  int64_t groups = 0, rows = 0, k = 0, n = 0;
+  DType dtype = DType::BF16;   // of a, b, bias and out: BF16 or F16
+  int* error_flag = nullptr;   // optional device int (see kCountNegative / kCountsExceedRows)
+  int config = -1;             // kernel configuration: -1 = automatic; else an index (below)
+  // Tile order of the persistent scheduler (tile studies; the defaults are CUTLASS's for grouped
+  // GEMMs): raster 0 walks M first (CTAs in flight share weight tiles), 1 walks N first;
+  // swizzle 1, 2, 4 or 8 groups that many tiles of the other dimension together.
+  int raster = 0;
+  int swizzle = 1;
+};
+
+/// Kernel configurations (GroupMProblem::config): tile shape and schedule. Automatic choice:
+/// kSmallM when the mean rows per group (rows / groups) is below 128, else kLarge.
+inline constexpr int kLarge = 0;   // cooperative, 256x128x64 tile, cluster 1x2 (A multicast)
+inline constexpr int kSmallM = 1;  // ping-pong, 64x128x64 tile, cluster 1x1 (deep pipeline)
+inline constexpr int kConfigCount = 2;
+
+/// "" when the kernels can run `p` on CUDA device `device`, else why not (one sentence naming
+/// the value seen): not an sm_90 device, dtype, k or n not a multiple of 8 (TMA needs 16-byte
+/// aligned rows), k = 0, a pointer not 16-byte aligned, sizes beyond 32-bit problem extents.
+std::string rejects(const GroupMProblem& p, int device);
+
+/// Bytes of device workspace run() needs for `p` on the current device (per-group arrays and
+/// the grouped kernel's TMA-descriptor workspace; a few KiB plus ~100 bytes per group).
+size_t workspace_bytes(const GroupMProblem& p);
+
+/// Queues the setup kernel and the grouped GEMM on `stream` (current device = the data's).
+/// `workspace` holds workspace_bytes(p) bytes, 256-byte aligned, reserved until the work is done
+/// (stream order). Throws moekit::Error(Runtime) if a launch fails.
+void run(const GroupMProblem& p, void* workspace, cudaStream_t stream);
+
+/// The kernel configuration run() picks for `p` (benchmarks and tests print it), e.g.
+/// "bf16 b:k-major coop 256x128x64 cluster 1x2".
+std::string config_name(const GroupMProblem& p);
+
+}  // namespace moekit::cuda::sm90
