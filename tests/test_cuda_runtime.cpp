@@ -573,16 +573,35 @@ TEST(CudaDeviceSplits, InvalidCountsAreRejectedBeforeAnyWrite) {
     for (DType ct : {DType::I32, DType::I64}) {
       SCOPED_TRACE(str(b.names, " counts ", name(ct)));
       const Splits s = Splits::device(to_device(gpu(), test::counts_tensor(b.counts, ct)));
-      Guarded y({T, N}, dt);
-      auto e = caught([&] { grouped_gemm_group_m(gpu(), x, w, BOp::Transposed, s, y.view); });
-      ASSERT_TRUE(e.has_value());
-      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
-      EXPECT_THAT(e->what(), HasSubstr("splits"));
-      EXPECT_THAT(e->what(), HasSubstr(b.names));
-      EXPECT_TRUE(y.untouched_outside(0)) << "a rejected call wrote its output";
+      // Group-M on each GPU backend: "cublas" reads the counts to the host and raises at the
+      // call; "sm90" never leaves the device (graph-safe): it writes nothing and sets the
+      // context's error word, which check_device_errors() turns into the same kind of error.
+      for (const char* backend : {"cublas", "sm90"}) {
+        SCOPED_TRACE(backend);
+        const Context ctx = gpu().with_backend(backend);
+        Guarded y({T, N}, dt);
+        auto e = caught([&] { grouped_gemm_group_m(ctx, x, w, BOp::Transposed, s, y.view); });
+        if (e && e->kind() == ErrorKind::Unsupported) continue;  // backend not in this build/GPU
+        if (e) {
+          EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+          EXPECT_THAT(e->what(), HasSubstr("splits"));
+          EXPECT_THAT(e->what(), HasSubstr(b.names));
+          EXPECT_EQ(ctx.device_error_bits(), 0u);
+        } else {
+          EXPECT_STREQ(backend, "sm90") << "only the graph-safe backend may defer the error";
+          auto flagged = caught([&] { ctx.check_device_errors(); });
+          ASSERT_TRUE(flagged.has_value()) << "invalid device counts went unreported";
+          EXPECT_EQ(flagged->kind(), ErrorKind::InvalidArgument);
+          EXPECT_THAT(flagged->what(), HasSubstr("splits"));
+          EXPECT_THAT(flagged->what(),
+                      HasSubstr(b.counts[1] < 0 ? "a negative count" : "larger than the T rows"));
+          EXPECT_EQ(ctx.device_error_bits(), 0u) << "reading the error word clears it";
+        }
+        EXPECT_TRUE(y.untouched_outside(0)) << "a rejected call wrote its output";
+      }
 
       Guarded dw({G * N * K}, DType::F32);
-      e = caught([&] { grouped_gemm_group_k(gpu(), dy, x, s, dw.view.view({G, N, K}), true); });
+      auto e = caught([&] { grouped_gemm_group_k(gpu(), dy, x, s, dw.view.view({G, N, K}), true); });
       ASSERT_TRUE(e.has_value());
       EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
       EXPECT_THAT(e->what(), HasSubstr(b.names));

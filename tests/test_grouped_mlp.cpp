@@ -527,19 +527,32 @@ TEST_P(GroupedMLPDevice, CallerBuffersAreWrittenInPlaceWithoutATemporary) {
              dx_bytes = static_cast<int64_t>(dxbuf.nbytes());
   const int64_t S = sum(c.counts);
 
+  // The same call with internal allocation and with the caller buffer: the allocated bytes must
+  // differ by exactly the output's size (a temporary + copy would allocate it in both calls).
+  // Backends may use workspaces, so the difference — not the largest allocation — is the proof.
+  const Splits splits = Splits::host(c.counts);
+  pc.allocator().reset_stats();
+  GroupedMLP::Saved internal_saved;
+  (void)mlp.forward(x, probs, splits, {}, &internal_saved);
+  const int64_t fwd_internal = pc.allocator().stats().bytes;
   pc.allocator().reset_stats();
   GroupedMLP::Saved saved;
-  const Tensor y = mlp.forward(x, probs, Splits::host(c.counts), {.output = ybuf}, &saved);
+  const Tensor y = mlp.forward(x, probs, splits, {.output = ybuf}, &saved);
+  const int64_t fwd_buffered = pc.allocator().stats().bytes;
   EXPECT_EQ(y.data(), ybuf.data());
   EXPECT_EQ(y.shape(), ybuf.shape());
-  EXPECT_LT(pc.allocator().stats().largest, y_bytes) << "forward allocated a y-sized temporary";
+  EXPECT_EQ(fwd_internal - fwd_buffered, y_bytes) << "forward allocated a y-sized temporary";
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(pc, ybuf), S, c.T, c.N, c.dtype));
 
   pc.allocator().reset_stats();
+  (void)mlp.backward(saved, dy);
+  const int64_t bwd_internal = pc.allocator().stats().bytes;
+  pc.allocator().reset_stats();
   const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_input = dxbuf});
+  const int64_t bwd_buffered = pc.allocator().stats().bytes;
   EXPECT_EQ(g.input.data(), dxbuf.data());
   EXPECT_EQ(g.input.shape(), dxbuf.shape());
-  EXPECT_LT(pc.allocator().stats().largest, dx_bytes) << "backward allocated a dx-sized temporary";
+  EXPECT_EQ(bwd_internal - bwd_buffered, dx_bytes) << "backward allocated a dx-sized temporary";
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(pc, dxbuf), S, c.T, c.H, c.dtype));
 }
 

@@ -93,4 +93,19 @@ void Context::synchronize() const {
   if (device().is_cuda()) detail::cuda_synchronize(*this);
 }
 
+uint32_t Context::device_error_bits() const {
+  return device().is_cuda() ? detail::cuda_take_error_bits(*this) : 0;
+}
+
+void Context::check_device_errors() const {
+  const uint32_t bits = device_error_bits();
+  if (bits == 0) return;
+  std::string seen = "device counts that the kernel found invalid (nothing was written):";
+  if (bits & kNegativeCount) seen += " a negative count;";
+  if (bits & kCountsExceedRows) seen += " a total S larger than the T rows presented;";
+  if (bits & ~(kNegativeCount | kCountsExceedRows)) seen += str(" unknown error bits ", bits, ";");
+  seen.pop_back();
+  throw_invalid("splits", "every count >= 0 and S = sum of counts <= T", seen);
+}
+
 }  // namespace moekit

@@ -15,5 +15,6 @@ void init_cuda_context(Context::Impl&, int, void*) { no_cuda(); }
 void cuda_copy(const Context&, void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_fill(const Context&, const Tensor&, double) { no_cuda(); }
 void cuda_synchronize(const Context&) { no_cuda(); }
+uint32_t cuda_take_error_bits(const Context&) { no_cuda(); }
 
 }  // namespace moekit::detail

@@ -31,6 +31,8 @@ void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src
                Device src_device, size_t bytes);
 void cuda_fill(const Context& ctx, const Tensor& t, double value);
 void cuda_synchronize(const Context& ctx);
+/// Reads and clears the CUDA context's device error word (synchronises its stream).
+uint32_t cuda_take_error_bits(const Context& ctx);
 
 }  // namespace detail
 }  // namespace moekit

@@ -49,6 +49,8 @@ struct CudaResources {
   void** gemm_pointers = nullptr;      // after the workspace: 3 · kMaxBatchedGemms pointers for
                                        // cublasGemmGroupedBatchedEx (same allocation)
   int sm_count = 0;
+  uint32_t* error_word = nullptr;      // device argument errors (Context::device_error_bits),
+                                       // after the pointers (same allocation), zeroed at creation
 
   std::mutex lt_mutex;
   std::map<LtPlanKey, cublasLtMatmulAlgo_t> lt_plans;

@@ -169,10 +169,14 @@ void init_cuda_context(Context::Impl& impl, int device, void* stream) {
   }
   MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&res->sm_count, cudaDevAttrMultiProcessorCount, device));
   res->pool = cuda::device_pool(device);
-  MOEKIT_CUDA_CHECK(cudaMalloc(&res->workspace, cuda::kWorkspaceBytes + cuda::kPointerBytes));
+  MOEKIT_CUDA_CHECK(
+      cudaMalloc(&res->workspace, cuda::kWorkspaceBytes + cuda::kPointerBytes + sizeof(uint32_t)));
   res->workspace_bytes = cuda::kWorkspaceBytes;
   res->gemm_pointers =
       reinterpret_cast<void**>(static_cast<char*>(res->workspace) + cuda::kWorkspaceBytes);
+  res->error_word = reinterpret_cast<uint32_t*>(static_cast<char*>(res->workspace) +
+                                                cuda::kWorkspaceBytes + cuda::kPointerBytes);
+  MOEKIT_CUDA_CHECK(cudaMemset(res->error_word, 0, sizeof(uint32_t)));
   MOEKIT_CUBLAS_CHECK(cublasCreate(&res->blas));
   // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
   MOEKIT_CUBLAS_CHECK(cublasSetStream(res->blas, res->stream));
@@ -202,6 +206,17 @@ void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src
   // A CPU context moving CUDA memory: no stream of its own, so a synchronous copy.
   cuda::DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
   MOEKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+uint32_t cuda_take_error_bits(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  uint32_t bits = 0;
+  MOEKIT_CUDA_CHECK(cudaMemcpyAsync(&bits, res.error_word, sizeof bits, cudaMemcpyDeviceToHost,
+                                    res.stream));
+  MOEKIT_CUDA_CHECK(cudaMemsetAsync(res.error_word, 0, sizeof bits, res.stream));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+  return bits;
 }
 
 void cuda_synchronize(const Context& ctx) {

@@ -5,6 +5,7 @@
 // handles; building without CUDA makes Context::cuda() throw ErrorKind::Unsupported.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,18 @@ class Context {
   const std::string& forced_backend() const;
   /// Waits for all work queued on the context's stream.
   void synchronize() const;
+
+  /// Device-side argument errors (SPEC §1). Kernels that read device split counts without a host
+  /// round trip (graph-capturable paths) check them where they read them: an invalid count makes
+  /// the call write nothing and ORs a bit into the context's error word. CPU contexts, and paths
+  /// that read counts to the host, raise the error at the call instead, so for them the word stays
+  /// clear. device_error_bits() reads the word (synchronising the stream) and clears it;
+  /// check_device_errors() does the same and throws InvalidArgument naming 'splits' and what was
+  /// wrong when a bit was set.
+  static constexpr uint32_t kNegativeCount = 1;     // some device count was < 0
+  static constexpr uint32_t kCountsExceedRows = 2;  // S = sum of the counts > T rows presented
+  uint32_t device_error_bits() const;
+  void check_device_errors() const;
 
   struct Impl;
   const std::shared_ptr<Impl>& impl() const { return impl_; }

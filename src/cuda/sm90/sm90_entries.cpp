@@ -26,7 +26,12 @@ sm90::GroupMProblem problem_of(const detail::GroupMArgs& args, const Tensor& cou
   p.k = args.k;
   p.n = args.n;
   p.dtype = args.a.dtype();
-  p.error_flag = nullptr;  // TODO(context): a device error word owned by CudaResources
+  // The context's device error word (Context::device_error_bits); the bit values agree.
+  static_assert(sm90::kCountNegative == Context::kNegativeCount &&
+                sm90::kCountsExceedRows == Context::kCountsExceedRows);
+  p.error_flag = reject_unless_cuda(args.ctx).empty()
+                     ? reinterpret_cast<int*>(resources(args.ctx).error_word)
+                     : nullptr;
   return p;
 }
 
