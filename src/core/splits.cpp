@@ -53,7 +53,9 @@ std::vector<int64_t> read_cpu_tensor(const Tensor& t) {
   return out;
 }
 
-void check_values(const std::vector<int64_t>& counts, int64_t rows, std::string_view argument) {
+}  // namespace
+
+void check_counts(const std::vector<int64_t>& counts, int64_t rows, std::string_view argument) {
   for (size_t g = 0; g < counts.size(); ++g) {
     if (counts[g] < 0) {
       throw_invalid(argument, "every count >= 0",
@@ -69,7 +71,6 @@ void check_values(const std::vector<int64_t>& counts, int64_t rows, std::string_
                   str(overflow ? "S > 2^63 - 1" : str("S = ", total), " from ", list(counts)));
   }
 }
-}  // namespace
 
 void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device device,
                      std::string_view argument) {
@@ -78,7 +79,7 @@ void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device 
       throw_invalid(argument, str(groups, " group counts (one per group)"),
                     str(splits.groups(), " counts"));
     }
-    check_values(splits.host_counts(), rows, argument);
+    check_counts(splits.host_counts(), rows, argument);
     return;
   }
   const Tensor& t = splits.device_counts();
@@ -93,7 +94,7 @@ void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device 
   }
   if (!t.is_contiguous()) throw_invalid(argument, "a contiguous counts tensor", t.describe());
   // Counts that live in host memory cost nothing to check now, before any work.
-  if (t.device().is_cpu()) check_values(read_cpu_tensor(t), rows, argument);
+  if (t.device().is_cpu()) check_counts(read_cpu_tensor(t), rows, argument);
 }
 
 std::vector<int64_t> read_counts(const Context& ctx, const Splits& splits) {

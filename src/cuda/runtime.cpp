@@ -111,34 +111,13 @@ std::string reject_unless_cuda(const Context& ctx) {
   return "";
 }
 
-namespace {
-std::string list(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i == 16) return s + ", ... (" + std::to_string(v.size()) + " counts)]";
-    s += (i ? ", " : "") + std::to_string(v[i]);
-  }
-  return s + "]";
-}
-}  // namespace
 
 std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& splits, int64_t rows,
                                          const char* argument) {
   std::vector<int64_t> counts = read_counts(ctx, splits);
   if (splits.on_host()) return counts;  // validated by the primitive before dispatch
   // Device counts were only read now: the same checks as host counts, before any GEMM runs.
-  int64_t total = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    if (counts[g] < 0) {
-      throw_invalid(argument, "every count >= 0",
-                    str("count ", counts[g], " for group ", g, " in ", list(counts)));
-    }
-    total += counts[g];
-  }
-  if (total > rows) {
-    throw_invalid(argument, str("a total row count S <= T = ", rows, " (rows presented)"),
-                  str("S = ", total, " from ", list(counts)));
-  }
+  check_counts(counts, rows, argument);
   return counts;
 }
 

@@ -305,8 +305,9 @@ std::string StepReport::table() const {
   o << "  splits      " << splits_kind << "\n";
   std::snprintf(buf, sizeof buf, "  step        %.3f ms forward + backward (median)\n", step_ms);
   o << buf;
-  std::snprintf(buf, sizeof buf, "  throughput  %.1f GFLOP/s (%.2f GFLOP per step)\n",
-                gflop / (step_ms / 1e3), gflop);
+  const double rate = gflop / (step_ms / 1e3);  // GFLOP/s
+  std::snprintf(buf, sizeof buf, "  throughput  %.1f %s (%.2f GFLOP per step)\n",
+                rate >= 1e3 ? rate / 1e3 : rate, rate >= 1e3 ? "TFLOP/s" : "GFLOP/s", gflop);
   o << buf;
   o << "  buffers     output aliased: " << (output_aliased ? "yes" : "NO")
     << ", grad_input aliased: " << (grad_input_aliased ? "yes" : "NO");

@@ -42,6 +42,11 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device device,
                      std::string_view argument = "splits");
 
+/// Checks count values: each >= 0 and S = sum <= rows (overflow-safe); the InvalidArgument error
+/// names `argument`, the offending count and group, or S and T.
+void check_counts(const std::vector<int64_t>& counts, int64_t rows,
+                  std::string_view argument = "splits");
+
 /// The counts as host integers. Host splits: returned as is. CPU-device splits: read directly.
 /// CUDA-device splits: copied to the host (synchronises ctx's stream; only for baseline paths
 /// that document it).
