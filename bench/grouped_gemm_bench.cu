@@ -1,19 +1,32 @@
-// moekit_bench — the PERFORMANCE.md grouped-GEMM shape suite through moekit's public API.
+// moekit_bench — the PERFORMANCE.md grouped-GEMM shape suite through moekit's public API, every
+// moekit backend side by side.
 //
 // How to run (GPU machine):
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad]
-//                [--iters 20] [--warmup 5] [--seed 1234] [--json out.json] [--commit id]
-//                [--backend NAME]
-// --backend forces a backend of the primitive tables ("cublas", "sm90", ...; default: automatic,
-// i.e. the first that accepts) and is recorded with the numbers.
-// For every shape × routing × pass: random normal bf16 inputs (never zeros), the output poisoned
-// with NaN, warm-up, then `iters` runs each timed with CUDA events on the context's stream; the
-// median (and min) are reported. Correctness is checked in the same run: no non-finite element
-// left in the output rows [0, S) and sampled elements against fp64 host dot products of the same
-// stored bf16 inputs (tolerance: the tests' rule, eps(bf16)·|ref| + eps(f32)·L·Σ|term|).
+//                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--seed 1234]
+//                [--json out.json] [--commit id] [--compare shapes|none]
+// Backends: each configuration is run through every backend of --backends that has an entry in
+// the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) has "sm90" and
+// "cublas"; group-K (wgrad) has "cublas" only, so wgrad rows show sm90 as "-". A backend that
+// refuses a call (its rejects() reason, e.g. no sm_90 device, or a build without it) is skipped
+// and its reason printed. The automatic choice is the first backend of the table that accepts,
+// i.e. sm90 for fprop/dgrad where it accepts; "best" names the faster backend of the row.
+// For every shape × routing × pass × backend: random normal bf16 inputs (never zeros), the
+// output poisoned with NaN, one run, then the correctness check of that run's output (no
+// non-finite element in rows [0, S) and sampled elements against fp64 host dot products of the
+// same stored bf16 inputs; tolerance: the tests' rule, eps(bf16)·|ref| + eps(f32)·L·Σ|term|).
+// Then warm-up and `iters` runs per backend, timed with CUDA events on the context's stream,
+// the backends taking turns (4 rounds) so that clock and temperature drift hit all alike; the
+// median (and min) are reported.
+// Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop; automatic backend),
+// each a ratio of medians measured in turns, outputs compared bit for bit:
+//   device/host splits   grouped_gemm_group_m with Splits::device(int64 counts on the GPU) vs
+//                        Splits::host (PERFORMANCE.md: device splits cost nothing extra)
+//   caller/internal out  GroupedLinear::forward with {.output = y} vs an internally allocated
+//                        output (PERFORMANCE.md: caller buffers cost nothing)
 // Routing: uniform (T/E rows each) or skewed (Dirichlet(1) split of T, seeded; some experts get
 // few or no rows). The JSON (--json) holds the splits of every configuration so bench/peers.py
-// times torch on exactly the same problems.
+// times torch on exactly the same problems, and every backend's numbers.
 //
 // Passes (W [E, N, K] bf16, x [T, K], dy [T, N]; FLOPs = 2·S·N·K each):
 //   fprop  y  = x_g · W_gᵀ     grouped_gemm_group_m(..., BOp::Transposed, ...)
@@ -30,6 +43,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -199,12 +213,29 @@ struct Check {
   bool pass() const { return samples > 0 && worst <= 1.0 && nonfinite == 0; }
 };
 
+// One backend's numbers for one configuration.
+struct BackendRun {
+  std::string name;
+  std::string skipped;  // why the backend refused the call ("" when it ran)
+  std::vector<double> ms;
+  double median_ms = 0, min_ms = 0, tflops = 0;
+  Check check;
+  bool ran() const { return skipped.empty(); }
+};
+
 struct Result {
   const Shape* shape;
   std::string routing, pass;
   std::vector<int64_t> counts;
-  double median_ms = 0, min_ms = 0, tflops = 0;
-  Check check;
+  std::vector<BackendRun> backends;  // in --backends order; only those with a table entry
+  int best = -1;                     // index of the fastest backend that ran and passed
+};
+
+// A ratio of two paths of the same computation (PERFORMANCE.md "cost nothing" targets).
+struct Comparison {
+  std::string shape, routing, pass, what, a_label, b_label;
+  double a_ms = 0, b_ms = 0;
+  bool identical = false;  // outputs bit-identical
 };
 
 double median(std::vector<double> v) {
@@ -237,9 +268,11 @@ std::string shell_line(const char* cmd) {
 
 struct Options {
   std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes{"fprop", "dgrad", "wgrad"};
+  std::vector<std::string> backends{"sm90", "cublas"};
+  std::vector<std::string> compare{"qwen3_fc2_E16", "small_E64"};
   int iters = 20, warmup = 5, samples = 96;
   uint64_t seed = 1234;
-  std::string json, commit, backend;
+  std::string json, commit;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -309,14 +342,124 @@ Check check_pass(const Context& ctx, const std::string& pass, const Shape& s,
   return c;
 }
 
+// Backends with an entry in the table of the pass's primitive (backend_table.h; group-K has no
+// sm90 entry: forcing "sm90" there would silently run the automatic choice, so it is not listed).
+bool has_entry(const std::string& pass, const std::string& backend) {
+  return !(pass == "wgrad" && backend == "sm90");
+}
+
+// Runs every function `iters` times in turns (`rounds` rounds of iters/rounds calls each), each
+// call timed with CUDA events on `stream`; returns the per-call times of each function.
+std::vector<std::vector<double>> time_in_turns(const std::vector<std::function<void()>>& fns,
+                                               int iters, int warmup, cudaStream_t stream,
+                                               cudaEvent_t start, cudaEvent_t stop) {
+  for (const auto& f : fns) {
+    for (int i = 0; i < warmup; ++i) f();
+  }
+  CK(cudaStreamSynchronize(stream));
+  const int rounds = std::min(4, iters);
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int r = 0; r < rounds; ++r) {
+    const int n = iters / rounds + (r < iters % rounds ? 1 : 0);
+    for (size_t f = 0; f < fns.size(); ++f) {
+      for (int i = 0; i < n; ++i) {
+        CK(cudaEventRecord(start, stream));
+        fns[f]();
+        CK(cudaEventRecord(stop, stream));
+        CK(cudaEventSynchronize(stop));
+        float t = 0;
+        CK(cudaEventElapsedTime(&t, start, stop));
+        ms[f].push_back(t);
+      }
+    }
+  }
+  return ms;
+}
+
+__global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* count) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  unsigned long long local = 0;
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (a[i] != b[i]) ++local;
+  }
+  if (local) atomicAdd(count, local);
+}
+
+bool identical_bf16(const Context& ctx, const void* a, const void* b, size_t n) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  Tensor counter = Tensor::empty({1}, DType::I64, ctx);
+  CK(cudaMemsetAsync(counter.data(), 0, 8, stream));
+  if (n) {
+    count_diff_u16<<<1024, 256, 0, stream>>>(static_cast<const uint16_t*>(a),
+                                             static_cast<const uint16_t*>(b), n,
+                                             counter.data_as<unsigned long long>());
+    CK(cudaGetLastError());
+  }
+  unsigned long long host = 0;
+  CK(cudaMemcpyAsync(&host, counter.data(), 8, cudaMemcpyDeviceToHost, stream));
+  CK(cudaStreamSynchronize(stream));
+  return host == 0;
+}
+
+// PERFORMANCE.md's two "cost nothing" targets on one shape (uniform routing, fprop, automatic
+// backend): device vs host splits, and a caller output buffer vs an internally allocated one.
+std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, const Shape& s,
+                                      cudaEvent_t start, cudaEvent_t stop, uint64_t seed) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const std::vector<int64_t> counts = uniform_counts(s.E, s.T);
+  int64_t S = 0;
+  for (int64_t c : counts) S += c;
+  Tensor x = Tensor::empty({s.T, s.K}, DType::BF16, ctx);
+  Tensor w = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
+  Tensor y = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
+  Tensor y2 = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
+  fill_randn(ctx, x, seed + 1);
+  fill_randn(ctx, w, seed + 2);
+  Tensor counts_dev = Tensor::empty({s.E}, DType::I64, ctx);
+  CK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
+  const Splits host = Splits::host(counts), device = Splits::device(counts_dev);
+  std::vector<Comparison> out;
+  const size_t valid = static_cast<size_t>(S * s.N);
+
+  {  // device vs host splits (the primitive; same caller output buffer)
+    auto on_device = [&] { moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, device, y); };
+    auto on_host = [&] { moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, host, y2); };
+    on_device();
+    on_host();
+    Comparison c{s.name, "uniform", "fprop", "device/host splits", "device splits", "host splits"};
+    c.identical = identical_bf16(ctx, y.data(), y2.data(), valid);
+    const auto ms = time_in_turns({on_device, on_host}, o.iters, o.warmup, stream, start, stop);
+    c.a_ms = median(ms[0]);
+    c.b_ms = median(ms[1]);
+    out.push_back(c);
+  }
+  {  // caller buffer vs internal allocation (GroupedLinear::forward, inference)
+    moekit::GroupedLinear fc({.groups = s.E, .in = s.K, .out = s.N, .dtype = DType::BF16}, ctx);
+    fc.set_weight(w);
+    Tensor internal;
+    auto caller = [&] { fc.forward(x, host, {.output = y}); };
+    auto alloc = [&] { internal = fc.forward(x, host); };
+    caller();
+    alloc();
+    Comparison c{s.name, "uniform", "fprop", "caller/internal output", "output = caller buffer",
+                 "internal allocation"};
+    c.identical = identical_bf16(ctx, y.data(), internal.data(), valid);
+    const auto ms = time_in_turns({caller, alloc}, o.iters, o.warmup, stream, start, stop);
+    c.a_ms = median(ms[0]);
+    c.b_ms = median(ms[1]);
+    out.push_back(c);
+  }
+  CK(cudaStreamSynchronize(stream));
+  return out;
+}
+
 int run(const Options& o) {
   if (Context::cuda_device_count() == 0) {
     std::fprintf(stderr, "moekit_bench: no CUDA device\n");
     return 2;
   }
-  const Context ctx = o.backend.empty() ? Context::cuda(0) : Context::cuda(0).with_backend(o.backend);
-  const std::string backend = o.backend.empty() ? "auto" : o.backend;
-  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const Context base = Context::cuda(0);
+  auto stream = static_cast<cudaStream_t>(base.stream());
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   const std::string smi_query =
@@ -330,15 +473,21 @@ int run(const Options& o) {
   std::string commit = o.commit;
   if (commit.empty() && std::getenv("MOEKIT_COMMIT")) commit = std::getenv("MOEKIT_COMMIT");
   if (commit.empty()) commit = MOEKIT_GIT_COMMIT;
+  std::string backend_list;
+  for (const auto& b : o.backends) backend_list += (backend_list.empty() ? "" : ",") + b;
+  const char* env_batching = std::getenv("MOEKIT_CUBLAS_BATCHING");
 
-  std::printf("moekit_bench  %s  commit %s  backend %s  GPU %s (%d SMs)  clocks [sm, mem, max sm, "
-              "power, temp, driver]: %s\n",
-              date, commit.c_str(), backend.c_str(), prop.name, prop.multiProcessorCount,
-              clocks_before.c_str());
-  std::printf("warm-up %d, median of %d runs (CUDA events), bf16 in/out, fp32 accumulation\n\n",
+  std::printf("moekit_bench  %s  commit %s  backends %s%s%s  GPU %s (%d SMs)  clocks [sm, mem, "
+              "max sm, power, temp, driver]: %s\n",
+              date, commit.c_str(), backend_list.c_str(),
+              env_batching ? "  MOEKIT_CUBLAS_BATCHING=" : "", env_batching ? env_batching : "",
+              prop.name, prop.multiProcessorCount, clocks_before.c_str());
+  std::printf("warm-up %d, median of %d runs per backend (CUDA events, backends in turns), bf16 "
+              "in/out, fp32 accumulation; wgrad: group-K has no sm90 entry (cublas only)\n\n",
               o.warmup, o.iters);
-  std::printf("%-15s %-8s %-6s %4s %6s %6s %6s %9s %9s %8s  %s\n", "shape", "routing", "pass",
-              "E", "T", "K", "N", "ms", "TFLOP/s", "min/max", "check (worst err/tol)");
+  std::printf("%-15s %-8s %-6s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
+  for (const auto& b : o.backends) std::printf(" | %-6s %8s %7s %-4s", b.c_str(), "ms", "TFLOP/s", "chk");
+  std::printf(" | best\n");
 
   std::vector<Result> results;
   cudaEvent_t start, stop;
@@ -349,15 +498,15 @@ int run(const Options& o) {
   for (size_t si = 0; si < std::size(kSuite); ++si) {
     const Shape& s = kSuite[si];
     if (!wanted(o.shapes, s.name)) continue;
-    Tensor x = Tensor::empty({s.T, s.K}, DType::BF16, ctx);
-    Tensor w = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
-    Tensor dy = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
-    Tensor y = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
-    Tensor dx = Tensor::empty({s.T, s.K}, DType::BF16, ctx);
-    Tensor dw = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
-    fill_randn(ctx, x, ++data_seed);
-    fill_randn(ctx, w, ++data_seed);
-    fill_randn(ctx, dy, ++data_seed);
+    Tensor x = Tensor::empty({s.T, s.K}, DType::BF16, base);
+    Tensor w = Tensor::empty({s.E, s.N, s.K}, DType::BF16, base);
+    Tensor dy = Tensor::empty({s.T, s.N}, DType::BF16, base);
+    Tensor y = Tensor::empty({s.T, s.N}, DType::BF16, base);
+    Tensor dx = Tensor::empty({s.T, s.K}, DType::BF16, base);
+    Tensor dw = Tensor::empty({s.E, s.N, s.K}, DType::BF16, base);
+    fill_randn(base, x, ++data_seed);
+    fill_randn(base, w, ++data_seed);
+    fill_randn(base, dy, ++data_seed);
     for (const std::string routing : {"uniform", "skewed"}) {
       if (!wanted(o.routings, routing)) continue;
       const std::vector<int64_t> counts =
@@ -366,10 +515,11 @@ int run(const Options& o) {
       const Splits splits = Splits::host(counts);
       int64_t S = 0;
       for (int64_t c : counts) S += c;
+      const double flops = 2.0 * static_cast<double>(S) * static_cast<double>(s.N) * static_cast<double>(s.K);
       for (const std::string pass : {"fprop", "dgrad", "wgrad"}) {
         if (!wanted(o.passes, pass)) continue;
         const Tensor& out = pass == "fprop" ? y : pass == "dgrad" ? dx : dw;
-        auto step = [&] {
+        auto step = [&](const Context& ctx) {
           if (pass == "fprop") {
             moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, y);
           } else if (pass == "dgrad") {
@@ -378,38 +528,97 @@ int run(const Options& o) {
             moekit::grouped_gemm_group_k(ctx, dy, x, splits, dw, false);
           }
         };
-        CK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));  // NaN poison
-        for (int i = 0; i < o.warmup; ++i) step();
-        std::vector<double> ms;
-        for (int i = 0; i < o.iters; ++i) {
-          CK(cudaEventRecord(start, stream));
-          step();
-          CK(cudaEventRecord(stop, stream));
-          CK(cudaEventSynchronize(stop));
-          float t = 0;
-          CK(cudaEventElapsedTime(&t, start, stop));
-          ms.push_back(t);
+        Result r{&s, routing, pass, counts, {}, -1};
+        std::vector<Context> ctxs;
+        std::vector<size_t> ran;  // indices into r.backends
+        for (const std::string& name : o.backends) {
+          if (!has_entry(pass, name)) continue;
+          BackendRun b;
+          b.name = name;
+          const Context ctx = base.with_backend(name);
+          // Poison, one run, check that run's output: each backend is checked on its own.
+          CK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
+          try {
+            step(ctx);
+          } catch (const moekit::Error& e) {
+            if (e.kind() != moekit::ErrorKind::Unsupported &&
+                e.kind() != moekit::ErrorKind::InvalidArgument) {
+              throw;
+            }
+            b.skipped = e.what();
+            std::printf("  (%s %s %s: backend %s skipped: %s)\n", s.name, routing.c_str(),
+                        pass.c_str(), name.c_str(), e.what());
+          }
+          if (b.ran()) {
+            CK(cudaStreamSynchronize(stream));
+            b.check = check_pass(base, pass, s, counts, x, w, dy, out, o.samples,
+                                 o.seed + si * 7 + pass.size());
+            all_pass = all_pass && b.check.pass();
+            ran.push_back(r.backends.size());
+            ctxs.push_back(ctx);
+          }
+          r.backends.push_back(std::move(b));
         }
-        Result r{&s, routing, pass, counts};
-        r.median_ms = median(ms);
-        r.min_ms = *std::min_element(ms.begin(), ms.end());
-        const double flops = 2.0 * static_cast<double>(S) * static_cast<double>(s.N) * static_cast<double>(s.K);
-        r.tflops = flops / (r.median_ms * 1e-3) / 1e12;
-        CK(cudaStreamSynchronize(stream));
-        r.check = check_pass(ctx, pass, s, counts, x, w, dy, out, o.samples, o.seed + si * 7 + pass.size());
-        all_pass = all_pass && r.check.pass();
-        const double spread = *std::max_element(ms.begin(), ms.end()) / r.min_ms;
-        std::printf("%-15s %-8s %-6s %4lld %6lld %6lld %6lld %9.3f %9.1f %8.3f  %s (%.3f, %d samples%s)\n",
-                    s.name, routing.c_str(), pass.c_str(), static_cast<long long>(s.E),
-                    static_cast<long long>(s.T), static_cast<long long>(s.K),
-                    static_cast<long long>(s.N), r.median_ms, r.tflops, spread,
-                    r.check.pass() ? "PASS" : "FAIL", r.check.worst, r.check.samples,
-                    r.check.nonfinite ? ", NON-FINITE OUTPUT" : "");
+        std::vector<std::function<void()>> fns;
+        for (const Context& ctx : ctxs) fns.push_back([&step, ctx] { step(ctx); });
+        const auto ms = time_in_turns(fns, o.iters, o.warmup, stream, start, stop);
+        for (size_t i = 0; i < ran.size(); ++i) {
+          BackendRun& b = r.backends[ran[i]];
+          b.ms = ms[i];
+          b.median_ms = median(ms[i]);
+          b.min_ms = *std::min_element(ms[i].begin(), ms[i].end());
+          b.tflops = flops / (b.median_ms * 1e-3) / 1e12;
+          if (b.check.pass() && (r.best < 0 || b.median_ms < r.backends[static_cast<size_t>(r.best)].median_ms)) {
+            r.best = static_cast<int>(ran[i]);
+          }
+        }
+        std::printf("%-15s %-8s %-6s %4lld %6lld %6lld %6lld", s.name, routing.c_str(),
+                    pass.c_str(), static_cast<long long>(s.E), static_cast<long long>(s.T),
+                    static_cast<long long>(s.K), static_cast<long long>(s.N));
+        for (const std::string& name : o.backends) {
+          auto it = std::find_if(r.backends.begin(), r.backends.end(),
+                                 [&](const BackendRun& b) { return b.name == name; });
+          if (it == r.backends.end()) {
+            std::printf(" | %-6s %8s %7s %-4s", name.c_str(), "-", "-", "");
+          } else if (!it->ran()) {
+            std::printf(" | %-6s %8s %7s %-4s", name.c_str(), "skip", "-", "");
+          } else {
+            std::printf(" | %-6s %8.3f %7.1f %-4s", name.c_str(), it->median_ms, it->tflops,
+                        it->check.pass() ? "PASS" : "FAIL");
+          }
+        }
+        std::printf(" | %s\n", r.best >= 0 ? r.backends[static_cast<size_t>(r.best)].name.c_str() : "none");
+        for (const BackendRun& b : r.backends) {
+          if (b.ran() && !b.check.pass()) {
+            std::printf("  FAIL %s: worst err/tol %.3f over %d samples, %llu non-finite\n",
+                        b.name.c_str(), b.check.worst, b.check.samples, b.check.nonfinite);
+          }
+        }
         std::fflush(stdout);
         results.push_back(std::move(r));
       }
     }
   }
+
+  std::vector<Comparison> comparisons;
+  for (const std::string& name : o.compare) {
+    for (size_t si = 0; si < std::size(kSuite); ++si) {
+      if (name != kSuite[si].name) continue;
+      for (Comparison& c : compare_paths(base, o, kSuite[si], start, stop, o.seed + 77 * si)) {
+        comparisons.push_back(std::move(c));
+      }
+    }
+  }
+  if (!comparisons.empty()) {
+    std::printf("\ncomparisons (automatic backend, medians of %d, in turns; ratio = first / second):\n", o.iters);
+    for (const Comparison& c : comparisons) {
+      std::printf("%-15s %-8s %-6s %-24s %9.4f ms / %9.4f ms = %6.3f  outputs %s\n", c.shape.c_str(),
+                  c.routing.c_str(), c.pass.c_str(), c.what.c_str(), c.a_ms, c.b_ms, c.a_ms / c.b_ms,
+                  c.identical ? "bit-identical" : "DIFFER");
+      all_pass = all_pass && c.identical;
+    }
+  }
+
   const std::string clocks_after = shell_line(smi_query.c_str());
   std::printf("\nclocks after: %s\n%s\n", clocks_after.c_str(),
               all_pass ? "all correctness checks PASS" : "SOME CORRECTNESS CHECKS FAILED");
@@ -417,7 +626,9 @@ int run(const Options& o) {
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << "{\n  \"tool\": \"moekit_bench\",\n  \"date\": \"" << date << "\",\n  \"commit\": \""
-      << json_escape(commit) << "\",\n  \"backend\": \"" << json_escape(backend)
+      << json_escape(commit) << "\",\n  \"backends\": [";
+    for (size_t i = 0; i < o.backends.size(); ++i) f << (i ? ", " : "") << "\"" << json_escape(o.backends[i]) << "\"";
+    f << "],\n  \"cublas_batching\": \"" << json_escape(env_batching ? env_batching : "auto")
       << "\",\n  \"gpu\": \"" << json_escape(prop.name)
       << "\",\n  \"sm_count\": " << prop.multiProcessorCount << ",\n  \"clocks_before\": \""
       << json_escape(clocks_before) << "\",\n  \"clocks_after\": \"" << json_escape(clocks_after)
@@ -425,16 +636,43 @@ int run(const Options& o) {
       << ",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
+      const BackendRun* best = r.best >= 0 ? &r.backends[static_cast<size_t>(r.best)] : nullptr;
+      bool pass = true;
+      for (const BackendRun& b : r.backends) pass = pass && (!b.ran() || b.check.pass());
+      // Top-level median_ms / tflops / check: the best backend's (what an older merge reads).
       f << "    {\"shape\": \"" << r.shape->name << "\", \"E\": " << r.shape->E << ", \"T\": "
         << r.shape->T << ", \"K\": " << r.shape->K << ", \"N\": " << r.shape->N
         << ", \"routing\": \"" << r.routing << "\", \"pass\": \"" << r.pass
-        << "\", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms
-        << ", \"tflops\": " << r.tflops << ", \"check\": {\"pass\": "
-        << (r.check.pass() ? "true" : "false") << ", \"samples\": " << r.check.samples
-        << ", \"worst_err_over_tol\": " << r.check.worst << ", \"nonfinite\": " << r.check.nonfinite
-        << "}, \"counts\": [";
+        << "\", \"best_backend\": \"" << (best ? best->name : "") << "\", \"median_ms\": "
+        << (best ? best->median_ms : 0) << ", \"min_ms\": " << (best ? best->min_ms : 0)
+        << ", \"tflops\": " << (best ? best->tflops : 0) << ", \"check\": {\"pass\": "
+        << (pass && best ? "true" : "false") << "}, \"backends\": {";
+      for (size_t j = 0; j < r.backends.size(); ++j) {
+        const BackendRun& b = r.backends[j];
+        f << (j ? ", " : "") << "\"" << json_escape(b.name) << "\": {";
+        if (!b.ran()) {
+          f << "\"skipped\": \"" << json_escape(b.skipped) << "\"}";
+          continue;
+        }
+        f << "\"median_ms\": " << b.median_ms << ", \"min_ms\": " << b.min_ms
+          << ", \"tflops\": " << b.tflops << ", \"check\": {\"pass\": "
+          << (b.check.pass() ? "true" : "false") << ", \"samples\": " << b.check.samples
+          << ", \"worst_err_over_tol\": " << b.check.worst << ", \"nonfinite\": "
+          << b.check.nonfinite << "}}";
+      }
+      f << "}, \"counts\": [";
       for (size_t g = 0; g < r.counts.size(); ++g) f << (g ? ", " : "") << r.counts[g];
       f << "]}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    f << "  ],\n  \"comparisons\": [\n";
+    for (size_t i = 0; i < comparisons.size(); ++i) {
+      const Comparison& c = comparisons[i];
+      f << "    {\"shape\": \"" << c.shape << "\", \"routing\": \"" << c.routing
+        << "\", \"pass\": \"" << c.pass << "\", \"what\": \"" << json_escape(c.what)
+        << "\", \"a\": \"" << json_escape(c.a_label) << "\", \"b\": \"" << json_escape(c.b_label)
+        << "\", \"a_ms\": " << c.a_ms << ", \"b_ms\": " << c.b_ms << ", \"ratio\": "
+        << c.a_ms / c.b_ms << ", \"identical\": " << (c.identical ? "true" : "false") << "}"
+        << (i + 1 < comparisons.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
     std::printf("wrote %s\n", o.json.c_str());
@@ -447,8 +685,8 @@ int run(const Options& o) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
-               "[--passes fprop,dgrad,wgrad] [--iters N] [--warmup N] [--samples N] [--seed S] "
-               "[--json FILE] [--commit ID] [--backend NAME]\nshapes:",
+               "[--passes fprop,dgrad,wgrad] [--backends sm90,cublas] [--iters N] [--warmup N] "
+               "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
   std::fprintf(stderr, "\n");
@@ -474,10 +712,20 @@ int main(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::strtoull(value().c_str(), nullptr, 10);
     else if (a == "--json") o.json = value();
     else if (a == "--commit") o.commit = value();
-    else if (a == "--backend") o.backend = value();
+    else if (a == "--backends" || a == "--backend") o.backends = split_list(value());
+    else if (a == "--compare") {
+      const std::string v = value();
+      o.compare = v == "none" ? std::vector<std::string>{} : split_list(v);
+    }
     else if (a == "-h" || a == "--help") usage("moekit_bench: the PERFORMANCE.md grouped-GEMM suite");
     else usage(("unknown argument " + a).c_str());
   }
+  for (const std::string& s : o.compare) {
+    if (std::none_of(std::begin(kSuite), std::end(kSuite), [&](const Shape& k) { return s == k.name; })) {
+      usage(("unknown --compare shape " + s).c_str());
+    }
+  }
+  if (o.backends.empty()) usage("--backends needs at least one name");
   for (const std::string& s : o.shapes) {
     if (std::none_of(std::begin(kSuite), std::end(kSuite), [&](const Shape& k) { return s == k.name; })) {
       usage(("unknown shape " + s).c_str());

@@ -16,7 +16,9 @@ Peers, per configuration (shape x routing x pass, bf16 in/out, fp32 accumulation
 Timing: CUDA events around each run, warm-up, median of --iters runs, random normal inputs.
 Each peer's result is checked against the loop peer (fp32-accumulated cuBLAS) on a few rows.
 
-merge prints one table whose last column is moekit / torch._grouped_mm and writes
+merge prints one table with a column per moekit backend (moekit_bench times each one it has,
+side by side) whose last column is the best moekit backend / torch._grouped_mm, the
+device/host-split and caller/internal-buffer ratios when moekit_bench measured them, and writes
 <results-dir>/<date>-<gpu>.md and .json.
 """
 import argparse
@@ -161,6 +163,14 @@ def run_peers(args):
     return out
 
 
+def _backend_runs(mk, r):
+    """{backend: entry} of one moekit_bench result; older files (one backend per run) map to
+    the backend they were run with."""
+    if "backends" in r and isinstance(r["backends"], dict):
+        return r["backends"]
+    return {mk.get("backend", "auto"): {k: r[k] for k in ("median_ms", "min_ms", "tflops", "check") if k in r}}
+
+
 def merge(moekit_json, peers_json, results_dir, stem=None):
     with open(moekit_json) as f:
         mk = json.load(f)
@@ -172,22 +182,44 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     def tf(e):
         return e.get("tflops") if isinstance(e, dict) else None
 
-    rows, ratios = [], {"fprop": [], "dgrad": [], "wgrad": []}
+    names = mk.get("backends") if isinstance(mk.get("backends"), list) else None
+    if not names:
+        names = []
+        for r in mk["results"]:
+            for b in _backend_runs(mk, r):
+                if b not in names:
+                    names.append(b)
+    passes = ("fprop", "dgrad", "wgrad")
+    rows = []
+    ratios = {p: [] for p in passes}                       # best moekit backend / grouped_mm
+    per_backend = {b: {p: [] for p in passes} for b in names}  # each backend / grouped_mm
     for r in mk["results"]:
         p = peers.get(key(r), {})
         g, l, d = tf(p.get("grouped_mm")), tf(p.get("loop")), tf(p.get("dense"))
-        ratio = r["tflops"] / g if g else None
+        runs = _backend_runs(mk, r)
+        ok = {b: e for b, e in runs.items() if "tflops" in e and e.get("check", {}).get("pass")}
+        best = max(ok, key=lambda b: ok[b]["tflops"]) if ok else None
+        best_tf = ok[best]["tflops"] if best else None
+        ratio = best_tf / g if (best_tf and g) else None
         if ratio:
             ratios[r["pass"]].append(ratio)
+        for b, e in ok.items():
+            if g:
+                per_backend.setdefault(b, {q: [] for q in passes})[r["pass"]].append(e["tflops"] / g)
+        checks = [e.get("check", {}).get("pass") for e in runs.values() if "tflops" in e]
         rows.append({
             "shape": r["shape"], "routing": r["routing"], "pass": r["pass"],
             "E": r["E"], "T": r["T"], "K": r["K"], "N": r["N"],
-            "moekit_ms": r["median_ms"], "moekit_tflops": r["tflops"],
-            "moekit_check": "PASS" if r["check"]["pass"] else "FAIL",
+            "backends": {b: ({"skipped": e["skipped"]} if "skipped" in e else
+                             {"ms": e.get("median_ms"), "tflops": e.get("tflops"),
+                              "check": "PASS" if e.get("check", {}).get("pass") else "FAIL"})
+                         for b, e in runs.items()},
+            "best_backend": best, "best_tflops": best_tf,
+            "moekit_check": "PASS" if checks and all(checks) else "FAIL",
             "grouped_mm_tflops": g, "loop_tflops": l, "dense_tflops": d,
-            "moekit_vs_loop": r["tflops"] / l if l else None,
-            "moekit_vs_dense": r["tflops"] / d if d else None,
-            "moekit_vs_grouped_mm": ratio,
+            "best_vs_loop": best_tf / l if (best_tf and l) else None,
+            "best_vs_dense": best_tf / d if (best_tf and d) else None,
+            "best_vs_grouped_mm": ratio,
         })
 
     def f1(v):
@@ -196,17 +228,43 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     def f2(v):
         return "n/a" if v is None else f"{v:.2f}"
 
-    header = ("| shape | routing | pass | moekit ms | moekit TFLOP/s | check | dense cuBLAS | cuBLAS loop "
-              "| torch._grouped_mm | moekit/grouped_mm |")
-    lines = [header, "|" + "---|" * 10]
+    def cell(x, b):
+        e = x["backends"].get(b)
+        if e is None:
+            return "-"        # the primitive has no entry for this backend (wgrad: no sm90)
+        if "skipped" in e:
+            return "skipped"  # the backend refused the call (reason in the JSON)
+        return f1(e["tflops"]) + ("" if e["check"] == "PASS" else " FAIL")
+
+    header = ("| shape | routing | pass | " + " | ".join(f"moekit {b} TFLOP/s" for b in names) +
+              " | check | best | dense cuBLAS | cuBLAS loop | torch._grouped_mm | best moekit/grouped_mm |")
+    ncol = 3 + len(names) + 6
+    lines = [header, "|" + "---|" * ncol]
     for x in rows:
-        lines.append(f"| {x['shape']} | {x['routing']} | {x['pass']} | {x['moekit_ms']:.3f} | "
-                     f"{f1(x['moekit_tflops'])} | {x['moekit_check']} | {f1(x['dense_tflops'])} | "
+        lines.append(f"| {x['shape']} | {x['routing']} | {x['pass']} | " +
+                     " | ".join(cell(x, b) for b in names) +
+                     f" | {x['moekit_check']} | {x['best_backend'] or 'none'} | {f1(x['dense_tflops'])} | "
                      f"{f1(x['loop_tflops'])} | {f1(x['grouped_mm_tflops'])} | "
-                     f"{f2(x['moekit_vs_grouped_mm'])} |")
-    summary = {p: (statistics.median(v) if v else None) for p, v in ratios.items()}
-    headline = "median moekit/torch._grouped_mm: " + ", ".join(
-        f"{p} {f2(v)}" for p, v in summary.items())
+                     f"{f2(x['best_vs_grouped_mm'])} |")
+    med = lambda v: statistics.median(v) if v else None
+    summary = {q: med(v) for q, v in ratios.items()}
+    summary_backends = {b: {q: med(v) for q, v in d.items()} for b, d in per_backend.items()}
+    headline = "median best moekit/torch._grouped_mm: " + ", ".join(
+        f"{q} {f2(v)}" for q, v in summary.items())
+    per_lines = [f"median moekit {b}/torch._grouped_mm: " + ", ".join(
+        f"{q} {f2(v)}" for q, v in d.items() if v is not None) for b, d in summary_backends.items()]
+    comps = mk.get("comparisons", [])
+    comp_lines = []
+    if comps:
+        comp_lines = ["", "Same computation, two paths (automatic backend, medians in turns; "
+                      "PERFORMANCE.md: both ratios should be 1.00):", "",
+                      "| shape | routing | pass | comparison | first ms | second ms | ratio | outputs |",
+                      "|---|---|---|---|---|---|---|---|"]
+        for c in comps:
+            comp_lines.append(f"| {c['shape']} | {c['routing']} | {c['pass']} | {c['a']} / {c['b']} | "
+                              f"{c['a_ms']:.4f} | {c['b_ms']:.4f} | {c['ratio']:.3f} | "
+                              f"{'bit-identical' if c['identical'] else 'DIFFER'} |")
+    batching = mk.get("cublas_batching")
     md = [f"# moekit grouped GEMM vs peers — {mk['gpu']}", "",
           f"- date: {mk['date']} (moekit), {pe['date']} (peers)",
           f"- moekit commit: {mk['commit']}",
@@ -214,9 +272,14 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
           f"{mk.get('clocks_before', '')}; after: {mk.get('clocks_after', '')}",
           f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out, fp32 accumulation, "
           f"median of {mk['iters']} runs after {mk['warmup']} warm-ups, CUDA events",
-          f"- moekit backend: {mk.get('backend', 'auto')} (\"cublas\" = one cuBLAS call per group); "
-          f"TFLOP/s = 2·S·N·K / time",
-          "", *lines, "", headline, ""]
+          f"- moekit backends, each forced with Context::with_backend and timed in the same process "
+          f"(in turns): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernel, group-M only; "
+          f"\"cublas\" = cuBLAS per group, or batched/grouped calls for many small groups"
+          + (f", MOEKIT_CUBLAS_BATCHING={batching}" if batching and batching != "auto" else "") +
+          "). \"-\": the primitive has no such backend (wgrad has no sm90 entry); "
+          "\"best\" = the faster backend that passed its check; the last column is that one "
+          "over torch._grouped_mm. TFLOP/s = 2·S·N·K / time",
+          "", *lines, "", headline, *per_lines, *comp_lines, ""]
     text = "\n".join(md)
     print(text)
     if results_dir:
@@ -227,7 +290,9 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         with open(os.path.join(results_dir, stem + ".md"), "w") as f:
             f.write(text)
         with open(os.path.join(results_dir, stem + ".json"), "w") as f:
-            json.dump({"moekit": mk, "peers": pe, "merged": rows, "median_ratio_vs_grouped_mm": summary},
+            json.dump({"moekit": mk, "peers": pe, "merged": rows,
+                       "median_ratio_vs_grouped_mm": summary,
+                       "median_ratio_vs_grouped_mm_per_backend": summary_backends},
                       f, indent=1)
         print(f"wrote {os.path.join(results_dir, stem)}.{{md,json}}")
     return summary

@@ -39,8 +39,7 @@
 #include "cuda/sm90/grouped_gemm_sm90.h"
 
 namespace moekit::cuda::sm90 {  // bench/sm90_explore.cu
-extern const GroupMInstance explore_coop_128x256_c2x1, explore_coop_256x128_c2x1,
-    explore_pingpong_128x128_c1x2;
+extern const GroupMInstance explore_coop_256x128_c1x2_kmajor, explore_coop_256x128_c1x2_nmajor;
 }  // namespace moekit::cuda::sm90
 
 namespace {
@@ -678,7 +677,7 @@ void suite(FILE* csv, bool quick) {
         const Verdict v = verify(c, buf, c.counts, 11);
         const sm90::GroupMProblem p = buf.problem(c);
         const std::string cfg_name = sm90::config_name(p);
-        const int auto_cfg = cfg_name.find("pingpong") != std::string::npos ? sm90::kSmallM : sm90::kLarge;
+        const int auto_cfg = cfg_name.find(" 64x128x64") != std::string::npos ? sm90::kSmallM : sm90::kLarge;
         Case alt = c;
         alt.config = 1 - auto_cfg;
         Case dense = c;  // dense cuBLAS, same FLOPs: [S, k] · op(W_0) as one GEMM
@@ -720,66 +719,78 @@ void suite(FILE* csv, bool quick) {
 }
 
 // ---------------------------------------------------------------- 4. explore
-// Tile orders and tile configurations on large bf16 fprop problems, measured in turns; every
-// variant's output is checked (full compare against cuBLAS) before it is timed.
+// The library's kLarge (ping-pong 128x128x64, cluster 1x2) at several tile orders against the
+// previous kLarge (cooperative 256x128x64, cluster 1x2; bench/sm90_explore.cu), bf16 fprop and
+// dgrad, measured in turns; every variant's output is checked (full compare against cuBLAS)
+// before it is timed. "auto" is what sm90::run picks (the config; swizzle 1): on the large
+// problems the same kernel as "pp c1x2 swz1", so the two columns show the run's noise.
 void explore() {
-  std::printf("== explore: bf16 fprop, TFLOP/s (per-call event medians, variants measured in turns)\n");
+  std::printf("== explore: bf16, TFLOP/s (per-call event medians, variants measured in turns)\n");
   struct Variant {
     const char* name;
     int config, raster, swizzle;
-    const sm90::GroupMInstance* instance;  // nullptr: through sm90::run with `config`
+    const sm90::GroupMInstance* kmajor;  // nullptr: through sm90::run with `config`
+    const sm90::GroupMInstance* nmajor;
   };
   const Variant variants[] = {
-      {"large (lib)", sm90::kLarge, 0, 1, nullptr},
-      {"large rasterN", sm90::kLarge, 1, 1, nullptr},
-      {"large swz2", sm90::kLarge, 0, 2, nullptr},
-      {"large swz4", sm90::kLarge, 0, 4, nullptr},
-      {"c128x256 2x1", -1, 0, 1, &sm90::explore_coop_128x256_c2x1},
-      {"c256x128 2x1", -1, 0, 1, &sm90::explore_coop_256x128_c2x1},
-      {"pp128x128 1x2", -1, 0, 1, &sm90::explore_pingpong_128x128_c1x2},
+      {"auto", -1, 0, 1, nullptr, nullptr},
+      {"pp c1x2 swz1", sm90::kLarge, 0, 1, nullptr, nullptr},
+      {"pp c1x2 swz2", sm90::kLarge, 0, 2, nullptr, nullptr},
+      {"pp c1x2 swz4", sm90::kLarge, 0, 4, nullptr, nullptr},
+      {"coop256 swz1", -1, 0, 1, &sm90::explore_coop_256x128_c1x2_kmajor,
+       &sm90::explore_coop_256x128_c1x2_nmajor},
+      {"coop256 swz4", -1, 0, 4, &sm90::explore_coop_256x128_c1x2_kmajor,
+       &sm90::explore_coop_256x128_c1x2_nmajor},
   };
   struct Problem { const char* name; const char* split; };
   const Problem problems[] = {{"dsv3_fc1_E8", "uniform"},   {"dsv3_fc2_E8", "skewed"},
                               {"dsv3_fc1_E32", "skewed"},   {"qwen3_fc1_E16", "skewed"},
                               {"qwen3_fc2_E16", "uniform"}, {"mixtral_fc1_E8", "skewed"}};
-  std::printf("%-15s %-7s", "shape", "split");
+  std::printf("%-15s %-7s %-5s", "shape", "split", "pass");
   for (const auto& v : variants) std::printf(" %13s", v.name);
-  std::printf("\n");
-  for (const auto& pr : problems) {
-    const SuiteShape* s = nullptr;
-    for (const auto& x : kSuite) if (!std::strcmp(x.name, pr.name)) s = &x;
-    Case c;
-    c.G = s->E; c.T = s->T; c.k = s->K; c.n = s->N;
-    c.counts = std::strcmp(pr.split, "uniform") == 0
-                   ? std::vector<int64_t>(size_t(s->E), s->T / s->E)
-                   : dirichlet_counts(s->E, s->T, 1234 + uint64_t(s->E) * 7 + uint64_t(s->K));
-    Buffers buf(c, 4242);
-    std::vector<std::function<void()>> fns;
-    std::string verdicts;
-    for (const auto& v : variants) {
-      Case cv = c;
-      cv.config = v.config;
-      sm90::GroupMProblem p = buf.problem(cv);
-      p.raster = v.raster;
-      p.swizzle = v.swizzle;
-      const size_t ws = v.instance ? v.instance->workspace_bytes(p) : sm90::workspace_bytes(p);
-      buf.ensure_ws(ws);
-      auto call = [&buf, p, inst = v.instance] {
-        if (inst) inst->run(p, buf.ws, g_stream);
-        else sm90::run(p, buf.ws, g_stream);
-      };
-      fill_sentinel(c.dtype, buf.out_alloc, size_t(c.T + 2 * Buffers::kGuardRows) * c.n);
-      call();
-      const Verdict ver = verify(c, buf, c.counts, 3, /*fp64_samples=*/false);
-      if (!ver.ok) { ++g_failures; verdicts += std::string(" FAIL[") + v.name + ":" + ver.why + "]"; }
-      fns.push_back(call);
+  std::printf("   auto config\n");
+  for (const bool fprop : {true, false}) {
+    for (const auto& pr : problems) {
+      const SuiteShape* s = nullptr;
+      for (const auto& x : kSuite) if (!std::strcmp(x.name, pr.name)) s = &x;
+      Case c;
+      c.fprop = fprop;
+      c.G = s->E; c.T = s->T;
+      c.k = fprop ? s->K : s->N;  // dgrad: dx [T, K] = dy [T, N] · W_g
+      c.n = fprop ? s->N : s->K;
+      c.counts = std::strcmp(pr.split, "uniform") == 0
+                     ? std::vector<int64_t>(size_t(s->E), s->T / s->E)
+                     : dirichlet_counts(s->E, s->T, 1234 + uint64_t(s->E) * 7 + uint64_t(s->K));
+      Buffers buf(c, 4242);
+      std::vector<std::function<void()>> fns;
+      std::string verdicts;
+      for (const auto& v : variants) {
+        Case cv = c;
+        cv.config = v.config;
+        sm90::GroupMProblem p = buf.problem(cv);
+        p.raster = v.raster;
+        p.swizzle = v.swizzle;
+        const sm90::GroupMInstance* inst = fprop ? v.kmajor : v.nmajor;
+        const size_t ws = inst ? inst->workspace_bytes(p) : sm90::workspace_bytes(p);
+        buf.ensure_ws(ws);
+        auto call = [&buf, p, inst] {
+          if (inst) inst->run(p, buf.ws, g_stream);
+          else sm90::run(p, buf.ws, g_stream);
+        };
+        fill_sentinel(c.dtype, buf.out_alloc, size_t(c.T + 2 * Buffers::kGuardRows) * c.n);
+        call();
+        const Verdict ver = verify(c, buf, c.counts, 3, /*fp64_samples=*/false);
+        if (!ver.ok) { ++g_failures; verdicts += std::string(" FAIL[") + v.name + ":" + ver.why + "]"; }
+        fns.push_back(call);
+      }
+      const std::vector<double> t = time_in_turns(fns, 3, 8);
+      const double flop = 2.0 * double(sum(c.counts)) * double(c.k) * double(c.n);
+      std::printf("%-15s %-7s %-5s", pr.name, pr.split, fprop ? "fprop" : "dgrad");
+      for (double ms : t) std::printf(" %13.1f", flop / (ms * 1e-3) / 1e12);
+      std::printf("   %s%s\n", sm90::config_name(buf.problem(c)).c_str(),
+                  verdicts.empty() ? " ok" : verdicts.c_str());
+      std::fflush(stdout);
     }
-    const std::vector<double> t = time_in_turns(fns, 3, 8);
-    const double flop = 2.0 * double(sum(c.counts)) * double(c.k) * double(c.n);
-    std::printf("%-15s %-7s", pr.name, pr.split);
-    for (double ms : t) std::printf(" %13.1f", flop / (ms * 1e-3) / 1e12);
-    std::printf("%s\n", verdicts.empty() ? " ok" : verdicts.c_str());
-    std::fflush(stdout);
   }
 }
 

@@ -308,6 +308,12 @@ std::vector<GemmCase> gemm_cases() {
       {DType::BF16, 700, 64, 96, skewed_counts(40, 650, 13, {3, 7, 8}), false},
       {DType::F16, 520, 40, 56, skewed_counts(24, 520, 15, {0}), false},
       {DType::F32, 300, 24, 40, skewed_counts(16, 300, 14), false},
+      // Many small equal groups (uniform routing): cuBLAS strided-batched runs, also split by
+      // empty groups into several runs; tails past S.
+      {DType::BF16, 645, 64, 96, std::vector<int64_t>(10, 64), false},
+      {DType::BF16, 645, 64, 96, std::vector<int64_t>(10, 64), true},
+      {DType::F16, 581, 40, 56, {48, 48, 48, 0, 48, 48, 48, 48, 0, 48, 48, 48, 48, 48}, false},
+      {DType::F32, 520, 24, 40, std::vector<int64_t>(16, 32), false},
   };
 }
 

@@ -9,7 +9,9 @@
 //            cuBLAS: C (K×N, ld K) = A (= x_g, K×m ld K) · op_T(B = dy_g, N×m ld N)
 // Every call writes straight into the caller's rows of `out` / `dw`; rows [S, T) are untouched.
 // Many small groups (each GEMM shorter on the GPU than its launch on the host, e.g. 64 experts
-// of 64 rows) go to cuBLAS as one cublasGemmGroupedBatchedEx call instead of a loop.
+// of 64 rows) are not looped: when they form a few evenly spaced runs of one size each (uniform
+// routing) each run is one cublasGemmStridedBatchedEx call; otherwise all of them are one
+// cublasGemmGroupedBatchedEx call.
 // CPU oracle: src/cpu/cpu_gemm.cpp.
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -17,6 +19,8 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cuda/check.h"
@@ -274,9 +278,98 @@ bool run_batched(CudaResources& res, const GemmBatch& batch) {
   return true;
 }
 
+// ---- the same small GEMMs as strided-batched calls, one per distinct (m, n, k).
+// The grouped call's kernels (cuBLAS 12.5+) use warp-level MMA; the strided-batched GEMMs have
+// the Hopper (wgmma/TMA) kernels. Uniform routing gives one or two sizes, each a run of evenly
+// spaced problems — e.g. small_E64 wgrad, 64 × (2048×1024, k = 64 rows), dw_g N·K apart — so a
+// strided-batched call per size replaces the grouped call. (Uneven spacing, e.g. an empty group
+// in the middle, or more than kMaxShapeBatches sizes: the grouped call, as before.)
+constexpr size_t kMaxShapeBatches = 4;
+
+struct StridedBatch {
+  size_t first = 0;                  // index of its first problem in GemmBatch::problems
+  int count = 0;
+  long long stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
+};
+
+// Element stride from pointer p to q (> 0 and a whole number of elements), else -1.
+long long element_stride(const void* p, const void* q, size_t elem_bytes) {
+  const intptr_t step = reinterpret_cast<intptr_t>(q) - reinterpret_cast<intptr_t>(p);
+  if (step <= 0 || step % static_cast<intptr_t>(elem_bytes) != 0) return -1;
+  return static_cast<long long>(step / static_cast<intptr_t>(elem_bytes));
+}
+
+// The problems as at most kMaxShapeBatches strided batches, each a run of consecutive problems
+// of one size with constant strides, no two runs of the same size; empty when that fails.
+std::vector<StridedBatch> strided_batches(const GemmBatch& batch) {
+  std::vector<StridedBatch> out;
+  const auto& P = batch.problems;
+  const size_t ea = type_bytes(batch.a_type), eb = type_bytes(batch.b_type), ec = type_bytes(batch.c_type);
+  for (size_t i = 0; i < P.size(); ++i) {
+    const auto same_size = [&](size_t j) { return P[j].m == P[i].m && P[j].n == P[i].n && P[j].k == P[i].k; };
+    if (!out.empty()) {
+      StridedBatch& b = out.back();
+      const size_t last = b.first + static_cast<size_t>(b.count) - 1;
+      if (same_size(b.first)) {
+        const long long sa = element_stride(P[last].a, P[i].a, ea);
+        const long long sb = element_stride(P[last].b, P[i].b, eb);
+        const long long sc = element_stride(P[last].c, P[i].c, ec);
+        if (b.count == 1 && sa > 0 && sb > 0 && sc > 0) {
+          b.stride_a = sa, b.stride_b = sb, b.stride_c = sc, b.count = 2;
+          continue;
+        }
+        if (b.count > 1 && sa == b.stride_a && sb == b.stride_b && sc == b.stride_c) {
+          ++b.count;
+          continue;
+        }
+        return {};  // same size, uneven spacing
+      }
+      for (const StridedBatch& earlier : out) {
+        if (same_size(earlier.first)) return {};  // a size that comes back after another
+      }
+    }
+    if (out.size() == kMaxShapeBatches) return {};
+    out.push_back({i, 1, 0, 0, 0});
+  }
+  return out;
+}
+
+void run_strided_batches(CudaResources& res, const GemmBatch& batch,
+                         const std::vector<StridedBatch>& batches) {
+  const float alpha = 1.0f;
+  for (const StridedBatch& b : batches) {
+    const auto& p = batch.problems[b.first];
+    MOEKIT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        res.blas, batch.op_a, batch.op_b, p.m, p.n, p.k, &alpha, p.a, batch.a_type, batch.lda,
+        b.stride_a, p.b, batch.b_type, batch.ldb, b.stride_b, &batch.beta, p.c, batch.c_type,
+        batch.ldc, b.stride_c, b.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+// MOEKIT_CUBLAS_BATCHING (benchmarks and bisection; read once): "auto" (default: strided-batched
+// calls when the small GEMMs allow them, else the one grouped call), "grouped" (always the one
+// cublasGemmGroupedBatchedEx call: the behaviour before the strided batches), "loop" (never batch).
+enum class Batching { Auto, Grouped, Loop };
+Batching batching_mode() {
+  static const Batching mode = [] {
+    const char* env = std::getenv("MOEKIT_CUBLAS_BATCHING");
+    if (env && std::strcmp(env, "grouped") == 0) return Batching::Grouped;
+    if (env && std::strcmp(env, "loop") == 0) return Batching::Loop;
+    return Batching::Auto;
+  }();
+  return mode;
+}
+
 void run_gemms(CudaResources& res, const GemmBatch& batch) {
   if (batch.problems.empty()) return;
-  if (prefer_batched(batch) && run_batched(res, batch)) return;
+  const Batching mode = batching_mode();
+  if (mode != Batching::Loop && prefer_batched(batch)) {
+    if (mode == Batching::Auto) {
+      const std::vector<StridedBatch> strided = strided_batches(batch);
+      if (!strided.empty()) return run_strided_batches(res, batch, strided);
+    }
+    if (run_batched(res, batch)) return;
+  }
   const float alpha = 1.0f;
   for (const auto& p : batch.problems) {
     MOEKIT_CUBLAS_CHECK(cublasGemmEx(res.blas, batch.op_a, batch.op_b, p.m, p.n, p.k, &alpha, p.a,

@@ -11,7 +11,7 @@
 namespace moekit::cuda::sm90 {
 
 struct GroupMInstance {
-  const char* name;                                            // "bf16 b:k-major coop 256x128x64 c1x2"
+  const char* name;                                            // "bf16 b:k-major pingpong 128x128x64 cluster 1x2"
   size_t (*workspace_bytes)(const GroupMProblem& p);
   void (*run)(const GroupMProblem& p, void* workspace, cudaStream_t stream);
 };

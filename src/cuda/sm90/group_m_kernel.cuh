@@ -44,10 +44,16 @@
 namespace moekit::cuda::sm90 {
 
 // ---- tile configurations (index = GroupMProblem::config) ----
-struct ConfigLarge {  // kLarge: two consumer warpgroups share a 256-row tile; A multicast over 2 CTAs
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
+// kLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
+// the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
+// Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
+// process (bench/results/2026-11-29-nvidia-h200-bb650c6-backends.md): fprop +2% to +13% on the six
+// large tile-study problems, dgrad +5% to +12% on four of them but -6% (qwen3_fc2, N-major B with
+// n = 1536) and -11% (mixtral skewed, k = 28672). Same compile cost per TU (~145 s of CPU).
+struct ConfigLarge {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-bandwidth bound)

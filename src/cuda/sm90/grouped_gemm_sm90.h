@@ -55,14 +55,17 @@ struct GroupMProblem {
   int config = -1;             // kernel configuration: -1 = automatic; else an index (below)
   // Tile order of the persistent scheduler (tile studies; the defaults are CUTLASS's for grouped
   // GEMMs): raster 0 walks M first (CTAs in flight share weight tiles), 1 walks N first;
-  // swizzle 1, 2, 4 or 8 groups that many tiles of the other dimension together.
+  // swizzle 1, 2, 4 or 8 groups that many tiles of the other dimension together. (Swizzle 4 gained
+  // 5-9% on the fc1 shapes with the cooperative 256x128 tile; with the ping-pong kLarge its effect
+  // stayed inside the run's noise, so the default stays 1: bench/results/2026-11-29-nvidia-h200-
+  // bb650c6-backends.md.)
   int raster = 0;
   int swizzle = 1;
 };
 
 /// Kernel configurations (GroupMProblem::config): tile shape and schedule. Automatic choice:
 /// kSmallM when the mean rows per group (rows / groups) is below 128, else kLarge.
-inline constexpr int kLarge = 0;   // cooperative, 256x128x64 tile, cluster 1x2 (A multicast)
+inline constexpr int kLarge = 0;   // ping-pong, 128x128x64 tile, cluster 1x2 (A multicast)
 inline constexpr int kSmallM = 1;  // ping-pong, 64x128x64 tile, cluster 1x1 (deep pipeline)
 inline constexpr int kConfigCount = 2;
 
@@ -81,7 +84,7 @@ size_t workspace_bytes(const GroupMProblem& p);
 void run(const GroupMProblem& p, void* workspace, cudaStream_t stream);
 
 /// The kernel configuration run() picks for `p` (benchmarks and tests print it), e.g.
-/// "bf16 b:k-major coop 256x128x64 cluster 1x2".
+/// "bf16 b:k-major pingpong 128x128x64 cluster 1x2".
 std::string config_name(const GroupMProblem& p);
 
 }  // namespace moekit::cuda::sm90
