@@ -37,16 +37,7 @@ std::string label(DType dt, GluLayout layout) {
   return str(name(dt), "/", name(layout));
 }
 
-class OnDevice : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    std::string why;
-    auto c = make_context(GetParam(), &why);
-    if (!c) GTEST_SKIP() << why;
-    ctx_ = *c;
-  }
-  Context ctx_ = Context::cpu();
-};
+using OnDevice = DeviceTest;
 
 std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
   return info.param;

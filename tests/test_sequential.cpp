@@ -25,14 +25,8 @@ int64_t sum(const std::vector<int64_t>& v) {
   return s;
 }
 
-class SequentialTest : public ::testing::TestWithParam<std::string> {
+class SequentialTest : public DeviceTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    auto c = make_context(GetParam(), &why);
-    if (!c) GTEST_SKIP() << why;
-    ctx_ = *c;
-  }
 
   // The MLP case most tests share: G 3, H 16, F 32, rows {7, 0, 9} + 5 tail rows, b1 and b2.
   struct Mlp {

@@ -85,6 +85,19 @@ Context poisoned(const Context& base);
 /// nullopt, with the reason in *why_not, when that device is not available in this build/machine.
 std::optional<Context> make_context(const std::string& device, std::string* why_not);
 
+/// Base fixture of the device-parameterised suites: ctx_ is the context named by GetParam()
+/// ("cpu", "cuda"); the test skips, saying why, when that device is unavailable.
+class DeviceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    std::optional<Context> c = make_context(GetParam(), &why);
+    if (!c) GTEST_SKIP() << why;
+    ctx_ = *c;
+  }
+  Context ctx_ = Context::cpu();
+};
+
 /// Runs f and returns the moekit::Error it threw, or nullopt when it returned normally (any
 /// other exception propagates and fails the test).
 template <class F>
