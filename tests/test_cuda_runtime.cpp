@@ -81,42 +81,12 @@ std::vector<int64_t> skewed_counts(int64_t groups, int64_t total, uint64_t seed,
   return counts;
 }
 
-int64_t sum_of(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
+using test::sum_of;
 
-// A [rows, cols] view in the middle of a sentinel-filled device buffer with `pad` guard rows on
-// either side. check() verifies that the guard rows (and any `extra` rows of the view) still hold
-// the sentinel, bit for bit.
-struct Guarded {
-  Tensor buffer;  // [pad + rows + pad, cols]
-  Tensor view;    // [rows, cols]
-  int64_t pad, rows, cols;
-  DType dtype;
-
-  Guarded(const Shape& shape, DType dt, int64_t guard_rows = 3) : dtype(dt) {
-    rows = shape[0];
-    cols = numel(shape) / std::max<int64_t>(rows, 1);
-    if (rows == 0) cols = 1;
-    pad = guard_rows;
-    buffer = Tensor::empty({pad + rows + pad, cols}, dt, gpu());
-    fill(gpu(), buffer, test::kSentinel);
-    view = buffer.rows(pad, pad + rows).view(shape);
-  }
-  // Byte image of the whole buffer.
-  std::vector<uint8_t> all() const { return test::bytes_of(gpu(), buffer); }
-  // The guard bands are intact, and rows [valid, rows) of the view too.
-  ::testing::AssertionResult untouched_outside(int64_t valid_rows) const {
-    const auto bytes = all();
-    auto r = test::rows_hold_sentinel(bytes, 0, pad, cols, dtype);
-    if (!r) return r << " (leading guard band)";
-    r = test::rows_hold_sentinel(bytes, pad + valid_rows, pad + rows + pad, cols, dtype);
-    if (!r) return r << " (tail rows [S, T) or trailing guard band)";
-    return ::testing::AssertionSuccess();
-  }
-  std::vector<double> values() const { return test::to_doubles(gpu(), view.view({numel(view.shape())})); }
+// A guarded view on the GPU (see test::GuardedBuffer).
+struct Guarded : test::GuardedBuffer {
+  Guarded(const Shape& shape, DType dt, int64_t guard_rows = 3)
+      : GuardedBuffer(gpu(), shape, dt, guard_rows) {}
 };
 
 // ================================================================ runtime

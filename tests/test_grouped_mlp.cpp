@@ -27,11 +27,7 @@ using ::testing::HasSubstr;
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
 constexpr GluLayout kLayouts[] = {GluLayout::Halves, GluLayout::Interleaved32};
 
-int64_t sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
+int64_t sum(const std::vector<int64_t>& v) { return sum_of(v); }
 
 std::string label(DType dt, GluLayout layout) {
   return str(name(dt), "/", name(layout));

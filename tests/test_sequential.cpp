@@ -19,11 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-int64_t sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
+int64_t sum(const std::vector<int64_t>& v) { return sum_of(v); }
 
 class SequentialTest : public DeviceTest {
  protected:

@@ -70,34 +70,12 @@ std::vector<double> doubles_of(const Tensor& host_tensor) {
   return v;
 }
 
-int64_t sum_of(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
+using test::sum_of;
 
-// A [rows, cols] view in the middle of a sentinel-filled device buffer, `pad` rows each side.
-struct Guarded {
-  Tensor buffer, view;
-  int64_t pad = 3, rows, cols;
-  DType dtype;
-  Guarded(const Context& ctx, int64_t r, int64_t c, DType dt) : rows(r), cols(c), dtype(dt) {
-    buffer = Tensor::empty({pad + rows + pad, cols}, dt, ctx);
-    refill(ctx);
-    view = buffer.rows(pad, pad + rows);
-  }
-  void refill(const Context& ctx) const { fill(ctx, buffer, test::kSentinel); }
-  ::testing::AssertionResult untouched_outside(const Context& ctx, int64_t valid_rows) const {
-    const auto bytes = test::bytes_of(ctx, buffer);
-    auto r = test::rows_hold_sentinel(bytes, 0, pad, cols, dtype);
-    if (!r) return r << " (leading guard band)";
-    r = test::rows_hold_sentinel(bytes, pad + valid_rows, pad + rows + pad, cols, dtype);
-    if (!r) return r << " (tail rows [S, T) or trailing guard band)";
-    return ::testing::AssertionSuccess();
-  }
-  std::vector<double> values(const Context& ctx) const {
-    return test::to_doubles(ctx, view.view({rows * cols}));
-  }
+// A guarded [rows, cols] view on ctx's device (see test::GuardedBuffer).
+struct Guarded : test::GuardedBuffer {
+  Guarded(const Context& ctx, int64_t rows, int64_t cols, DType dt)
+      : GuardedBuffer(ctx, {rows, cols}, dt) {}
 };
 
 // ---------------------------------------------------------------- cases
@@ -156,8 +134,8 @@ TEST_P(CudaSm90Gemm, MatchesFp64ReferenceAndWritesOnlyValidRows) {
               : test::reference_forward(doubles_of(a_h), doubles_of(w_h),
                                         c.bias ? doubles_of(b_h) : std::vector<double>{}, c.counts,
                                         c.K, c.N);
-  EXPECT_TRUE(test::matches_reference(c.name, out.values(ctx), ref, c.dtype));
-  EXPECT_TRUE(out.untouched_outside(ctx, S));
+  EXPECT_TRUE(test::matches_reference(c.name, out.values(), ref, c.dtype));
+  EXPECT_TRUE(out.untouched_outside(S));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90Gemm, ::testing::ValuesIn(kCases), case_name);
@@ -283,14 +261,14 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
     };
     for (const auto& cnt : scenarios) {
       copy(ctx, test::counts_tensor(cnt, DType::I64), counts);
-      y.refill(ctx);
+      y.refill();
       ASSERT_EQ(api.launch(exec, stream), 0);
       ASSERT_EQ(api.stream_sync(stream), 0);
       const test::Reference ref =
           test::reference_forward(doubles_of(x_h), doubles_of(w_h), doubles_of(b_h), cnt, K, N);
-      EXPECT_TRUE(test::matches_reference("graph replay", y.values(ctx), ref, DType::BF16))
+      EXPECT_TRUE(test::matches_reference("graph replay", y.values(), ref, DType::BF16))
           << "counts " << ::testing::PrintToString(cnt);
-      EXPECT_TRUE(y.untouched_outside(ctx, sum_of(cnt))) << "counts " << ::testing::PrintToString(cnt);
+      EXPECT_TRUE(y.untouched_outside(sum_of(cnt))) << "counts " << ::testing::PrintToString(cnt);
     }
     api.exec_destroy(exec);
     api.graph_destroy(graph);

@@ -204,4 +204,36 @@ std::optional<Context> make_context(const std::string& device, std::string* why_
   return Context::cuda(0);
 }
 
+int64_t sum_of(const std::vector<int64_t>& counts) {
+  int64_t s = 0;
+  for (int64_t c : counts) s += c;
+  return s;
+}
+
+GuardedBuffer::GuardedBuffer(const Context& c, const Shape& shape, DType dt, int64_t guard_rows)
+    : ctx(c), pad(guard_rows), dtype(dt) {
+  rows = shape.empty() ? 0 : shape[0];
+  cols = rows == 0 ? 1 : numel(shape) / rows;
+  buffer = Tensor::empty({pad + rows + pad, cols}, dt, ctx);
+  refill();
+  view = buffer.rows(pad, pad + rows).view(shape);
+}
+
+void GuardedBuffer::refill() const { fill(ctx, buffer, kSentinel); }
+
+std::vector<uint8_t> GuardedBuffer::all() const { return bytes_of(ctx, buffer); }
+
+::testing::AssertionResult GuardedBuffer::untouched_outside(int64_t valid_rows) const {
+  const auto bytes = all();
+  auto r = rows_hold_sentinel(bytes, 0, pad, cols, dtype);
+  if (!r) return r << " (leading guard band)";
+  r = rows_hold_sentinel(bytes, pad + valid_rows, pad + rows + pad, cols, dtype);
+  if (!r) return r << " (tail rows [S, T) or trailing guard band)";
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<double> GuardedBuffer::values() const {
+  return to_doubles(ctx, view.view({numel(view.shape())}));
+}
+
 }  // namespace moekit::test

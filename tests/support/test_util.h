@@ -85,6 +85,26 @@ Context poisoned(const Context& base);
 /// nullopt, with the reason in *why_not, when that device is not available in this build/machine.
 std::optional<Context> make_context(const std::string& device, std::string* why_not);
 
+/// Sum of group counts (S).
+int64_t sum_of(const std::vector<int64_t>& counts);
+
+/// A view of `shape` ([rows, ...]) in the middle of a sentinel-filled buffer on ctx's device with
+/// `guard_rows` guard rows on either side: untouched_outside(S) checks, bit for bit, that the
+/// guard bands and the view's rows [S, rows) still hold the sentinel.
+struct GuardedBuffer {
+  Context ctx;
+  Tensor buffer;  // [pad + rows + pad, cols]
+  Tensor view;    // shape
+  int64_t pad = 3, rows = 0, cols = 1;
+  DType dtype;
+
+  GuardedBuffer(const Context& ctx, const Shape& shape, DType dtype, int64_t guard_rows = 3);
+  void refill() const;
+  std::vector<uint8_t> all() const;  // byte image of the whole buffer
+  ::testing::AssertionResult untouched_outside(int64_t valid_rows) const;
+  std::vector<double> values() const;  // the view's elements
+};
+
 /// Base fixture of the device-parameterised suites: ctx_ is the context named by GetParam()
 /// ("cpu", "cuda"); the test skips, saying why, when that device is unavailable.
 class DeviceTest : public ::testing::TestWithParam<std::string> {
