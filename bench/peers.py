@@ -273,10 +273,10 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
           f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out, fp32 accumulation, "
           f"median of {mk['iters']} runs after {mk['warmup']} warm-ups, CUDA events",
           f"- moekit backends, each forced with Context::with_backend and timed in the same process "
-          f"(in turns): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernel, group-M only; "
+          f"(in turns): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernels, group-M and group-K; "
           f"\"cublas\" = cuBLAS per group, or batched/grouped calls for many small groups"
           + (f", MOEKIT_CUBLAS_BATCHING={batching}" if batching and batching != "auto" else "") +
-          "). \"-\": the primitive has no such backend (wgrad has no sm90 entry); "
+          "). \"-\": the primitive has no such backend; "
           "\"best\" = the faster backend that passed its check; the last column is that one "
           "over torch._grouped_mm. TFLOP/s = 2·S·N·K / time",
           "", *lines, "", headline, *per_lines, *comp_lines, ""]

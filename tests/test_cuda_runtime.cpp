@@ -2,7 +2,11 @@
 // stream-ordered allocator, copy, fill, errors) and the cuBLAS / kernel primitives checked with
 // guard bands (outputs are views in the middle of larger sentinel-filled buffers: nothing
 // outside the view, and nothing in rows [S, T), may change), skewed large shapes against the fp64
-// reference, bitwise run-to-run determinism and device-split validation.
+// reference, bitwise run-to-run determinism and device-split validation. moekit's own kernels
+// (SwiGLU, grouped bias add / gradients) read device counts on the device: one case captures them
+// all in a CUDA graph and replays it with new counts, another feeds them invalid counts (nothing
+// written, the context's error word set), a third runs thousands of groups (their row-offset
+// table spans several scan chunks and, above 48 KB, opted-in shared memory).
 //
 // Every case that needs a GPU skips with the reason when Context::cuda_device_count() == 0 (CI);
 // the cases named ...WithoutGpu run everywhere. Suite names start with "Cuda" so that
@@ -13,11 +17,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "moekit/moekit.h"
+#include "support/mlp_reference.h"
+#include "support/cuda_graph.h"
 #include "support/reference.h"
 #include "support/test_util.h"
 
@@ -583,14 +591,247 @@ TEST(CudaDeviceSplits, InvalidCountsAreRejectedBeforeAnyWrite) {
       EXPECT_THAT(e->what(), HasSubstr(b.names));
       EXPECT_TRUE(dw.untouched_outside(0));
 
+      // The bias gradient is moekit's own kernel, graph-safe: it checks the counts on the device
+      // and defers the error like sm90 (more such kernels: InvalidCountsMakeActivationAnd...).
       Guarded db({G, N}, DType::F32);
       e = caught([&] { grouped_bias_grad(gpu(), dy, s, db.view, false); });
-      ASSERT_TRUE(e.has_value());
-      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
-      EXPECT_THAT(e->what(), HasSubstr(b.names));
+      EXPECT_FALSE(e.has_value()) << "the bias gradient read the device counts on the host";
+      auto flagged = caught([&] { gpu().check_device_errors(); });
+      ASSERT_TRUE(flagged.has_value()) << "invalid device counts went unreported";
+      EXPECT_EQ(flagged->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(flagged->what(), HasSubstr("splits"));
+      EXPECT_THAT(flagged->what(),
+                  HasSubstr(b.counts[1] < 0 ? "a negative count" : "larger than the T rows"));
       EXPECT_TRUE(db.untouched_outside(0));
     }
   }
+}
+
+// ================================================================ kernels reading device counts
+// SwiGLU and the grouped bias kernels take device counts on the device (no host synchronisation):
+// capturable in a CUDA graph, invalid counts reported through the context's error word.
+
+// SwiGLU forward and backward (probs, dprobs written), the prob-scaled bias add, its gradient (db,
+// and dprobs accumulated onto what the buffer holds) and the plain bias gradient, all with device
+// counts, are captured once in a CUDA graph — a host synchronisation would invalidate the capture.
+// The graph is replayed after only the counts tensor changed: zero-row groups with a tail, every
+// row in one group, a few rows, no rows at all. Each replay matches the fp64 reference of ITS
+// counts, and nothing changes outside the valid rows (tails and guard bands keep the sentinel;
+// db's rows are all valid, zero-row groups exactly 0).
+TEST(CudaDeviceSplits, GraphCapturedActivationAndBiasKernelsReplayWithNewCounts) {
+  MOEKIT_REQUIRE_GPU();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  void* stream = nullptr;
+  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  {
+    const Context ctx = Context::cuda(0, stream);
+    const DType dt = DType::BF16;
+    const int64_t G = 5, T = 96, F = 160, N = 136;  // N: a full and a partial 128-column tile
+    const GluLayout layout = GluLayout::Halves;
+    const Tensor h_h = test::random_normal({T, 2 * F}, dt, 81, 2.0);
+    const Tensor dz_h = test::random_normal({T, F}, dt, 82);
+    const Tensor p_h = test::random_normal({T}, DType::F32, 83);
+    const Tensor x_h = test::random_normal({T, N}, dt, 84);
+    const Tensor b_h = test::random_normal({G, N}, dt, 85);
+    const Tensor dy_h = test::random_normal({T, N}, dt, 86);
+    const Tensor h = to_device(ctx, h_h), dz = to_device(ctx, dz_h), probs = to_device(ctx, p_h);
+    const Tensor x = to_device(ctx, x_h), bias = to_device(ctx, b_h), dy = to_device(ctx, dy_h);
+    const Tensor counts =
+        to_device(ctx, test::counts_tensor(std::vector<int64_t>(G, 0), DType::I32));
+    const Splits splits = Splits::device(counts);
+    const test::GuardedBuffer z(ctx, {T, F}, dt), dh(ctx, {T, 2 * F}, dt);
+    const test::GuardedBuffer dp_act(ctx, {T}, DType::F32), y(ctx, {T, N}, dt);
+    const test::GuardedBuffer db_scaled(ctx, {G, N}, DType::F32), dp_bias(ctx, {T}, DType::F32);
+    const test::GuardedBuffer db(ctx, {G, N}, dt);
+    const test::GuardedBuffer* row_outputs[] = {&z, &dh, &dp_act, &y, &dp_bias};
+    const test::GuardedBuffer* group_outputs[] = {&db_scaled, &db};
+    ctx.synchronize();
+
+    void* graph = nullptr;
+    void* exec = nullptr;
+    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
+    auto err = caught([&] {
+      swiglu_forward(ctx, h, probs, splits, layout, z.view);
+      swiglu_backward(ctx, h, probs, dz, splits, layout, dh.view, dp_act.view, false);
+      grouped_bias_add(ctx, x, bias, probs, splits, y.view);
+      grouped_scaled_bias_grad(ctx, dy, probs, bias, splits, db_scaled.view, dp_bias.view, true);
+      grouped_bias_grad(ctx, dy, splits, db.view, false);
+    });
+    ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
+    ASSERT_FALSE(err.has_value()) << err->what();
+    size_t nodes = 0;
+    ASSERT_EQ(api.get_nodes(graph, nullptr, &nodes), 0);
+    EXPECT_GE(nodes, 6u) << "a kernel per call, two for the scaled bias gradient";
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+
+    const auto hd = host_doubles(h_h), dzd = host_doubles(dz_h), pd = host_doubles(p_h);
+    const auto xd = host_doubles(x_h), bd = host_doubles(b_h), dyd = host_doubles(dy_h);
+    // dp_bias accumulates onto its refilled contents: the sentinel.
+    const std::vector<double> dp_start(static_cast<size_t>(T), test::kSentinel);
+    const std::vector<std::vector<int64_t>> scenarios = {
+        {20, 0, 33, 0, 18},  // zero-row groups, S = 71 < T
+        {0, 0, 96, 0, 0},    // every row in one group, S = T
+        {1, 0, 0, 2, 0},     // a few rows
+        {0, 0, 0, 0, 0},     // none: db exactly 0, every row-grouped output untouched
+    };
+    for (const auto& cnt : scenarios) {
+      SCOPED_TRACE("counts " + ::testing::PrintToString(cnt));
+      const int64_t S = sum_of(cnt);
+      copy(ctx, test::counts_tensor(cnt, DType::I32), counts);
+      for (const auto* b : row_outputs) b->refill();
+      for (const auto* b : group_outputs) b->refill();
+      ASSERT_EQ(api.launch(exec, stream), 0);
+      ASSERT_EQ(api.stream_sync(stream), 0);
+
+      EXPECT_TRUE(test::matches_expected("z", z.values(),
+                                         test::swiglu_forward_ref(hd, pd, S, F, layout, dt)));
+      const test::SwigluGradExpected act = test::swiglu_backward_ref(hd, pd, dzd, S, F, layout, dt);
+      EXPECT_TRUE(test::matches_expected("dh", dh.values(), act.dh));
+      EXPECT_TRUE(test::matches_expected("dprobs of SwiGLU", dp_act.values(), act.dprobs));
+      EXPECT_TRUE(
+          test::matches_expected("y", y.values(), test::bias_add_ref(xd, bd, pd, cnt, N, dt)));
+      const test::ScaledBiasGradExpected sb =
+          test::scaled_bias_grad_ref(dyd, pd, bd, cnt, N, DType::F32, dp_start);
+      EXPECT_TRUE(test::matches_expected("db (scaled)", db_scaled.values(), sb.db));
+      EXPECT_TRUE(test::matches_expected("dprobs of the bias", dp_bias.values(), sb.dprobs));
+      EXPECT_TRUE(
+          test::matches_reference("db", db.values(), test::reference_dbias(dyd, cnt, N), dt));
+      for (const auto* b : row_outputs) EXPECT_TRUE(b->untouched_outside(S));
+      for (const auto* b : group_outputs) EXPECT_TRUE(b->untouched_outside(G));
+    }
+    EXPECT_EQ(ctx.device_error_bits(), 0u) << "valid counts flagged as invalid";
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+    ctx.synchronize();
+  }
+  api.stream_destroy(stream);
+}
+
+// Invalid device counts — a negative count, S > T, one count above T on its own — given to every
+// activation and bias kernel: the call returns (the counts are never read on the host), every
+// output byte keeps its sentinel, the context's error word holds the reason's bit (SPEC §1), and
+// check_device_errors() raises InvalidArgument naming 'splits' and what was wrong. Also where the
+// shape leaves nothing to write (dprobs accumulated over N = 0 columns) the counts are checked.
+TEST(CudaDeviceSplits, InvalidCountsMakeActivationAndBiasKernelsWriteNothingAndSetTheErrorBit) {
+  MOEKIT_REQUIRE_GPU();
+  const Context ctx = Context::cuda(0);  // an error word of its own
+  const DType dt = DType::BF16;
+  const int64_t G = 4, T = 100, F = 64, N = 48;
+  const GluLayout layout = GluLayout::Interleaved32;
+  const Tensor h = to_device(ctx, test::random_normal({T, 2 * F}, dt, 91, 2.0));
+  const Tensor dz = to_device(ctx, test::random_normal({T, F}, dt, 92));
+  const Tensor probs = to_device(ctx, test::random_normal({T}, DType::F32, 93));
+  const Tensor x = to_device(ctx, test::random_normal({T, N}, dt, 94));
+  const Tensor bias = to_device(ctx, test::random_normal({G, N}, dt, 95));
+  const Tensor dy = to_device(ctx, test::random_normal({T, N}, dt, 96));
+  const Tensor dy0 = Tensor::empty({T, 0}, dt, ctx), bias0 = Tensor::empty({G, 0}, dt, ctx);
+  const test::GuardedBuffer z(ctx, {T, F}, dt), dh(ctx, {T, 2 * F}, dt);
+  const test::GuardedBuffer dp(ctx, {T}, DType::F32), y(ctx, {T, N}, dt);
+  const test::GuardedBuffer db32(ctx, {G, N}, DType::F32), db(ctx, {G, N}, dt);
+  const test::GuardedBuffer* outputs[] = {&z, &dh, &dp, &y, &db32, &db};
+
+  struct Bad {
+    std::vector<int64_t> counts;
+    uint32_t bit;
+    const char* says;  // in check_device_errors()'s message
+  };
+  const Bad bad[] = {{{10, -3, 20, 5}, Context::kNegativeCount, "a negative count"},
+                     {{50, 30, 20, 1}, Context::kCountsExceedRows, "larger than the T rows"},
+                     {{10, 101, 0, 0}, Context::kCountsExceedRows, "larger than the T rows"}};
+  for (const Bad& b : bad) {
+    for (DType ct : {DType::I32, DType::I64}) {
+      SCOPED_TRACE(str(::testing::PrintToString(b.counts), " counts ", name(ct)));
+      const Splits s = Splits::device(to_device(ctx, test::counts_tensor(b.counts, ct)));
+      const std::pair<const char*, std::function<void()>> calls[] = {
+          {"swiglu_forward", [&] { swiglu_forward(ctx, h, probs, s, layout, z.view); }},
+          {"swiglu_backward",
+           [&] { swiglu_backward(ctx, h, probs, dz, s, layout, dh.view, dp.view, false); }},
+          {"swiglu_backward, dprobs accumulated",
+           [&] { swiglu_backward(ctx, h, probs, dz, s, layout, dh.view, dp.view, true); }},
+          {"grouped_bias_add", [&] { grouped_bias_add(ctx, x, bias, probs, s, y.view); }},
+          {"grouped_bias_add, plain", [&] { grouped_bias_add(ctx, x, bias, Tensor(), s, y.view); }},
+          {"grouped_scaled_bias_grad",
+           [&] { grouped_scaled_bias_grad(ctx, dy, probs, bias, s, db32.view, dp.view, false); }},
+          {"grouped_scaled_bias_grad, dprobs only, N = 0",
+           [&] { grouped_scaled_bias_grad(ctx, dy0, probs, bias0, s, Tensor(), dp.view, true); }},
+          {"grouped_bias_grad", [&] { grouped_bias_grad(ctx, dy, s, db.view, false); }},
+          {"grouped_bias_grad, accumulated",
+           [&] { grouped_bias_grad(ctx, dy, s, db32.view, true); }},
+      };
+      for (const auto& [what, call] : calls) {
+        SCOPED_TRACE(what);
+        for (const auto* o : outputs) o->refill();
+        const auto e = caught(call);
+        EXPECT_FALSE(e.has_value()) << "raised at the call (counts read on the host?): "
+                                    << (e ? e->what() : "");
+        EXPECT_EQ(ctx.device_error_bits(), b.bit);  // synchronises, then clears the word
+        for (const auto* o : outputs) EXPECT_TRUE(o->untouched_outside(0));
+      }
+      swiglu_forward(ctx, h, probs, s, layout, z.view);
+      const auto flagged = caught([&] { ctx.check_device_errors(); });
+      ASSERT_TRUE(flagged.has_value()) << "invalid device counts went unreported";
+      EXPECT_EQ(flagged->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(flagged->what(), HasSubstr("splits"));
+      EXPECT_THAT(flagged->what(), HasSubstr(b.says));
+      EXPECT_EQ(ctx.device_error_bits(), 0u) << "reading the error word clears it";
+    }
+  }
+}
+
+// Thousands of experts: the bias kernels' table of row offsets spans several 256-group scan
+// chunks, and for 7000 groups (56 KB) shared memory beyond the default 48 KB. Results from int64
+// device counts (every 7th group empty, a tail) match the fp64 reference; 8192 groups are
+// refused with the reason.
+TEST(CudaDeviceSplits, ThousandsOfGroupsMatchReference) {
+  MOEKIT_REQUIRE_GPU();
+  const DType dt = DType::BF16;
+  const int64_t N = 24;
+  for (int64_t G : {1500, 7000}) {
+    SCOPED_TRACE(str(G, " groups"));
+    std::vector<int64_t> empty;
+    for (int64_t g = 0; g < G; g += 7) empty.push_back(g);
+    const std::vector<int64_t> cnt = skewed_counts(G, 3 * G, 97 + static_cast<uint64_t>(G), empty);
+    const int64_t S = sum_of(cnt), T = S + 37;
+    const Tensor x_h = test::random_normal({T, N}, dt, 98);
+    const Tensor dy_h = test::random_normal({T, N}, dt, 99);
+    const Tensor b_h = test::random_normal({G, N}, dt, 100);
+    const Tensor p_h = test::random_normal({T}, DType::F32, 101);
+    const Tensor x = to_device(gpu(), x_h), dy = to_device(gpu(), dy_h);
+    const Tensor bias = to_device(gpu(), b_h), probs = to_device(gpu(), p_h);
+    const Splits s = Splits::device(to_device(gpu(), test::counts_tensor(cnt, DType::I64)));
+    Guarded y({T, N}, dt), db32({G, N}, DType::F32), dp({T}, DType::F32), db({G, N}, dt);
+    grouped_bias_add(gpu(), x, bias, probs, s, y.view);
+    grouped_scaled_bias_grad(gpu(), dy, probs, bias, s, db32.view, dp.view, false);
+    grouped_bias_grad(gpu(), dy, s, db.view, false);
+    EXPECT_EQ(gpu().device_error_bits(), 0u) << "valid counts flagged as invalid";
+
+    const auto xd = host_doubles(x_h), dyd = host_doubles(dy_h), bd = host_doubles(b_h);
+    const auto pd = host_doubles(p_h);
+    EXPECT_TRUE(
+        test::matches_expected("y", y.values(), test::bias_add_ref(xd, bd, pd, cnt, N, dt)));
+    const test::ScaledBiasGradExpected sb =
+        test::scaled_bias_grad_ref(dyd, pd, bd, cnt, N, DType::F32);
+    EXPECT_TRUE(test::matches_expected("db (scaled)", db32.values(), sb.db));
+    EXPECT_TRUE(test::matches_expected("dprobs", dp.values(), sb.dprobs));
+    EXPECT_TRUE(test::matches_reference("db", db.values(), test::reference_dbias(dyd, cnt, N), dt));
+    EXPECT_TRUE(y.untouched_outside(S));
+    EXPECT_TRUE(dp.untouched_outside(S));
+    EXPECT_TRUE(db32.untouched_outside(G));
+    EXPECT_TRUE(db.untouched_outside(G));
+  }
+
+  const int64_t G = 8192, T = 16;
+  const Tensor dy = to_device(gpu(), test::random_normal({T, N}, dt, 102));
+  Guarded db({G, N}, DType::F32);
+  const auto e = caught([&] {
+    grouped_bias_grad(gpu(), dy, Splits::host(std::vector<int64_t>(G, 0)), db.view, false);
+  });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("G = 8192 groups"));
+  EXPECT_THAT(e->what(), HasSubstr("at most 8191 groups"));
+  EXPECT_TRUE(db.untouched_outside(0));
 }
 
 TEST(CudaGroupedGemm, ForcingCpuBackendOnGpuContextNamesTheReason) {

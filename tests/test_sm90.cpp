@@ -12,7 +12,6 @@
 // CPU-only builds too, without CUDA headers, so it reaches the runtime that libmoekit already
 // loaded (libcudart.so, shared) through dlopen(RTLD_NOLOAD) — the same runtime instance as the
 // library's, which graph capture requires.
-#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +24,8 @@
 #include <vector>
 
 #include "moekit/moekit.h"
+#include "support/cuda_graph.h"
+#include "support/mlp_reference.h"
 #include "support/reference.h"
 #include "support/test_util.h"
 
@@ -178,40 +179,110 @@ TEST(CudaSm90, RejectsWhatTmaCannotAddressAndNamesTheReason) {
   EXPECT_THAT(e->what(), ::testing::HasSubstr("dtype bf16 or f16 only, got f32"));
 }
 
-// ---------------------------------------------------------------- graph capture
+// ---------------------------------------------------------------- group-K (weight gradient)
 
-// The CUDA runtime entry points this test needs, from the libcudart that libmoekit loaded.
-struct CudaGraphApi {
-  using Stream = void*;
-  int (*stream_create)(Stream*, unsigned) = nullptr;          // cudaStreamCreateWithFlags
-  int (*stream_destroy)(Stream) = nullptr;                    // cudaStreamDestroy
-  int (*stream_sync)(Stream) = nullptr;                       // cudaStreamSynchronize
-  int (*begin_capture)(Stream, int) = nullptr;                // cudaStreamBeginCapture
-  int (*end_capture)(Stream, void**) = nullptr;               // cudaStreamEndCapture
-  int (*instantiate)(void**, void*, unsigned long long) = nullptr;  // cudaGraphInstantiate
-  int (*launch)(void*, Stream) = nullptr;                     // cudaGraphLaunch
-  int (*exec_destroy)(void*) = nullptr;                       // cudaGraphExecDestroy
-  int (*graph_destroy)(void*) = nullptr;                      // cudaGraphDestroy
-  int (*get_nodes)(void*, void**, size_t*) = nullptr;         // cudaGraphGetNodes
-  bool ok = false;
-
-  CudaGraphApi() {
-    void* lib = nullptr;
-    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-      if ((lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD))) break;
-    }
-    if (!lib) return;
-    auto get = [&](auto& fn, const char* sym) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, sym));
-      return fn != nullptr;
-    };
-    ok = get(stream_create, "cudaStreamCreateWithFlags") && get(stream_destroy, "cudaStreamDestroy") &&
-         get(stream_sync, "cudaStreamSynchronize") && get(begin_capture, "cudaStreamBeginCapture") &&
-         get(end_capture, "cudaStreamEndCapture") && get(instantiate, "cudaGraphInstantiate") &&
-         get(launch, "cudaGraphLaunch") && get(exec_destroy, "cudaGraphExecDestroy") &&
-         get(graph_destroy, "cudaGraphDestroy") && get(get_nodes, "cudaGraphGetNodes");
-  }
+struct Sm90WgradCase {
+  const char* name;
+  DType dtype;       // of dy and x
+  DType dw_dtype;    // f32 or dtype
+  bool accumulate;   // dw += (onto random start values)
+  DType counts_dtype;
+  int64_t T, K, N;   // dy [T, N], x [T, K], dw [G, N, K]
+  std::vector<int64_t> counts;
 };
+void PrintTo(const Sm90WgradCase& c, std::ostream* os) { *os << c.name; }
+std::string wgrad_case_name(const ::testing::TestParamInfo<Sm90WgradCase>& info) {
+  return info.param.name;
+}
+
+const Sm90WgradCase kWgradCases[] = {
+    // Group sizes straddle the 64-row K tile (1, 17, 63, 64, 65, 300): the last tile of a group
+    // must stop at its own rows. Zero-row groups between and at both ends; a tail S < T.
+    {"Bf16ToF32I32ZeroGroupsTail", DType::BF16, DType::F32, false, DType::I32, 700, 136, 256,
+     {0, 300, 0, 1, 64, 0, 17, 63, 65, 0}},
+    {"Bf16ToBf16I64Skewed", DType::BF16, DType::BF16, false, DType::I64, 2100, 264, 200,
+     {1500, 0, 3, 400, 0, 100, 45, 0}},
+    {"F16ToF32AccumulateI64", DType::F16, DType::F32, true, DType::I64, 1000, 128, 320,
+     {9, 0, 0, 40, 1, 1, 1, 200, 7, 0, 63, 64, 65, 0, 100, 3, 30, 0, 0, 50}},
+    {"F16ToF16OneGroup", DType::F16, DType::F16, false, DType::I32, 777, 512, 64, {777}},
+    {"Bf16ToF32Accumulate64Experts", DType::BF16, DType::F32, true, DType::I32, 4096, 256, 128,
+     std::vector<int64_t>(64, 60)},
+};
+
+class CudaSm90Wgrad : public ::testing::TestWithParam<Sm90WgradCase> {};
+
+// grouped_gemm_group_k through the sm90 backend with device counts. The rows of dy and x past S
+// hold NaN: a group whose K range ran past its rows (or into the tail) would turn NaN. dw starts
+// as NaN when overwritten (beta = 0 must not read it), as random values when accumulating (empty
+// groups must keep them bit for bit).
+TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
+  MOEKIT_REQUIRE_SM90();
+  const Sm90WgradCase& c = GetParam();
+  const Context& ctx = sm90();
+  const int64_t G = static_cast<int64_t>(c.counts.size()), S = sum_of(c.counts);
+  Tensor dy_h = test::random_normal({c.T, c.N}, c.dtype, 41);
+  Tensor x_h = test::random_normal({c.T, c.K}, c.dtype, 42);
+  Tensor dy = to_device(ctx, dy_h), x = to_device(ctx, x_h);
+  if (S < c.T) {
+    fill(ctx, dy.rows(S, c.T), std::nan(""));
+    fill(ctx, x.rows(S, c.T), std::nan(""));
+  }
+  Tensor start_h = test::random_normal({G, c.N, c.K}, DType::F32, 43);
+  Tensor dw = Tensor::empty({G, c.N, c.K}, c.dw_dtype, ctx);
+  if (c.accumulate) copy(ctx, start_h, dw);
+  else fill(ctx, dw, std::nan(""));
+  const std::vector<uint8_t> before = test::bytes_of(ctx, dw);
+  Tensor counts = to_device(ctx, test::counts_tensor(c.counts, c.counts_dtype));
+
+  grouped_gemm_group_k(ctx, dy, x, Splits::device(counts), dw, c.accumulate);
+
+  const test::Reference ref =
+      test::reference_wgrad(doubles_of(dy_h), doubles_of(x_h), c.counts, c.K, c.N,
+                            c.accumulate ? doubles_of(start_h) : std::vector<double>{});
+  const std::vector<double> got = test::to_doubles(ctx, dw);
+  EXPECT_TRUE(test::matches_reference(c.name, got, ref, c.dw_dtype));
+  const std::vector<uint8_t> after = test::bytes_of(ctx, dw);
+  const size_t group_bytes = static_cast<size_t>(c.N * c.K) * size_of(c.dw_dtype);
+  for (int64_t g = 0; g < G; ++g) {
+    if (c.counts[static_cast<size_t>(g)] != 0) continue;
+    const size_t at = static_cast<size_t>(g) * group_bytes;
+    if (c.accumulate) {
+      EXPECT_TRUE(std::equal(after.begin() + at, after.begin() + at + group_bytes, before.begin() + at))
+          << "empty group " << g << " changed while accumulating";
+    } else {
+      EXPECT_TRUE(std::all_of(after.begin() + at, after.begin() + at + group_bytes,
+                              [](uint8_t b) { return b == 0; }))
+          << "empty group " << g << " is not exactly +0";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90Wgrad, ::testing::ValuesIn(kWgradCases), wgrad_case_name);
+
+// Invalid device counts: dw keeps every byte (no zero-fill, no GEMM), the error word says why.
+TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
+  MOEKIT_REQUIRE_SM90();
+  const Context ctx = Context::cuda(0).with_backend("sm90");  // an error word of its own
+  const int64_t T = 256, K = 64, N = 96, G = 4;
+  Tensor dy = to_device(ctx, test::random_normal({T, N}, DType::BF16, 51));
+  Tensor x = to_device(ctx, test::random_normal({T, K}, DType::BF16, 52));
+  Tensor dw = Tensor::empty({G, N, K}, DType::F32, ctx);
+  const std::pair<std::vector<int64_t>, uint32_t> bad[] = {
+      {{10, -1, 0, 20}, Context::kNegativeCount}, {{200, 0, 0, 100}, Context::kCountsExceedRows}};
+  for (const auto& [cnt, bit] : bad) {
+    for (bool accumulate : {false, true}) {
+      fill(ctx, dw, test::kSentinel);
+      const std::vector<uint8_t> before = test::bytes_of(ctx, dw);
+      Tensor counts = to_device(ctx, test::counts_tensor(cnt, DType::I64));
+      grouped_gemm_group_k(ctx, dy, x, Splits::device(counts), dw, accumulate);
+      EXPECT_EQ(ctx.device_error_bits(), bit) << ::testing::PrintToString(cnt);
+      EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, dw), before, DType::F32))
+          << ::testing::PrintToString(cnt) << (accumulate ? " accumulate" : "");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- graph capture
 
 // GroupedLinear::forward with device splits and a caller output buffer is captured once; the
 // graph is replayed after the counts tensor (and nothing else) changes: uniform, zero-row groups
@@ -219,11 +290,10 @@ struct CudaGraphApi {
 // of ITS counts and leaves the tail and guard bands untouched.
 TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
-  static const CudaGraphApi api;
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  constexpr int kNonBlocking = 1, kCaptureGlobal = 0;
   void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, kNonBlocking), 0);
+  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 8, T = 2048, K = 256, N = 192;
@@ -240,7 +310,7 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
 
     void* graph = nullptr;
     void* exec = nullptr;
-    ASSERT_EQ(api.begin_capture(stream, kCaptureGlobal), 0);
+    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
     Tensor result;
     auto err = caught([&] {
       result = fc.forward(x, Splits::device(counts), {.output = y.view, .input_requires_grad = false});
@@ -270,6 +340,122 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
           << "counts " << ::testing::PrintToString(cnt);
       EXPECT_TRUE(y.untouched_outside(sum_of(cnt))) << "counts " << ::testing::PrintToString(cnt);
     }
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+    ctx.synchronize();
+  }
+  api.stream_destroy(stream);
+}
+
+// The whole grouped MLP — forward (fc1 with bias, ScaledSwiGLU, fc2 with its prob-scaled bias)
+// and backward (fc2 dgrad + wgrad into main_grad, SwiGLU backward with dprobs, the bias grads,
+// fc1 dgrad + wgrad into main_grad) — is captured ONCE with device counts, caller buffers for y,
+// dx and dprobs and fp32 main_grads; intermediates are allocated and freed inside the capture.
+// The graph is replayed after only the counts tensor changed (zero-row groups with a tail, every
+// row in one group, uniform, nothing at all). Each replay must equal, bit for bit, an eager run
+// with the same counts (deterministic kernels), and that run matches the stage-wise fp64
+// reference; the tails of y, dx and dprobs keep their sentinels.
+TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
+  MOEKIT_REQUIRE_SM90();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  void* stream = nullptr;
+  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  {
+    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
+    const int64_t G = 4, H = 128, F = 128, T = 640;
+    const test::MlpData d = test::make_mlp_data({.G = G, .H = H, .F = F, .T = T,
+                                                 .counts = {160, 160, 160, 160},
+                                                 .dtype = DType::BF16,
+                                                 .layout = GluLayout::Interleaved32, .seed = 17});
+    const test::MlpOps ops = test::make_mlp_ops(ctx, d);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Tensor mg1_h = test::random_normal({G, 2 * F, H}, DType::F32, 71);
+    const Tensor mg2_h = test::random_normal({G, H, F}, DType::F32, 72);
+    const Tensor dp_h = test::random_normal({T}, DType::F32, 73);
+    const Tensor mg1 = to_device(ctx, mg1_h), mg2 = to_device(ctx, mg2_h);
+    ops.fc1->linear().set_main_grad(mg1);
+    ops.fc2->linear().set_main_grad(mg2);
+    const Tensor x = to_device(ctx, d.x), probs = to_device(ctx, d.probs), dy = to_device(ctx, d.dy);
+    Tensor counts = to_device(ctx, test::counts_tensor(d.c.counts, DType::I64));
+    const test::GuardedBuffer y(ctx, {T, H}, DType::BF16), dx(ctx, {T, H}, DType::BF16);
+    const Tensor dp = Tensor::empty({T}, DType::F32, ctx);
+    // Inputs of one step: main_grads and the dprobs accumulator back to their start values.
+    auto reset = [&] {
+      copy(ctx, mg1_h, mg1);
+      copy(ctx, mg2_h, mg2);
+      copy(ctx, dp_h, dp);
+      y.refill();
+      dx.refill();
+    };
+    auto step = [&](GroupedMLP::Saved* keep) {
+      GroupedMLP::Saved local;
+      GroupedMLP::Saved& saved = keep ? *keep : local;
+      const Tensor out = mlp.forward(x, probs, Splits::device(counts), {.output = y.view}, &saved);
+      const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_input = dx.view, .grad_probs = dp});
+      EXPECT_EQ(out.data(), y.view.data());
+      EXPECT_EQ(g.input.data(), dx.view.data());
+      EXPECT_EQ(g.probs.data(), dp.data());
+      EXPECT_EQ(g.fc1.weight.data(), mg1.data());
+      EXPECT_EQ(g.fc2.weight.data(), mg2.data());
+    };
+    auto images = [&] {
+      return std::vector<std::vector<uint8_t>>{y.all(), dx.all(), test::bytes_of(ctx, dp),
+                                               test::bytes_of(ctx, mg1), test::bytes_of(ctx, mg2)};
+    };
+    reset();
+    ctx.synchronize();
+
+    void* graph = nullptr;
+    void* exec = nullptr;
+    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
+    auto err = caught([&] { step(nullptr); });
+    ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
+    ASSERT_FALSE(err.has_value()) << err->what();
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+
+    const std::vector<std::vector<int64_t>> scenarios = {
+        {0, 300, 1, 200}, {0, 0, 640, 0}, {160, 160, 160, 160}, {0, 0, 0, 0}};
+    const char* names[] = {"y", "dx", "dprobs", "main_grad1", "main_grad2"};
+    for (const auto& cnt : scenarios) {
+      SCOPED_TRACE("counts " + ::testing::PrintToString(cnt));
+      copy(ctx, test::counts_tensor(cnt, DType::I64), counts);
+      reset();
+      ASSERT_EQ(api.launch(exec, stream), 0);
+      ASSERT_EQ(api.stream_sync(stream), 0);
+      const auto replayed = images();
+      const int64_t S = sum_of(cnt);
+      EXPECT_TRUE(y.untouched_outside(S));
+      EXPECT_TRUE(dx.untouched_outside(S));
+
+      reset();
+      GroupedMLP::Saved saved;
+      step(&saved);
+      const auto eager = images();
+      for (size_t i = 0; i < eager.size(); ++i) {
+        EXPECT_TRUE(test::bit_identical(replayed[i], eager[i], i < 2 ? DType::BF16 : DType::F32))
+            << names[i] << ": graph replay vs eager run";
+      }
+      test::MlpProblem p = d.problem();
+      p.counts = cnt;
+      const std::vector<double> h = test::to_doubles(ctx, saved.h), z = test::to_doubles(ctx, saved.z);
+      const test::MlpForwardExpected f = test::mlp_forward_ref(p, h, z);
+      EXPECT_TRUE(test::matches_expected("y", y.values(), f.y));
+      const test::MlpGradExpected g = test::mlp_backward_ref(
+          p, h, z, doubles_of(d.dy), doubles_of(mg1_h), doubles_of(mg2_h));
+      EXPECT_TRUE(test::matches_expected("dx", dx.values(), g.dx));
+      EXPECT_TRUE(test::matches_expected("dW1 (main_grad)", test::to_doubles(ctx, mg1), g.dw1));
+      EXPECT_TRUE(test::matches_expected("dW2 (main_grad)", test::to_doubles(ctx, mg2), g.dw2));
+      // dprobs was accumulated onto dp_h on rows [0, S); the rest keeps dp_h.
+      std::vector<double> dp_got = test::to_doubles(ctx, dp);
+      const std::vector<double> dp_start = doubles_of(dp_h);
+      for (size_t t = 0; t < dp_got.size(); ++t) dp_got[t] -= dp_start[t];
+      EXPECT_TRUE(test::matches_expected("dprobs - start", dp_got, g.dprobs));
+      for (size_t t = static_cast<size_t>(S); t < dp_got.size(); ++t) {
+        ASSERT_EQ(dp_got[t], 0.0) << "dprobs tail row " << t << " changed";
+      }
+    }
+    EXPECT_EQ(ctx.device_error_bits(), 0u);
     api.exec_destroy(exec);
     api.graph_destroy(graph);
     ctx.synchronize();

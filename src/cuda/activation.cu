@@ -9,10 +9,17 @@
 // fixed-order block sum, so results are bit-reproducible run to run. The elementwise products
 // are rounded one by one in the CPU oracle's order (no FMA contraction), so they differ from
 // src/cpu/cpu_activation.cpp only through expf. Rows [S, T) are never touched.
+//
+// Splits: the kernels read the counts on the device (device_counts.cuh) and find S themselves,
+// so they never synchronise with the host and can be captured in a CUDA graph and replayed with
+// new counts. The grid depends on T only (one wave of blocks at most); every block checks the
+// counts (O(G / 256) loads per thread, from L2 after the first block) and, when they are
+// invalid, writes nothing; the launch reports the reason once in the context's error word.
 #include <algorithm>
 
 #include "cuda/check.h"
 #include "cuda/cuda_activation.h"
+#include "cuda/device_counts.cuh"
 #include "cuda/device_math.cuh"
 #include "cuda/resources.h"
 
@@ -20,6 +27,7 @@ namespace moekit::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // 8 · 256 = 2048 threads: one wave of blocks fills an SM
 
 __device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
   return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
@@ -34,7 +42,9 @@ __device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
-                          int64_t S, int64_t F, bool interleaved, T* __restrict__ z, int64_t ldz) {
+                          DeviceCounts counts, int64_t F, bool interleaved, T* __restrict__ z,
+                          int64_t ldz) {
+  const int64_t S = block_valid_rows(counts);  // -1 for invalid counts: no row is written
   for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
     const T* hr = h + t * ldh;
     T* zr = z + t * ldz;
@@ -52,10 +62,11 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
-                           const T* __restrict__ dz, int64_t ldz, int64_t S, int64_t F,
+                           const T* __restrict__ dz, int64_t ldz, DeviceCounts counts, int64_t F,
                            bool interleaved, T* __restrict__ dh, int64_t ldd,
                            float* __restrict__ dprobs, bool accumulate) {
   __shared__ float scratch[32];
+  const int64_t S = block_valid_rows(counts);  // -1 for invalid counts: no row is written
   for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
     const T* hr = h + t * ldh;
     const T* dzr = dz + t * ldz;
@@ -80,34 +91,38 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-unsigned row_grid(int64_t S, int sm_count) {
-  return static_cast<unsigned>(std::min<int64_t>(S, int64_t{sm_count > 0 ? sm_count : 132} * 16));
+// One block per row up to a wave (rows past S exit at once), and at least one block, so that
+// every launch checks the counts (and reports invalid ones) even when there is nothing to write.
+unsigned row_grid(int64_t rows, int sm_count) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>(rows, 1, int64_t{sm_count > 0 ? sm_count : 132} * kBlocksPerSm));
 }
 
 template <class T>
-void forward_typed(const detail::SwigluForwardArgs& a, int64_t S, const CudaResources& res) {
-  swiglu_forward_kernel<T><<<row_grid(S, res.sm_count), kThreads, 0, res.stream>>>(
+void forward_typed(const detail::SwigluForwardArgs& a, const DeviceCounts& counts,
+                   const CudaResources& res) {
+  swiglu_forward_kernel<T><<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
       static_cast<const T*>(a.h.data()), a.h.strides()[0],
-      a.probs.defined() ? a.probs.data_as<const float>() : nullptr, S, a.f,
+      a.probs.defined() ? a.probs.data_as<const float>() : nullptr, counts, a.f,
       a.layout == GluLayout::Interleaved32, static_cast<T*>(a.z.data()), a.z.strides()[0]);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void backward_typed(const detail::SwigluBackwardArgs& a, int64_t S, const CudaResources& res) {
-  swiglu_backward_kernel<T><<<row_grid(S, res.sm_count), kThreads, 0, res.stream>>>(
+void backward_typed(const detail::SwigluBackwardArgs& a, const DeviceCounts& counts,
+                    const CudaResources& res) {
+  // F = 0: dp_t is an empty sum, 0. Written as 0 (the block sum of nothing); added, it changes
+  // nothing (not even a -0), so dprobs is left alone.
+  float* dprobs = a.dprobs.defined() && !(a.f == 0 && a.accumulate_dprobs)
+                      ? a.dprobs.data_as<float>()
+                      : nullptr;
+  swiglu_backward_kernel<T><<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
       static_cast<const T*>(a.h.data()), a.h.strides()[0],
       a.probs.defined() ? a.probs.data_as<const float>() : nullptr,
-      static_cast<const T*>(a.dz.data()), a.dz.strides()[0], S, a.f,
+      static_cast<const T*>(a.dz.data()), a.dz.strides()[0], counts, a.f,
       a.layout == GluLayout::Interleaved32, static_cast<T*>(a.dh.data()), a.dh.strides()[0],
-      a.dprobs.defined() ? a.dprobs.data_as<float>() : nullptr, a.accumulate_dprobs);
+      dprobs, a.accumulate_dprobs);
   MOEKIT_CUDA_CHECK_LAUNCH();
-}
-
-int64_t valid_rows(const Context& ctx, const Splits& splits, int64_t rows) {
-  int64_t s = 0;
-  for (int64_t m : checked_host_counts(ctx, splits, rows)) s += m;
-  return s;
 }
 
 }  // namespace
@@ -119,12 +134,11 @@ std::string swiglu_forward_rejects(const detail::SwigluForwardArgs& args) {
 void swiglu_forward_run(const detail::SwigluForwardArgs& args) {
   CudaResources& res = resources(args.ctx);
   DeviceGuard guard(res.device);
-  const int64_t S = valid_rows(args.ctx, args.splits, args.rows);
-  if (S == 0 || args.f == 0) return;
+  const CountsOnDevice counts = counts_on_device(args.ctx, args.splits, args.rows);
   switch (args.h.dtype()) {
-    case DType::F32: return forward_typed<float>(args, S, res);
-    case DType::F16: return forward_typed<__half>(args, S, res);
-    case DType::BF16: return forward_typed<__nv_bfloat16>(args, S, res);
+    case DType::F32: return forward_typed<float>(args, counts.view, res);
+    case DType::F16: return forward_typed<__half>(args, counts.view, res);
+    case DType::BF16: return forward_typed<__nv_bfloat16>(args, counts.view, res);
     default: throw_invalid("h", "dtype f32, f16 or bf16", name(args.h.dtype()));
   }
 }
@@ -136,18 +150,11 @@ std::string swiglu_backward_rejects(const detail::SwigluBackwardArgs& args) {
 void swiglu_backward_run(const detail::SwigluBackwardArgs& args) {
   CudaResources& res = resources(args.ctx);
   DeviceGuard guard(res.device);
-  const int64_t S = valid_rows(args.ctx, args.splits, args.rows);
-  if (S == 0) return;
-  if (args.f == 0) {  // nothing to differentiate; dp = 0 (unchanged when accumulating)
-    if (args.dprobs.defined() && !args.accumulate_dprobs) {
-      MOEKIT_CUDA_CHECK(cudaMemsetAsync(args.dprobs.data(), 0, static_cast<size_t>(S) * 4, res.stream));
-    }
-    return;
-  }
+  const CountsOnDevice counts = counts_on_device(args.ctx, args.splits, args.rows);
   switch (args.h.dtype()) {
-    case DType::F32: return backward_typed<float>(args, S, res);
-    case DType::F16: return backward_typed<__half>(args, S, res);
-    case DType::BF16: return backward_typed<__nv_bfloat16>(args, S, res);
+    case DType::F32: return backward_typed<float>(args, counts.view, res);
+    case DType::F16: return backward_typed<__half>(args, counts.view, res);
+    case DType::BF16: return backward_typed<__nv_bfloat16>(args, counts.view, res);
     default: throw_invalid("h", "dtype f32, f16 or bf16", name(args.h.dtype()));
   }
 }

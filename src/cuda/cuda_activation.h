@@ -4,8 +4,13 @@
 // (src/cpu/cpu_activation.cpp): fp32, one rounding into the output dtype; row sums in a fixed
 // order per backend (a block-wide tree, so bit-reproducible run to run, not bit-equal to the CPU).
 //
-// Splits: like the cuBLAS baseline (cuda_backend.h), device counts are copied to the host —
-// this synchronises the context's stream — and validated before any kernel runs.
+// Splits: the kernels read the counts on the device (device_counts.cuh; host splits are copied
+// there in stream order), so these entries never synchronise with the host and are capturable in
+// a CUDA graph, replaying with whatever counts the device then holds. Invalid device counts (a
+// negative count, S > T) make every kernel write nothing and set a bit in the context's error
+// word, which Context::check_device_errors() turns into the SPEC §1 error. The grouped-bias
+// entries reject more than 8191 groups (their per-block table of row offsets lives in shared
+// memory).
 #pragma once
 
 #include <string>

@@ -10,16 +10,20 @@
 //             broadcasting it into the valid rows of `out` and accumulating onto it
 //             (cublasGemmEx, beta = 1) — which of the two rounds once depends on the alignment
 //             (measured; see grouped_gemm_cublas.cpp).
-//   "cuda"    grouped_bias_grad — moekit's own kernel (bias.cu), deterministic.
+//   "cuda"    grouped_bias_grad — moekit's own kernel (bias.cu), deterministic. It reads the
+//             counts on the device (host splits are copied there in stream order): no host
+//             synchronisation, capturable in a CUDA graph. Invalid device counts make it write
+//             nothing and set the context's error word (SPEC §1; Context::check_device_errors).
 //
-// Splits: this baseline needs the counts on the host. Device splits (counts in a CUDA tensor) are
-// copied to the host, which SYNCHRONISES the context's stream, and are then validated (negative
-// count or S > T → InvalidArgument naming the values) before any GEMM is queued. So with device
-// splits these entries are correct but neither free of host synchronisation nor capturable in a
-// CUDA graph; the sm90 grouped kernels (a later issue) read counts on the device.
+// Splits: the cuBLAS baseline needs the counts on the host. Device splits (counts in a CUDA
+// tensor) are copied to the host, which SYNCHRONISES the context's stream, and are then validated
+// (negative count or S > T → InvalidArgument naming the values) before any GEMM is queued. So
+// with device splits the "cublas" entries are correct but neither free of host synchronisation
+// nor capturable in a CUDA graph; the sm90 grouped kernels read counts on the device.
 //
-// All entries reject (with a reason) contexts whose device is not CUDA, and sizes beyond
-// cuBLAS's 32-bit int arguments.
+// All entries reject (with a reason) contexts whose device is not CUDA; the cuBLAS ones also
+// sizes beyond cuBLAS's 32-bit int arguments, the bias gradient more than 8191 groups (its
+// per-block table of row offsets lives in shared memory).
 #pragma once
 
 #include <string>

@@ -477,17 +477,4 @@ void group_k_run(const detail::GroupKArgs& args) {
   run_gemms(res, batch);
 }
 
-// ---------------------------------------------------------------- bias gradient
-std::string bias_grad_rejects(const detail::BiasGradArgs& args) {
-  return reject_unless_cuda(args.ctx);
-}
-
-void bias_grad_run(const detail::BiasGradArgs& args) {
-  CudaResources& res = resources(args.ctx);
-  DeviceGuard guard(res.device);
-  const std::vector<int64_t> counts = checked_host_counts(args.ctx, args.splits, args.rows);
-  launch_grouped_bias_grad(args.dy, nullptr, offsets_of(counts), args.db, args.accumulate,
-                           res.stream);
-}
-
 }  // namespace moekit::cuda

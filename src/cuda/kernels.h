@@ -28,18 +28,11 @@ void launch_write_gemm_pointers(const GemmPointers& ptrs, void** dst, cudaStream
 void launch_fill(void* data, size_t elems, const void* value, size_t elem_bytes, int sm_count,
                  cudaStream_t stream);
 
-// bias.cu: grouped bias gradient. For each group g with rows [offsets[g], offsets[g+1]) of
-// dy [T, N]: db[g, :] = Σ of those rows, each scaled by probs[t] when probs (device, [T] f32) is
-// given (fp32, fixed order), or db[g, :] += that sum when accumulating (db f32). An empty group
-// gets 0 (unchanged when accumulating). Deterministic: one thread block owns each (group, column
-// tile) and reduces its rows in a fixed order.
-void launch_grouped_bias_grad(const Tensor& dy, const float* probs,
-                              const std::vector<int64_t>& offsets, const Tensor& db,
-                              bool accumulate, cudaStream_t stream);
-
 // bias.cu: out[r, :] = bias[g, :] for every row r of group g (rows [S, T) untouched): the C of
 // a beta = 1 group-M GEMM when the cuBLASLt bias epilogue is not used, and the whole result of
-// the degenerate K = 0 GEMM.
+// the degenerate K = 0 GEMM. Host row offsets (offsets_of(counts)): that GEMM has the counts on
+// the host already. The bias kernels that take device counts (no host synchronisation) are
+// reached through the primitive tables only: cuda_backend.h and cuda_activation.h.
 void launch_grouped_bias_broadcast(const Tensor& bias, const std::vector<int64_t>& offsets,
                                    const Tensor& out, cudaStream_t stream);
 

@@ -19,8 +19,10 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/device_counts.h"
 #include "moekit/core/context.h"
 #include "moekit/core/splits.h"
+#include "moekit/core/tensor.h"
 
 namespace moekit::cuda {
 
@@ -81,9 +83,20 @@ class DeviceGuard {
 std::string reject_unless_cuda(const Context& ctx);
 
 /// Host copies of the group counts, validated (each >= 0, S <= rows) when they came from the GPU.
-/// Device counts are copied to the host: this synchronises the context's stream (the cuBLAS
-/// baseline is not graph-capturable with device splits; see cuda_backend.h).
+/// Device counts are copied to the host: this synchronises the context's stream. Only the cuBLAS
+/// GEMM entries use it (they are not graph-capturable with device splits; see cuda_backend.h);
+/// moekit's own kernels take the counts on the device instead (counts_on_device,
+/// device_counts.h).
 std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& splits, int64_t rows,
                                          const char* argument = "splits");
+
+/// The counts of `splits` where kernels can read them, with no host synchronisation: device
+/// splits as they are; host splits (already validated) copied to the device in stream order.
+/// `holder` keeps the copy alive (freed in stream order after the kernels that use it).
+struct CountsOnDevice {
+  Tensor holder;
+  DeviceCounts view;
+};
+CountsOnDevice counts_on_device(const Context& ctx, const Splits& splits, int64_t rows);
 
 }  // namespace moekit::cuda

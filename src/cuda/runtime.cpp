@@ -9,6 +9,7 @@
 
 #include "core/runtime.h"
 #include "cuda/check.h"
+#include "cuda/device_counts.h"
 #include "cuda/kernels.h"
 #include "cuda/resources.h"
 #include "moekit/core/error.h"
@@ -119,6 +120,28 @@ std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& split
   // Device counts were only read now: the same checks as host counts, before any GEMM runs.
   check_counts(counts, rows, argument);
   return counts;
+}
+
+static_assert(kDeviceCountNegative == Context::kNegativeCount &&
+              kDeviceCountsExceedRows == Context::kCountsExceedRows);
+
+CountsOnDevice counts_on_device(const Context& ctx, const Splits& splits, int64_t rows) {
+  CountsOnDevice out;
+  if (splits.on_host()) {
+    // Validated by the primitive. The staging of a pageable source completes before
+    // cudaMemcpyAsync returns, so `host` may die right after.
+    std::vector<int64_t> host = splits.host_counts();
+    out.holder = to_device(ctx, Tensor::wrap(host.data(), {static_cast<int64_t>(host.size())},
+                                             DType::I64, Device::cpu()));
+  } else {
+    out.holder = splits.device_counts();
+  }
+  out.view.counts = out.holder.data();
+  out.view.i64 = out.holder.dtype() == DType::I64;
+  out.view.groups = out.holder.numel();
+  out.view.rows = rows;
+  out.view.error_word = resources(ctx).error_word;
+  return out;
 }
 
 }  // namespace cuda

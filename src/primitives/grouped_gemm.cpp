@@ -33,6 +33,9 @@ constexpr Backend<detail::GroupMArgs> kGroupM[] = {
     {"cpu", cpu::group_m_rejects, cpu::group_m_run},
 };
 constexpr Backend<detail::GroupKArgs> kGroupK[] = {
+#ifdef MOEKIT_HAS_SM90
+    {"sm90", cuda::sm90_group_k_rejects, cuda::sm90_group_k_run},
+#endif
 #ifdef MOEKIT_HAS_CUDA
     {"cublas", cuda::group_k_rejects, cuda::group_k_run},
 #endif

@@ -1,5 +1,5 @@
-// Internal: the compiled instances of the sm90 group-M grouped GEMM, defined in group_m_bf16.cu
-// and group_m_f16.cu (four per translation unit) and picked by grouped_gemm_sm90.cpp.
+// Internal: the compiled instances of the sm90 group-M grouped GEMM, defined in kernels_bf16.cu
+// and kernels_f16.cu (four per translation unit) and picked by grouped_gemm_sm90.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,14 +1,17 @@
-// Host side of the sm90 group-M grouped GEMM (grouped_gemm_sm90.h): the checks that decide
-// whether the kernels can run a call, and the choice of compiled instance. No CUTLASS here: the
-// kernels live in group_m_bf16.cu and group_m_f16.cu.
+// Host side of the sm90 grouped GEMMs (grouped_gemm_sm90.h): the checks that decide whether the
+// kernels can run a call, and the choice of compiled instance. No CUTLASS here: the kernels live
+// in kernels_bf16.cu and kernels_f16.cu.
 #include "cuda/sm90/grouped_gemm_sm90.h"
 
 #include <cuda_runtime_api.h>
 
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "cuda/check.h"
+#include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/group_m_instances.h"
 #include "moekit/core/error.h"
 
@@ -28,7 +31,7 @@ int choose_config(const GroupMProblem& p) {
   // Few rows per group: the GEMM streams weights (memory bound); 64-row tiles waste less of the
   // tensor cores on rows past m_g than 256-row tiles, and a deep pipeline keeps loads in flight.
   // The mean is all the host knows (the counts are on the device).
-  return p.rows < 128 * p.groups ? kSmallM : kLarge;
+  return p.counts.rows < 128 * p.counts.groups ? kSmallM : kLarge;
 }
 
 const GroupMInstance& instance(const GroupMProblem& p) {
@@ -37,9 +40,10 @@ const GroupMInstance& instance(const GroupMProblem& p) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-}  // namespace
-
-std::string rejects(const GroupMProblem& p, int device) {
+// What both forms check: an sm_90 device, 16-bit inputs, K and N multiples of 8 (TMA rows of 16
+// bytes), 32-bit extents, counts in device memory, 16-byte aligned pointers.
+std::string rejects_common(int device, DType dtype, const DeviceCounts& counts, int64_t k,
+                           int64_t n, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
@@ -49,38 +53,70 @@ std::string rejects(const GroupMProblem& p, int device) {
   if (major != 9 || minor != 0) {
     return str("needs an sm_90 (Hopper) device; cuda:", device, " is sm_", major, minor);
   }
-  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    return str("dtype bf16 or f16 only, got ", name(p.dtype));
+  if (dtype != DType::BF16 && dtype != DType::F16) {
+    return str("dtype bf16 or f16 only, got ", name(dtype));
   }
-  if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
-  if (p.k % 8 != 0) return str("K = ", p.k, " is not a multiple of 8 (TMA needs 16-byte rows)");
-  if (p.n % 8 != 0) return str("N = ", p.n, " is not a multiple of 8 (TMA needs 16-byte rows)");
-  for (const auto& [label, v] : {std::pair{"T (rows)", p.rows}, std::pair{"K", p.k},
-                                  std::pair{"N", p.n}, std::pair{"G (groups)", p.groups}}) {
+  if (k % 8 != 0) return str("K = ", k, " is not a multiple of 8 (TMA needs 16-byte rows)");
+  if (n % 8 != 0) return str("N = ", n, " is not a multiple of 8 (TMA needs 16-byte rows)");
+  for (const auto& [label, v] : {std::pair{"T (rows)", counts.rows}, std::pair{"K", k},
+                                  std::pair{"N", n}, std::pair{"G (groups)", counts.groups}}) {
     if (v > INT_MAX) return str(label, " = ", v, " exceeds the kernels' 32-bit extents");
   }
-  if (!p.counts) return "the counts must be in device memory (got none)";
-  if (reinterpret_cast<uintptr_t>(p.counts) % (p.counts_i64 ? 8 : 4) != 0) {
+  if (!counts.counts) return "the counts must be in device memory (got none)";
+  if (reinterpret_cast<uintptr_t>(counts.counts) % (counts.i64 ? 8 : 4) != 0) {
     return "the counts are not aligned to their element size";
   }
-  for (const auto& [label, ptr] : {std::pair{"a", p.a}, std::pair{"b", p.b},
-                                   std::pair{"out", static_cast<const void*>(p.out)},
-                                   std::pair{"bias", p.bias}}) {
+  for (const auto& [label, ptr] : ptrs) {
     if (ptr && !aligned16(ptr)) return str(label, " is not 16-byte aligned (TMA)");
   }
   return "";
 }
 
+const GroupKInstance& instance(const GroupKProblem& p) {
+  const bool f16 = p.dtype == DType::F16;
+  if (p.dw_dtype == DType::F32) return f16 ? group_k_f16_f32 : group_k_bf16_f32;
+  return f16 ? group_k_f16_f16 : group_k_bf16_bf16;
+}
+
+}  // namespace
+
+std::string rejects(const GroupMProblem& p, int device) {
+  if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
+  return rejects_common(device, p.dtype, p.counts, p.k, p.n,
+                        {{"a", p.a}, {"b", p.b}, {"out", p.out}, {"bias", p.bias}});
+}
+
 size_t workspace_bytes(const GroupMProblem& p) {
-  if (p.groups <= 0 || p.n == 0) return 0;
+  if (p.counts.groups <= 0 || p.n == 0) return 0;
   return instance(p).workspace_bytes(p);
 }
 
 void run(const GroupMProblem& p, void* workspace, cudaStream_t stream) {
-  if (p.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
+  if (p.counts.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
   instance(p).run(p, workspace, stream);
 }
 
 std::string config_name(const GroupMProblem& p) { return instance(p).name; }
+
+std::string rejects(const GroupKProblem& p, int device) {
+  if (p.dw_dtype != DType::F32 && p.dw_dtype != p.dtype) {
+    return str("dw dtype f32 or ", name(p.dtype), ", got ", name(p.dw_dtype));
+  }
+  if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
+  return rejects_common(device, p.dtype, p.counts, p.k, p.n,
+                        {{"dy", p.dy}, {"x", p.x}, {"dw", p.dw}});
+}
+
+size_t workspace_bytes(const GroupKProblem& p) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return 0;
+  return instance(p).workspace_bytes(p);
+}
+
+void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
+  instance(p).run(p, workspace, stream);
+}
+
+std::string config_name(const GroupKProblem& p) { return instance(p).name; }
 
 }  // namespace moekit::cuda::sm90

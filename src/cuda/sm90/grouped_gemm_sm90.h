@@ -1,5 +1,6 @@
-// Internal: moekit's ahead-of-time compiled Hopper (sm_90a) grouped GEMM, group-M form, behind a
-// raw-pointer interface (no moekit::Tensor, no CUTLASS types: this header is cheap to include).
+// Internal: moekit's ahead-of-time compiled Hopper (sm_90a) grouped GEMMs, group-M (below) and group-K
+// (the weight gradient, further down), behind a raw-pointer interface (no moekit::Tensor, no
+// CUTLASS types: this header is cheap to include).
 //
 // Math (one launch for all G groups; m_g = counts[g] read FROM DEVICE MEMORY, off_g = sum_{j<g} m_j):
 //   b_transposed (fprop, b = weight [G, N, K]):  out[off_g : off_g+m_g] = a[off_g : off_g+m_g] · b[g]ᵀ (+ bias[g])
@@ -16,15 +17,15 @@
 //  - Rows [S, T) of `out` are never written (TMA stores are clipped at each group's m_g rows);
 //    a zero-row group produces no tiles (the persistent scheduler skips it; no CTA is spent).
 //  - Invalid device counts (a negative count, or S > T) make every group empty — nothing is read
-//    out of bounds and nothing is written — and OR a code into *error_flag when it is given
-//    (kCountNegative | kCountsExceedRows), for the caller to query later.
+//    out of bounds and nothing is written — and OR the reason into counts.error_word when it is
+//    given (device_counts.h), for the caller to query later.
 //  - Deterministic: no split-K, no atomics; same inputs → same bits.
 //
 // Use:  std::string why = rejects(p, device);  if (why.empty()) {
 //         void* ws = <stream-ordered allocation of workspace_bytes(p) bytes>;
 //         run(p, ws, stream); }
 // Kernels: group_m_kernel.cuh (the CUTLASS configuration + setup kernel + launcher), instances
-// in group_m_bf16.cu / group_m_f16.cu; selection and checks: grouped_gemm_sm90.cpp.
+// in kernels_bf16.cu / kernels_f16.cu; selection and checks: grouped_gemm_sm90.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,13 +34,10 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/device_counts.h"
 #include "moekit/core/dtype.h"
 
 namespace moekit::cuda::sm90 {
-
-/// Bits the setup kernel ORs into GroupMProblem::error_flag when the device counts are invalid.
-inline constexpr int kCountNegative = 1;    // some counts[g] < 0
-inline constexpr int kCountsExceedRows = 2;  // S = sum of counts > rows (T)
 
 struct GroupMProblem {
   const void* a = nullptr;     // [rows, k] row-major (x for fprop, dy for dgrad)
@@ -47,11 +45,9 @@ struct GroupMProblem {
   bool b_transposed = true;    // true: out = a·bᵀ (fprop); false: out = a·b (dgrad)
   const void* bias = nullptr;  // [groups, n] or nullptr
   void* out = nullptr;         // [rows, n] row-major; rows [S, rows) untouched
-  const void* counts = nullptr;  // [groups] int32 or int64, in device memory
-  bool counts_i64 = false;
-  int64_t groups = 0, rows = 0, k = 0, n = 0;
+  DeviceCounts counts;         // m_g in device memory; counts.groups = G, counts.rows = T
+  int64_t k = 0, n = 0;
   DType dtype = DType::BF16;   // of a, b, bias and out: BF16 or F16
-  int* error_flag = nullptr;   // optional device int (see kCountNegative / kCountsExceedRows)
   int config = -1;             // kernel configuration: -1 = automatic; else an index (below)
   // Tile order of the persistent scheduler (tile studies; the defaults are CUTLASS's for grouped
   // GEMMs): raster 0 walks M first (CTAs in flight share weight tiles), 1 walks N first;
@@ -86,5 +82,36 @@ void run(const GroupMProblem& p, void* workspace, cudaStream_t stream);
 /// The kernel configuration run() picks for `p` (benchmarks and tests print it), e.g.
 /// "bf16 b:k-major pingpong 128x128x64 cluster 1x2".
 std::string config_name(const GroupMProblem& p);
+
+// ---- group-K (the weight gradient) ----
+//
+// Math (one launch for all G groups; m_g from device memory as above):
+//   dw[g] = dy[off_g : off_g+m_g]ᵀ · x[off_g : off_g+m_g]        (accumulate = false)
+//   dw[g] = dw[g] + (same)                                         (accumulate = true; dw f32)
+// dy [T, N], x [T, K] row-major, dense, 16-byte aligned, bf16 or f16; dw [G, N, K] dense in f32
+// or the input dtype; fp32 accumulation, one rounding to dw's dtype.
+//
+// Promises, beyond group-M's (no host sync, graph-capturable, invalid counts write nothing):
+//  - The per-group reduction runs over the rows of the group only (TMA zero-fills the K tail of
+//    a group: rows of the next group are never read into it); deterministic, no split-K.
+//  - A group with m_g = 0 gets exactly 0 (a zero-fill kernel; the GEMM gives it no tiles), or is
+//    left unchanged when accumulating. With beta = 0 the old dw is never read (NaN stays out).
+struct GroupKProblem {
+  const void* dy = nullptr;    // [rows, n]
+  const void* x = nullptr;     // [rows, k]
+  void* dw = nullptr;          // [groups, n, k]
+  DeviceCounts counts;
+  int64_t k = 0, n = 0;
+  DType dtype = DType::BF16;   // of dy and x: BF16 or F16
+  DType dw_dtype = DType::F32; // F32, or = dtype
+  bool accumulate = false;     // dw += (needs dw_dtype F32)
+};
+
+std::string rejects(const GroupKProblem& p, int device);
+size_t workspace_bytes(const GroupKProblem& p);
+/// Queues the setup kernel, the zero-fill of empty groups (unless accumulating) and the grouped
+/// GEMM on `stream`.
+void run(const GroupKProblem& p, void* workspace, cudaStream_t stream);
+std::string config_name(const GroupKProblem& p);
 
 }  // namespace moekit::cuda::sm90

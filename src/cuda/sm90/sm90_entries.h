@@ -1,10 +1,11 @@
 // Internal: the "sm90" entries of the primitive tables (src/primitives/grouped_gemm.cpp) — the
-// Hopper grouped GEMM of grouped_gemm_sm90.h behind detail::GroupMArgs.
+// Hopper grouped GEMMs of grouped_gemm_sm90.h behind detail::GroupMArgs / GroupKArgs.
 //
-//   "sm90"  grouped_gemm_group_m: bf16/f16, K and N multiples of 8, on an sm_90 device. Device
-//           splits are read on the device (no host synchronisation; graph-capturable); host
-//           splits are copied to the device on the context's stream first. Workspace comes from
-//           the context's stream-ordered allocator.
+//   "sm90"  grouped_gemm_group_m and grouped_gemm_group_k: bf16/f16 inputs, K and N multiples of
+//           8, on an sm_90 device (group-K: dw in f32 or the input dtype). Device splits are read
+//           on the device (no host synchronisation; graph-capturable); host splits are copied to
+//           the device on the context's stream first. Workspace comes from the context's
+//           stream-ordered allocator.
 #pragma once
 
 #include <string>
@@ -15,5 +16,7 @@ namespace moekit::cuda {
 
 std::string sm90_group_m_rejects(const detail::GroupMArgs& args);
 void sm90_group_m_run(const detail::GroupMArgs& args);
+std::string sm90_group_k_rejects(const detail::GroupKArgs& args);
+void sm90_group_k_run(const detail::GroupKArgs& args);
 
 }  // namespace moekit::cuda

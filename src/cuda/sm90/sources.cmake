@@ -39,9 +39,9 @@ if(NOT _moekit_cutlass_v VERSION_EQUAL 4.2.0)
   message(WARNING "moekit: the sm90 kernels are tested with CUTLASS 4.2.0, found ${_moekit_cutlass_v}")
 endif()
 
-add_library(moekit_sm90 OBJECT  # one TU per dtype: 4 instances each (see group_m_bf16.cu)
-  ${CMAKE_CURRENT_LIST_DIR}/group_m_bf16.cu
-  ${CMAKE_CURRENT_LIST_DIR}/group_m_f16.cu
+add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernels_bf16.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_f16.cu
 )
 set_target_properties(moekit_sm90 PROPERTIES
   CUDA_ARCHITECTURES 90a-real     # sm_90a machine code only (wgmma, setmaxnreg); no PTX to JIT

@@ -1,0 +1,22 @@
+// Internal: the compiled instances of the sm90 group-K grouped GEMM (the weight gradient), defined
+// in kernels_bf16.cu and kernels_f16.cu and picked by grouped_gemm_sm90.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "cuda/sm90/grouped_gemm_sm90.h"
+
+namespace moekit::cuda::sm90 {
+
+struct GroupKInstance {
+  const char* name;  // "bf16 -> f32 pingpong 128x128x64 cluster 1x2"
+  size_t (*workspace_bytes)(const GroupKProblem& p);
+  void (*run)(const GroupKProblem& p, void* workspace, cudaStream_t stream);
+};
+
+// [dtype][dw: 0 f32, 1 the input dtype]
+extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32, group_k_f16_f16;
+
+}  // namespace moekit::cuda::sm90

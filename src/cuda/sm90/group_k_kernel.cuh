@@ -1,0 +1,201 @@
+// Internal: the CUTLASS 3.x configuration of the sm90 group-K grouped GEMM (the weight gradient),
+// its setup and zero-fill kernels and its host launcher. Included ONLY by group_k.cu.
+//
+// Mapping onto CUTLASS (D[M,N] = A[M,K]·B[N,K]ᵀ per group g; groups are the ptr-array "batch"):
+//   M = n (rows of dw[g]), N = k (its columns), K = m_g (the group's rows, from device counts).
+//   A(i, r) = dy[off_g + r, i]: M-major ("ColumnMajor"), leading dimension n, pointer dy + off_g·n.
+//   B(j, r) = x[off_g + r, j]:  N-major ("RowMajor" B), leading dimension k, pointer x + off_g·k.
+//      wgmma reads both 16-bit MN-major operands from shared memory natively (transpose bits);
+//      the TMA descriptors carry m_g as the K extent, so the last K tile of a group is zero-filled
+//      by TMA, never read from the next group's rows.
+//   D = dw[g] [n, k] row-major; C = D with beta = 1 when accumulating (fp32 main_grad), else
+//      beta = 0 and C is not read (CUTLASS skips the source load for a zero scalar beta).
+// A group with m_g = 0 gets M = 0 (no tiles: the mainloop would leave its accumulators
+// uninitialised with zero K tiles); the zero-fill kernel writes its exact zeros instead.
+#pragma once
+
+#include "cuda/sm90/group_k_instances.h"
+#include "cuda/sm90/kernel_common.cuh"
+
+namespace moekit::cuda::sm90 {
+
+template <DType kDType, DType kOut, class Config>
+struct GroupKGemm {
+  using Element = typename CutlassElement<kDType>::type;
+  using ElementD = typename CutlassElement<kOut>::type;
+  // C (the accumulate source) exists only for an fp32 dw: main_grad.
+  using ElementC = std::conditional_t<kOut == DType::F32, float, void>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (n, k, m_g)
+  using LayoutA = cutlass::layout::ColumnMajor;
+  using LayoutB = cutlass::layout::RowMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;                           // 16-bit elements per 16 bytes
+  static constexpr int kAlignD = 16 / sizeof(ElementD);      // TMA: 16 bytes
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
+      typename Config::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      ElementC, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
+      typename Config::EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element,
+      LayoutB*, kAlign, float, typename Config::Tile, typename Config::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Config::Schedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+  static_assert(std::is_same_v<StrideC, StrideD>, "C strides alias the D stride array");
+};
+
+// ---- per-group arrays in the device workspace (written by the setup kernel) ----
+template <class G>
+struct GroupKArrays {
+  typename G::Shape3* shapes;            // [groups] (n, k, m_g), or (0, k, 0) for an empty group
+  const typename G::Element** ptr_a;     // dy + off_g·n
+  const typename G::Element** ptr_b;     // x + off_g·k
+  typename G::ElementD** ptr_d;          // dw[g] (also the C pointers when accumulating)
+  int* zero;                             // [groups] 1: write exact zeros into dw[g]
+  typename G::StrideA* stride_a;
+  typename G::StrideB* stride_b;
+  typename G::StrideD* stride_d;
+
+  static GroupKArrays carve(WorkspaceCarver& w, int64_t groups) {
+    GroupKArrays r;
+    r.shapes = w.take<typename G::Shape3>(groups);
+    r.ptr_a = w.take<const typename G::Element*>(groups);
+    r.ptr_b = w.take<const typename G::Element*>(groups);
+    r.ptr_d = w.take<typename G::ElementD*>(groups);
+    r.zero = w.take<int>(groups);
+    r.stride_a = w.take<typename G::StrideA>(groups);
+    r.stride_b = w.take<typename G::StrideB>(groups);
+    r.stride_d = w.take<typename G::StrideD>(groups);
+    return r;
+  }
+};
+
+struct GroupKSetupInputs {
+  DeviceCounts counts;
+  int64_t k, n;
+  const void* dy;
+  const void* x;
+  void* dw;
+  bool accumulate;
+};
+
+template <class G>
+__global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out) {
+  using E = typename G::Element;
+  const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
+  for_each_group(in.counts, [&](int64_t g, int64_t m, int64_t off, bool valid) {
+    out.shapes[g] = m > 0 ? typename G::Shape3(n, k, static_cast<int>(m)) : typename G::Shape3(0, k, 0);
+    out.ptr_a[g] = static_cast<const E*>(in.dy) + off * in.n;
+    out.ptr_b[g] = static_cast<const E*>(in.x) + off * in.k;
+    out.ptr_d[g] = static_cast<typename G::ElementD*>(in.dw) + g * in.n * in.k;
+    out.zero[g] = valid && m == 0 && !in.accumulate;
+    // Packed strides (make_cute_packed_stride takes the extents (M or N, K, L)): A's K stride n,
+    // B's K stride k, D's row stride k. None depends on m_g.
+    out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, 1, 1));
+    out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(k, 1, 1));
+    out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
+  });
+}
+
+// dw[g] = 0 for the groups the setup kernel flagged: grid (x: blocks per group, y: groups), 16-byte
+// stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8).
+// (Internal linkage: both instance TUs include this header.)
+constexpr int kZeroThreads = 256;
+namespace {
+__global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* zero, void* dw, int64_t group_bytes) {
+  if (!zero[blockIdx.y]) return;
+  uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + blockIdx.y * group_bytes);
+  const int64_t vectors = group_bytes / 16;
+  for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
+       i += int64_t{gridDim.x} * kZeroThreads) {
+    p[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+}  // namespace
+
+// ---- host side ----
+template <class G>
+typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKArrays<G>& arr,
+                                           const cutlass::KernelHardwareInfo& hw) {
+  typename G::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {static_cast<int>(p.counts.groups), arr.shapes, nullptr};
+  args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
+  if constexpr (std::is_void_v<typename G::ElementC>) {
+    args.epilogue.ptr_C = nullptr;
+  } else {
+    args.epilogue.ptr_C = const_cast<const typename G::ElementC**>(arr.ptr_d);
+  }
+  args.epilogue.dC = arr.stride_d;
+  args.epilogue.ptr_D = arr.ptr_d;
+  args.epilogue.dD = arr.stride_d;
+  args.hw_info = hw;
+  return args;
+}
+
+template <class G>
+size_t group_k_workspace_bytes(const GroupKProblem& p) {
+  int device = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
+  WorkspaceCarver w(nullptr, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupKArrays<G>{}, hw)));
+  (void)GroupKArrays<G>::carve(w, p.counts.groups);
+  return w.total();
+}
+
+template <class G>
+void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
+  int device = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
+  WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupKArrays<G>{}, hw)));
+  const GroupKArrays<G> arr = GroupKArrays<G>::carve(w, p.counts.groups);
+
+  const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate};
+  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, arr);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  if (!p.accumulate) {
+    const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
+    const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
+    zero_flagged_groups<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
+                          kZeroThreads, 0, stream>>>(arr.zero, p.dw, group_bytes);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+
+  const ParamsKey key{device, p.counts.groups, workspace, p.accumulate ? 1 : 0, 0, 1};
+  auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arr, hw), workspace,
+                                                      stream, name);
+  check_status(G::Gemm::run(params, stream), "launch", name);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+// Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.
+#define MOEKIT_SM90_GROUP_K_INSTANCE(symbol, dtype, out_dtype, config, label)               \
+  namespace {                                                                             \
+  using symbol##_gemm = ::moekit::cuda::sm90::GroupKGemm<dtype, out_dtype, config>;       \
+  size_t symbol##_ws(const GroupKProblem& p) {                                            \
+    return ::moekit::cuda::sm90::group_k_workspace_bytes<symbol##_gemm>(p);               \
+  }                                                                                       \
+  void symbol##_run(const GroupKProblem& p, void* ws, cudaStream_t s) {                   \
+    ::moekit::cuda::sm90::group_k_launch<symbol##_gemm>(p, ws, s, label);                 \
+  }                                                                                       \
+  }                                                                                       \
+  const GroupKInstance symbol{label, symbol##_ws, symbol##_run};
+
+}  // namespace moekit::cuda::sm90

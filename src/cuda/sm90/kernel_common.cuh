@@ -1,0 +1,196 @@
+// Internal: what the sm90 grouped GEMM kernels (group_m_kernel.cuh, group_k_kernel.cuh) share —
+// CUTLASS includes, tile configurations, element types, the workspace carver, the block scan the
+// setup kernels use, the per-device hardware query and the cache of initialised kernel Params.
+// Included only by the kernel headers (and through them by the instance translation units).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "cuda/check.h"
+#include "cuda/device_counts.cuh"
+#include "moekit/core/dtype.h"
+#include "moekit/core/error.h"
+
+#if !defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
+#error "the sm90 grouped GEMM needs CUDA >= 12.3 (modifiable TMA descriptors)"
+#endif
+
+namespace moekit::cuda::sm90 {
+
+// ---- tile configurations (index = GroupMProblem::config) ----
+// kLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
+// the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
+// Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
+// process (bench/results/2026-11-29-nvidia-h200-bb650c6-backends.md): fprop +2% to +13% on the six
+// large tile-study problems, dgrad +5% to +12% on four of them but -6% (qwen3_fc2, N-major B with
+// n = 1536) and -11% (mixtral skewed, k = 28672). Same compile cost per TU (~145 s of CPU).
+struct ConfigLarge {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
+struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-bandwidth bound)
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using Tile = cute::Shape<cute::_64, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+};
+
+template <DType kDType> struct CutlassElement;
+template <> struct CutlassElement<DType::BF16> { using type = cutlass::bfloat16_t; };
+template <> struct CutlassElement<DType::F16> { using type = cutlass::half_t; };
+template <> struct CutlassElement<DType::F32> { using type = float; };
+
+constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Carves the workspace: first the CUTLASS kernel's own part, then typed per-group arrays, each
+// 256-byte aligned. With a null base it only adds up the bytes (total()).
+class WorkspaceCarver {
+ public:
+  WorkspaceCarver(void* base, size_t cutlass_bytes)
+      : base_(static_cast<char*>(base)), at_(align_up(cutlass_bytes, 256)) {}
+  template <class T>
+  T* take(int64_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + at_) : nullptr;
+    at_ = align_up(at_ + sizeof(T) * static_cast<size_t>(count), 256);
+    return p;
+  }
+  size_t total() const { return at_; }
+
+ private:
+  char* base_;
+  size_t at_;
+};
+
+// ---- setup kernels: one block turns the device counts into per-group arrays ----
+constexpr int kSetupThreads = 256;
+
+// Inclusive block-wide prefix sum of one value per thread (kSetupThreads threads); `*total` gets
+// the block's sum. Every thread calls it; it may be called again right after.
+__device__ inline int64_t block_inclusive_scan(int64_t v, int64_t* warp_sums, int64_t* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int d = 1; d < 32; d *= 2) {
+    const int64_t n = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += n;
+  }
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int64_t w = lane < kSetupThreads / 32 ? warp_sums[lane] : 0;
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t n = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += n;
+    }
+    if (lane < kSetupThreads / 32) warp_sums[lane] = w;
+    if (lane == kSetupThreads / 32 - 1) *total = w;
+  }
+  __syncthreads();
+  const int64_t result = v + (warp > 0 ? warp_sums[warp - 1] : 0);
+  __syncthreads();  // warp_sums is reused by the next call
+  return result;
+}
+
+// Calls visit(g, m_g, off_g) for every group, from the threads of one block, in chunks of
+// kSetupThreads groups. Invalid counts (block_valid_rows < 0: the error word is set) visit every
+// group with m_g = 0 — so the GEMM that follows reads and writes nothing.
+template <class Visit>
+__device__ inline void for_each_group(const DeviceCounts& c, Visit visit) {
+  __shared__ int64_t warp_sums[kSetupThreads / 32];
+  __shared__ int64_t chunk_total;
+  const bool valid = block_valid_rows(c) >= 0;
+  int64_t carry = 0;
+  for (int64_t base = 0; base < c.groups; base += kSetupThreads) {
+    const int64_t g = base + threadIdx.x;
+    const int64_t m = (valid && g < c.groups) ? count_at(c, g) : 0;
+    const int64_t inclusive = block_inclusive_scan(m, warp_sums, &chunk_total);
+    if (g < c.groups) visit(g, m, carry + inclusive - m, valid);
+    carry += chunk_total;
+  }
+}
+
+// ---- host side ----
+// Per device: SM count and how many clusters of this kernel fit at once (queried once; the
+// kernel's shared-memory attribute is raised first, which the occupancy query needs).
+template <class G>
+cutlass::KernelHardwareInfo hardware_info(int device) {
+  static std::mutex mutex;
+  static std::array<cutlass::KernelHardwareInfo, 64> cache{};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= static_cast<int>(cache.size())) {
+    throw_error(ErrorKind::Unsupported, str("sm90 grouped GEMM: device index ", device, " >= 64"));
+  }
+  auto& hw = cache[static_cast<size_t>(device)];
+  if (hw.sm_count == 0) {
+    int sms = 0;
+    MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int smem = G::Kernel::SharedStorageSize;
+    MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<typename G::Kernel>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    hw.device_id = device;
+    hw.max_active_clusters =
+        cutlass::KernelHardwareInfo::query_device_max_active_clusters<typename G::Kernel>();
+    hw.sm_count = sms;
+  }
+  return hw;
+}
+
+inline void check_status(cutlass::Status s, const char* what, const char* config) {
+  if (s != cutlass::Status::kSuccess) {
+    throw_error(ErrorKind::Runtime, str("sm90 grouped GEMM (", config, "): ", what, " failed: ",
+                                        cutlassGetStatusString(s)));
+  }
+}
+
+
+// A kernel's Params depend only on the key below: everything per call — counts, data pointers —
+// reaches the kernel through the arrays the setup kernel writes into the workspace. A
+// stream-ordered allocator usually hands back the same workspace, so the Params (with their
+// host-encoded TMA descriptors) are cached: a repeated call costs the kernel launches, not a
+// CUTLASS initialize(). `variant` holds what else the Params bake in (bias or not, beta).
+struct ParamsKey {
+  int device = -1;
+  int64_t groups = 0;
+  void* workspace = nullptr;
+  int variant = 0;
+  int raster = 0, swizzle = 0;
+  bool operator==(const ParamsKey&) const = default;
+};
+
+template <class Gemm>
+typename Gemm::Params cached_params(const ParamsKey& key, const typename Gemm::Arguments& args,
+                                    void* workspace, cudaStream_t stream, const char* name) {
+  static std::mutex mutex;
+  static std::array<std::pair<ParamsKey, typename Gemm::Params>, 4> cache{};
+  static size_t next = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto hit = std::find_if(cache.begin(), cache.end(), [&](const auto& e) { return e.first == key; });
+  if (hit != cache.end()) return hit->second;
+  Gemm gemm;
+  check_status(gemm.can_implement(args), "can_implement", name);
+  // initialize() encodes the TMA descriptors and sets the kernel's shared-memory attribute; the
+  // CUTLASS part of the workspace needs no clearing for these kernels (no split-K).
+  check_status(gemm.initialize(args, workspace, stream), "initialize", name);
+  cache[next++ % cache.size()] = {key, gemm.params()};
+  return gemm.params();
+}
+
+}  // namespace moekit::cuda::sm90

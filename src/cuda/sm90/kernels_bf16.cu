@@ -1,0 +1,22 @@
+// The compiled bf16 instances of the sm90 grouped GEMMs: group-M (group_m_kernel.cuh) for both
+// B layouts (K-major: fprop, N-major: dgrad) × both tile configurations, and group-K
+// (group_k_kernel.cuh, the weight gradient) into an f32 or a bf16 dw. All six share one translation
+// unit on purpose: the headers and the CuTe machinery common to all instances cost most of a TU's
+// compile time (1 instance ≈ 100 s, 4 instances ≈ 150 s of CPU with nvcc 13.0; see bench/results).
+#include "cuda/sm90/group_k_kernel.cuh"
+#include "cuda/sm90/group_m_kernel.cuh"
+
+namespace moekit::cuda::sm90 {
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_large, DType::BF16, true, ConfigLarge,
+                             "bf16 b:k-major pingpong 128x128x64 cluster 1x2")
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_small, DType::BF16, true, ConfigSmallM,
+                             "bf16 b:k-major pingpong 64x128x64 cluster 1x1")
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_large, DType::BF16, false, ConfigLarge,
+                             "bf16 b:n-major pingpong 128x128x64 cluster 1x2")
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_small, DType::BF16, false, ConfigSmallM,
+                             "bf16 b:n-major pingpong 64x128x64 cluster 1x1")
+MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32, DType::BF16, DType::F32, ConfigLarge,
+                             "bf16 -> f32 pingpong 128x128x64 cluster 1x2")
+MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_bf16, DType::BF16, DType::BF16, ConfigLarge,
+                             "bf16 -> bf16 pingpong 128x128x64 cluster 1x2")
+}  // namespace moekit::cuda::sm90

@@ -1,0 +1,56 @@
+// tests/support/cuda_graph.h — the CUDA runtime entry points the graph-capture tests need.
+//
+// The tests are built without CUDA headers (also in CPU-only builds), so they reach the runtime
+// that libmoekit already loaded (libcudart.so, shared) through dlopen(RTLD_NOLOAD): the library's
+// own runtime instance, which capture requires. `ok` is false when that runtime is not loaded
+// (CPU-only builds): the tests then skip.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace moekit::test {
+
+struct CudaGraphApi {
+  using Stream = void*;
+  static constexpr unsigned kNonBlocking = 1;  // cudaStreamNonBlocking
+  static constexpr int kCaptureGlobal = 0;     // cudaStreamCaptureModeGlobal
+  int (*stream_create)(Stream*, unsigned) = nullptr;                // cudaStreamCreateWithFlags
+  int (*stream_destroy)(Stream) = nullptr;                          // cudaStreamDestroy
+  int (*stream_sync)(Stream) = nullptr;                             // cudaStreamSynchronize
+  int (*begin_capture)(Stream, int) = nullptr;                      // cudaStreamBeginCapture
+  int (*end_capture)(Stream, void**) = nullptr;                     // cudaStreamEndCapture
+  int (*instantiate)(void**, void*, unsigned long long) = nullptr;  // cudaGraphInstantiate
+  int (*launch)(void*, Stream) = nullptr;                           // cudaGraphLaunch
+  int (*exec_destroy)(void*) = nullptr;                             // cudaGraphExecDestroy
+  int (*graph_destroy)(void*) = nullptr;                            // cudaGraphDestroy
+  int (*get_nodes)(void*, void**, size_t*) = nullptr;               // cudaGraphGetNodes
+  bool ok = false;
+
+  CudaGraphApi() {
+    void* lib = nullptr;
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD))) break;
+    }
+    if (!lib) return;
+    auto get = [&](auto& fn, const char* sym) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, sym));
+      return fn != nullptr;
+    };
+    ok = get(stream_create, "cudaStreamCreateWithFlags") &&
+         get(stream_destroy, "cudaStreamDestroy") && get(stream_sync, "cudaStreamSynchronize") &&
+         get(begin_capture, "cudaStreamBeginCapture") &&
+         get(end_capture, "cudaStreamEndCapture") && get(instantiate, "cudaGraphInstantiate") &&
+         get(launch, "cudaGraphLaunch") && get(exec_destroy, "cudaGraphExecDestroy") &&
+         get(graph_destroy, "cudaGraphDestroy") && get(get_nodes, "cudaGraphGetNodes");
+  }
+
+  static const CudaGraphApi& get() {
+    static const CudaGraphApi api;
+    return api;
+  }
+};
+
+}  // namespace moekit::test
