@@ -256,7 +256,7 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     comps = mk.get("comparisons", [])
     comp_lines = []
     if comps:
-        comp_lines = ["", "Same computation, two paths (automatic backend, medians in turns; "
+        comp_lines = ["", "Same computation, two paths (the first backend, forced; medians in turns; "
                       "PERFORMANCE.md: both ratios should be 1.00):", "",
                       "| shape | routing | pass | comparison | first ms | second ms | ratio | outputs |",
                       "|---|---|---|---|---|---|---|---|"]

@@ -179,6 +179,47 @@ TEST(CudaSm90, RejectsWhatTmaCannotAddressAndNamesTheReason) {
   EXPECT_THAT(e->what(), ::testing::HasSubstr("dtype bf16 or f16 only, got f32"));
 }
 
+// The automatic choice declines sm90 for one measured case — uniform host splits of many small
+// groups, where cuBLAS's strided-batched GEMMs are faster — and keeps it otherwise. Observed
+// through the allocator: the sm90 entries take their workspace (and the copied host counts) from
+// it, cuBLAS's batched calls take nothing. Forcing "sm90" ignores the preference.
+TEST(CudaSm90, AutomaticChoiceLeavesUniformSmallHostSplitsToCublasBatches) {
+  MOEKIT_REQUIRE_SM90();
+  const Context automatic = Context::cuda(0);
+  const int64_t G = 16, K = 256, N = 128, T = G * 64;
+  Tensor x = to_device(automatic, test::random_normal({T, K}, DType::BF16, 61));
+  Tensor w = to_device(automatic, test::random_normal({G, N, K}, DType::BF16, 62, 0.06));
+  Tensor dy = to_device(automatic, test::random_normal({T, N}, DType::BF16, 63));
+  Tensor y = Tensor::empty({T, N}, DType::BF16, automatic);
+  Tensor dw = Tensor::empty({G, N, K}, DType::BF16, automatic);
+  std::vector<int64_t> skewed(G, 64);
+  skewed[0] = 100;
+  skewed[1] = 28;
+  struct Run {
+    const char* what;
+    Context ctx;
+    Splits splits;
+    bool sm90;  // expected to take workspace from the allocator
+  };
+  const Run runs[] = {
+      {"uniform 16 x 64 host splits, automatic", automatic, Splits::host(std::vector<int64_t>(G, 64)), false},
+      {"skewed host splits, automatic", automatic, Splits::host(skewed), true},
+      {"uniform host splits, sm90 forced", automatic.with_backend("sm90"),
+       Splits::host(std::vector<int64_t>(G, 64)), true},
+  };
+  for (const Run& r : runs) {
+    for (bool wgrad : {false, true}) {
+      SCOPED_TRACE(std::string(r.what) + (wgrad ? ", group-K" : ", group-M"));
+      r.ctx.allocator().reset_stats();
+      if (wgrad) grouped_gemm_group_k(r.ctx, dy, x, r.splits, dw, false);
+      else grouped_gemm_group_m(r.ctx, x, w, BOp::Transposed, r.splits, y);
+      r.ctx.synchronize();
+      if (r.sm90) EXPECT_GT(r.ctx.allocator().stats().bytes, 0) << "sm90 did not run";
+      else EXPECT_EQ(r.ctx.allocator().stats().bytes, 0) << "sm90 ran instead of cuBLAS";
+    }
+  }
+}
+
 // ---------------------------------------------------------------- group-K (weight gradient)
 
 struct Sm90WgradCase {

@@ -1,8 +1,11 @@
 // Internal: choosing a backend for a primitive (ARCHITECTURE.md "backends").
 //
-// Each primitive has a table of {name, rejects(args) -> "" or the reason, run(args)} entries in
-// preference order (CUDA: sm90 kernels, then cuBLAS; CPU: cblas). The first entry that accepts
-// runs. Context::with_backend(name) — or, when the context forces nothing, the environment
+// Each primitive has a table of {name, rejects(args) -> "" or the reason, run(args), declines}
+// entries in preference order (CUDA: sm90 kernels, then cuBLAS; CPU: cblas). The first entry that
+// accepts runs — unless it declines: declines(args) (optional) names a measured case where a later
+// entry is faster; the automatic choice then takes the next accepting entry (and comes back to
+// the declining one only when none accepts). rejects() is what an entry cannot do, declines() what
+// it should not do: forcing an entry ignores declines(). Context::with_backend(name) — or, when the context forces nothing, the environment
 // variable MOEKIT_BACKEND — forces the entry of that name in every table that has one (tables
 // without it choose as usual); a forced entry that rejects the call is an error with its reason.
 // When nothing accepts, the Unsupported error lists every entry's reason. A forced name that no
@@ -29,6 +32,7 @@ struct Backend {
   std::string_view name;
   std::string (*rejects)(const Args&);  // "" when the backend accepts the call
   void (*run)(const Args&);
+  std::string (*declines)(const Args&) = nullptr;  // "" (or null): no faster entry is known
 };
 
 inline std::string_view forced_backend_name(const Context& ctx) {
@@ -83,11 +87,18 @@ void dispatch(std::string_view primitive, std::span<const Backend<Args>> table, 
     }
   }
   std::string reasons;
+  const Backend<Args>* declined = nullptr;
   for (const auto& b : table) {
     const std::string reason = b.rejects(args);
-    if (reason.empty()) return b.run(args);
-    reasons += str("\n  ", b.name, ": ", reason);
+    if (!reason.empty()) {
+      reasons += str("\n  ", b.name, ": ", reason);
+    } else if (b.declines && !b.declines(args).empty()) {
+      if (!declined) declined = &b;
+    } else {
+      return b.run(args);
+    }
   }
+  if (declined) return declined->run(args);
   throw_error(ErrorKind::Unsupported, str(primitive, ": no backend accepts this call:", reasons));
 }
 

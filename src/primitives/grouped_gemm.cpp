@@ -25,7 +25,7 @@ void check_compute_dtype(std::string_view argument, DType t) {
 
 constexpr Backend<detail::GroupMArgs> kGroupM[] = {
 #ifdef MOEKIT_HAS_SM90
-    {"sm90", cuda::sm90_group_m_rejects, cuda::sm90_group_m_run},
+    {"sm90", cuda::sm90_group_m_rejects, cuda::sm90_group_m_run, cuda::sm90_group_m_declines},
 #endif
 #ifdef MOEKIT_HAS_CUDA
     {"cublas", cuda::group_m_rejects, cuda::group_m_run},
@@ -34,7 +34,7 @@ constexpr Backend<detail::GroupMArgs> kGroupM[] = {
 };
 constexpr Backend<detail::GroupKArgs> kGroupK[] = {
 #ifdef MOEKIT_HAS_SM90
-    {"sm90", cuda::sm90_group_k_rejects, cuda::sm90_group_k_run},
+    {"sm90", cuda::sm90_group_k_rejects, cuda::sm90_group_k_run, cuda::sm90_group_k_declines},
 #endif
 #ifdef MOEKIT_HAS_CUDA
     {"cublas", cuda::group_k_rejects, cuda::group_k_run},

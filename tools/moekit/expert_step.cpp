@@ -278,6 +278,10 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
                  "] -> SwiGLU*probs -> fc2 W2 [", E, ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
   r.splits_kind = str("device counts (i64 tensor on ", r.device, ")");
   r.experts = E;
+  r.hidden = H;
+  r.ffn = F;
+  r.fused = s.cfg.fuse;
+  r.counts = s.counts;
   r.tokens = s.cfg.tokens;
   r.tail = s.cfg.tail;
   r.min_rows = *std::min_element(s.counts.begin(), s.counts.end());
@@ -336,7 +340,11 @@ std::string StepReport::json() const {
     << ", \"step_ms\": " << step_ms << ", \"gflop_per_step\": " << gflop
     << ", \"gflops\": " << gflop / (step_ms / 1e3)
     << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
-    << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false");
+    << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false")
+    << ", \"hidden\": " << hidden << ", \"ffn\": " << ffn
+    << ", \"fused\": " << (fused ? "true" : "false") << ", \"counts\": [";
+  for (size_t g = 0; g < counts.size(); ++g) o << (g ? ", " : "") << counts[g];
+  o << "]";
   if (checked) {
     o << ", \"check\": {\"passed\": " << (check.passed ? "true" : "false")
       << ", \"max_error\": " << check.max_error << ", \"worst\": \"" << check.worst

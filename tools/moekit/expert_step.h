@@ -30,6 +30,9 @@ struct CheckResult {
 struct StepReport {
   std::string layer, preset, routing, device, dtype, shapes, splits_kind;
   int64_t experts = 0, tokens = 0, tail = 0, min_rows = 0, max_rows = 0, empty_experts = 0;
+  int64_t hidden = 0, ffn = 0;
+  bool fused = true;
+  std::vector<int64_t> counts;  // rows per expert (bench/mlp_peer.py replays them in torch)
   double step_ms = 0, gflop = 0;
   bool output_aliased = false, grad_input_aliased = false, checked = false;
   CheckResult check;

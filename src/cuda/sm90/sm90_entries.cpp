@@ -4,6 +4,7 @@
 #include "cuda/sm90/sm90_entries.h"
 
 #include <cstdint>
+#include <vector>
 
 #include "cuda/resources.h"
 #include "cuda/sm90/grouped_gemm_sm90.h"
@@ -66,7 +67,34 @@ void run_with_workspace(const Context& ctx, const Problem& p, cudaStream_t strea
   sm90::run(p, bytes > 0 ? workspace.data() : nullptr, stream);
 }
 
+// The automatic choice's one measured exception (backend_table.h, declines): many equal small
+// groups given as host splits run faster as cuBLAS strided-batched GEMMs (one call per size, no
+// host sync needed since the counts are on the host). small_E64 uniform, 64 groups of 64 rows
+// (bench/results/2026-11-29-nvidia-h200-197a15b-gpu-check.md): cuBLAS 193.9 vs sm90 181.7 TFLOP/s
+// fprop, 207.9 vs 186.7 dgrad, 174.6 vs 83.7 wgrad (the sm90 group-K kernel is epilogue-bound
+// when each output tile has one K tile). Skewed splits of the same shape go the other way
+// (sm90 1.2x, 2.3x), as do device splits (cuBLAS would synchronise), so only this case declines.
+std::string declines_for_cublas_batches(const Splits& splits, int64_t groups, int64_t rows) {
+  constexpr int64_t kMinGroups = 8, kSmallGroupRows = 128;
+  if (!splits.on_host() || groups < kMinGroups) return "";
+  const std::vector<int64_t>& counts = splits.host_counts();
+  const int64_t m = counts.front();
+  if (m <= 0 || m >= kSmallGroupRows || m * groups > rows) return "";
+  for (int64_t c : counts) {
+    if (c != m) return "";
+  }
+  return str(groups, " groups of ", m, " rows each, host splits: cuBLAS strided-batched is faster");
+}
+
 }  // namespace
+
+std::string sm90_group_m_declines(const detail::GroupMArgs& args) {
+  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+}
+
+std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
+  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+}
 
 std::string sm90_group_m_rejects(const detail::GroupMArgs& args) {
   std::string reason = reject_unless_cuda(args.ctx);

@@ -18,5 +18,8 @@ std::string sm90_group_m_rejects(const detail::GroupMArgs& args);
 void sm90_group_m_run(const detail::GroupMArgs& args);
 std::string sm90_group_k_rejects(const detail::GroupKArgs& args);
 void sm90_group_k_run(const detail::GroupKArgs& args);
+// Automatic choice only: uniform host splits of small groups go to cuBLAS's batched GEMMs.
+std::string sm90_group_m_declines(const detail::GroupMArgs& args);
+std::string sm90_group_k_declines(const detail::GroupKArgs& args);
 
 }  // namespace moekit::cuda

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""bench/mlp_peer.py — the grouped MLP (fc1 -> SwiGLU * probs -> fc2, forward + backward) built from
+torch ops, timed on exactly the problems `moekit run --json` ran, side by side with moekit's fused
+and unfused Sequential (PERFORMANCE.md: fused >= 1.25x this torch MLP and >= 1.15x unfused).
+
+    moekit run --preset qwen3 --routing skewed --steps 10 --json > fused.json
+    moekit run --preset qwen3 --routing skewed --steps 10 --json --no-fuse > unfused.json
+    python3 bench/mlp_peer.py fused.json unfused.json [more.json ...] [--steps 10] [--out t.md]
+
+The torch MLP: x [S, H] (the S routed rows), W1 [E, 2F, H], W2 [E, H, F] bf16, probs [S] f32,
+    h = torch._grouped_mm(x, W1^T, offs); z = silu(h[:, :F]) * h[:, F:] * probs[:, None]
+    y = torch._grouped_mm(z, W2^T, offs);  dx, dW1, dW2, dprobs = autograd.grad(y, ..., dy)
+(bf16 gradients, like moekit run's dW; moekit also writes y and dx into caller buffers and leaves
+the capacity tail alone). Both sides are timed the same way: host wall clock around one
+forward + backward followed by a device synchronisation, median of --steps after warm-up.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def torch_mlp_ms(torch, H, F, counts, steps, warmup=3, seed=0):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(seed)
+    E, S = len(counts), sum(counts)
+    bf16 = torch.bfloat16
+    x = torch.randn(S, H, device=dev, dtype=bf16, generator=g).requires_grad_()
+    w1 = (torch.randn(E, 2 * F, H, device=dev, dtype=bf16, generator=g) / H ** 0.5).requires_grad_()
+    w2 = (torch.randn(E, H, F, device=dev, dtype=bf16, generator=g) / F ** 0.5).requires_grad_()
+    probs = torch.rand(S, device=dev, dtype=torch.float32, generator=g).add_(0.1).requires_grad_()
+    dy = torch.randn(S, H, device=dev, dtype=bf16, generator=g)
+    offs = torch.tensor(counts, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    def step():
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        z = torch.nn.functional.silu(h[:, :F]) * h[:, F:] * probs[:, None].to(bf16)
+        y = torch._grouped_mm(z, w2.transpose(-2, -1), offs=offs)
+        return torch.autograd.grad(y, (x, w1, w2, probs), dy)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="`moekit run --json` outputs (fused and --no-fuse)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", help="also write the table (markdown) here")
+    args = ap.parse_args()
+    import torch
+
+    runs = []
+    for path in args.runs:
+        with open(path) as f:
+            text = f.read().strip().splitlines()
+        runs.append(json.loads(text[-1]))  # the JSON line is the last one
+    # One torch measurement per distinct problem (preset, routing, counts).
+    problems = {}
+    for r in runs:
+        key = (r["preset"], r["routing"], tuple(r["counts"]))
+        problems.setdefault(key, {"run": r})[("fused" if r["fused"] else "unfused")] = r
+    lines = [
+        f"# grouped MLP forward + backward: moekit vs torch ops — {torch.cuda.get_device_name()}",
+        "",
+        f"torch {torch.__version__}; host wall clock per step with a device sync, median of "
+        f"{args.steps} steps (moekit: `moekit run --steps`); bf16; GFLOP = 18·S·H·F per step.",
+        "",
+        "| preset | routing | E | S | H | F | moekit fused ms | moekit unfused ms | torch ms | "
+        "fused TFLOP/s | fused/torch | fused/unfused |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (preset, routing, counts), p in problems.items():
+        r = p["run"]
+        H, F = r["hidden"], r["ffn"]
+        t_ms = torch_mlp_ms(torch, H, F, list(counts), args.steps)
+        fused = p.get("fused", {}).get("step_ms")
+        unfused = p.get("unfused", {}).get("step_ms")
+        gflop = r["gflop_per_step"]
+
+        def f(v, fmt="{:.3f}"):
+            return fmt.format(v) if v else "-"
+
+        lines.append(
+            f"| {preset} | {routing} | {len(counts)} | {sum(counts)} | {H} | {F} | {f(fused)} | "
+            f"{f(unfused)} | {t_ms:.3f} | {f(fused and gflop / fused, '{:.1f}')} | "
+            f"{f(fused and t_ms / fused, '{:.2f}')} | {f(fused and unfused and unfused / fused, '{:.2f}')} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fo:
+            fo.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
