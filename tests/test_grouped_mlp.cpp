@@ -65,6 +65,47 @@ TEST_P(SwiGLUPrimitive, ForwardMatchesFp64ForBothLayoutsWithAndWithoutProbs) {
   }
 }
 
+// Widths and views whose rows are not 16-byte aligned (F = 13; and F = 12, aligned for f32 only,
+// whose rows sit at an odd-row offset of a larger buffer): the GPU kernels must fall back from
+// 16-byte packs to single elements and still match the fp64 reference, tails untouched.
+TEST_P(SwiGLUPrimitive, UnalignedWidthsAndViewsMatchFp64) {
+  const std::vector<int64_t> counts = {5, 0, 4};
+  const int64_t S = sum(counts), T = S + 3;
+  const Splits splits = Splits::host(counts);
+  const Tensor probs_h = make_mlp_data({.T = T}).probs;
+  for (int64_t F : {13, 12}) {
+    for (DType dt : kDtypes) {
+      SCOPED_TRACE(str(name(dt), " F = ", F));
+      const Tensor h_h = random_normal({T, 2 * F}, dt, 31, 2.0);
+      const Tensor dz_h = random_normal({T, F}, dt, 32);
+      // Views starting one row into a larger buffer: base addresses 2F or F elements in.
+      const Tensor h_buf = filled(ctx_, {T + 1, 2 * F}, dt, kSentinel);
+      const Tensor dz_buf = filled(ctx_, {T + 1, F}, dt, kSentinel);
+      const Tensor h = h_buf.rows(1, T + 1), dz = dz_buf.rows(1, T + 1);
+      copy(ctx_, h_h, h);
+      copy(ctx_, dz_h, dz);
+      const Tensor probs = to_device(ctx_, probs_h);
+      const Tensor z_buf = filled(ctx_, {T + 1, F}, dt, kSentinel);
+      const Tensor dh_buf = filled(ctx_, {T + 1, 2 * F}, dt, kSentinel);
+      const Tensor dprobs = filled(ctx_, {T}, DType::F32, kSentinel);
+      swiglu_forward(ctx_, h, probs, splits, GluLayout::Halves, z_buf.rows(1, T + 1));
+      swiglu_backward(ctx_, h, probs, dz, splits, GluLayout::Halves, dh_buf.rows(1, T + 1), dprobs,
+                      false);
+      const std::vector<double> hd = to_doubles(host(), h_h), pd = to_doubles(host(), probs_h);
+      EXPECT_TRUE(matches_expected("z", to_doubles(ctx_, z_buf.rows(1, T + 1)),
+                                   swiglu_forward_ref(hd, pd, S, F, GluLayout::Halves, dt)));
+      const SwigluGradExpected want =
+          swiglu_backward_ref(hd, pd, to_doubles(host(), dz_h), S, F, GluLayout::Halves, dt);
+      EXPECT_TRUE(matches_expected("dh", to_doubles(ctx_, dh_buf.rows(1, T + 1)), want.dh));
+      EXPECT_TRUE(matches_expected("dprobs", to_doubles(ctx_, dprobs), want.dprobs));
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z_buf), 0, 1, F, dt)) << "row before the view";
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z_buf), 1 + S, T + 1, F, dt)) << "z tail";
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dh_buf), 1 + S, T + 1, 2 * F, dt)) << "dh tail";
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dprobs), S, T, 1, DType::F32)) << "dprobs tail";
+    }
+  }
+}
+
 TEST_P(SwiGLUPrimitive, BackwardMatchesFp64WithProbsGradWrittenOrAccumulated) {
   const std::vector<int64_t> counts = {3, 6, 0};
   const int64_t S = sum(counts), T = S + 3, F = 32;

@@ -5,8 +5,9 @@
 //   forward   z[t, j]  = p_t · silu(a)·b
 //   backward  dh[t, gate(j)] = p_t·dz·b·silu'(a),  dh[t, lin(j)] = p_t·dz·silu(a),
 //             dp_t = Σ_j dz·silu(a)·b   (written or added to dprobs)
-// Work split: one block per row at a time (grid-stride over rows), threads over j; dp_t is a
-// fixed-order block sum, so results are bit-reproducible run to run. The elementwise products
+// Work split: one block per row at a time (grid-stride over rows), threads over j in packs of
+// 16 bytes (8 bf16/f16 or 4 f32 columns; scalars for unaligned views); dp_t is a fixed-order
+// block sum, so results are bit-reproducible run to run. The elementwise products
 // are rounded one by one in the CPU oracle's order (no FMA contraction), so they differ from
 // src/cpu/cpu_activation.cpp only through expf. Rows [S, T) are never touched.
 //
@@ -16,6 +17,9 @@
 // counts (O(G / 256) loads per thread, from L2 after the first block) and, when they are
 // invalid, writes nothing; the launch reports the reason once in the context's error word.
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "cuda/check.h"
 #include "cuda/cuda_activation.h"
@@ -28,6 +32,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // 8 · 256 = 2048 threads: one wave of blocks fills an SM
+static_assert(kGluInterleaveBlock % 8 == 0, "a 16-byte pack never straddles an interleave block");
 
 __device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
   return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
@@ -38,8 +43,26 @@ __device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleave
 }
 __device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
+// V consecutive elements, loaded and stored as one access (16 bytes when V = 16 / sizeof(T)).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <class T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <class T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p) = x;
+}
+
+// Each thread takes V consecutive columns j..j+V-1 at a time (j a multiple of V): their gate and
+// linear parts are V consecutive elements too, in both layouts (V divides the interleave block of
+// 32), so every access is one V-wide load or store. V = 1 is the scalar path for views whose
+// rows are not 16-byte aligned (launch_swiglu picks V).
 // h: [T, 2F] stride ldh; z: [T, F] stride ldz; probs: [T] or nullptr.
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
                           DeviceCounts counts, int64_t F, bool interleaved, T* __restrict__ z,
@@ -49,17 +72,23 @@ __global__ void __launch_bounds__(kThreads)
     const T* hr = h + t * ldh;
     T* zr = z + t * ldz;
     const float p = probs ? probs[t] : 1.0f;
-    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
-      const float a = to_float(hr[gate_col(j, interleaved)]);
-      const float b = to_float(hr[lin_col(j, F, interleaved)]);
-      const float act = __fmul_rn(__fmul_rn(a, sigmoid(a)), b);
-      zr[j] = from_float<T>(__fmul_rn(p, act));
+    for (int64_t j = int64_t{threadIdx.x} * V; j < F; j += int64_t{blockDim.x} * V) {
+      const Pack<T, V> ga = load_pack<T, V>(hr + gate_col(j, interleaved));
+      const Pack<T, V> lb = load_pack<T, V>(hr + lin_col(j, F, interleaved));
+      Pack<T, V> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float a = to_float(ga.v[e]), b = to_float(lb.v[e]);
+        const float act = __fmul_rn(__fmul_rn(a, sigmoid(a)), b);
+        out.v[e] = from_float<T>(__fmul_rn(p, act));
+      }
+      store_pack<T, V>(zr + j, out);
     }
   }
 }
 
 // dz: [T, F] stride ldz; dh: [T, 2F] stride ldd; dprobs: [T] or nullptr.
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const T* __restrict__ h, int64_t ldh, const float* __restrict__ probs,
                            const T* __restrict__ dz, int64_t ldz, DeviceCounts counts, int64_t F,
@@ -73,16 +102,24 @@ __global__ void __launch_bounds__(kThreads)
     T* dhr = dh + t * ldd;
     const float p = probs ? probs[t] : 1.0f;
     float dp = 0.0f;
-    for (int64_t j = threadIdx.x; j < F; j += blockDim.x) {
+    for (int64_t j = int64_t{threadIdx.x} * V; j < F; j += int64_t{blockDim.x} * V) {
       const int64_t ia = gate_col(j, interleaved), ib = lin_col(j, F, interleaved);
-      const float a = to_float(hr[ia]), b = to_float(hr[ib]), g = to_float(dzr[j]);
-      const float sig = sigmoid(a);
-      const float silu = __fmul_rn(a, sig);
-      const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
-      const float pdz = __fmul_rn(p, g);
-      dhr[ia] = from_float<T>(__fmul_rn(__fmul_rn(pdz, b), dsilu));
-      dhr[ib] = from_float<T>(__fmul_rn(pdz, silu));
-      dp = __fadd_rn(dp, __fmul_rn(g, __fmul_rn(silu, b)));
+      const Pack<T, V> ga = load_pack<T, V>(hr + ia), lb = load_pack<T, V>(hr + ib);
+      const Pack<T, V> gz = load_pack<T, V>(dzr + j);
+      Pack<T, V> da, db;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float a = to_float(ga.v[e]), b = to_float(lb.v[e]), g = to_float(gz.v[e]);
+        const float sig = sigmoid(a);
+        const float silu = __fmul_rn(a, sig);
+        const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
+        const float pdz = __fmul_rn(p, g);
+        da.v[e] = from_float<T>(__fmul_rn(__fmul_rn(pdz, b), dsilu));
+        db.v[e] = from_float<T>(__fmul_rn(pdz, silu));
+        dp = __fadd_rn(dp, __fmul_rn(g, __fmul_rn(silu, b)));
+      }
+      store_pack<T, V>(dhr + ia, da);
+      store_pack<T, V>(dhr + ib, db);
     }
     if (dprobs) {  // uniform across the block: every thread takes part in the sum
       const float sum = block_sum(dp, scratch);
@@ -98,13 +135,30 @@ unsigned row_grid(int64_t rows, int sm_count) {
       std::clamp<int64_t>(rows, 1, int64_t{sm_count > 0 ? sm_count : 132} * kBlocksPerSm));
 }
 
+// The widest V whose accesses stay aligned: 16-byte packs when F, the row strides and the base
+// pointers allow it (they do for dense tensors with F a multiple of 8), else scalars.
+template <class T>
+bool packs_aligned(int64_t F, std::initializer_list<std::pair<const void*, int64_t>> rows) {
+  constexpr int64_t V = 16 / sizeof(T);
+  if (F % V != 0) return false;
+  for (const auto& [ptr, ld] : rows) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || ld % V != 0) return false;
+  }
+  return true;
+}
+
 template <class T>
 void forward_typed(const detail::SwigluForwardArgs& a, const DeviceCounts& counts,
                    const CudaResources& res) {
-  swiglu_forward_kernel<T><<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
-      static_cast<const T*>(a.h.data()), a.h.strides()[0],
-      a.probs.defined() ? a.probs.data_as<const float>() : nullptr, counts, a.f,
-      a.layout == GluLayout::Interleaved32, static_cast<T*>(a.z.data()), a.z.strides()[0]);
+  const T* h = static_cast<const T*>(a.h.data());
+  T* z = static_cast<T*>(a.z.data());
+  const float* probs = a.probs.defined() ? a.probs.data_as<const float>() : nullptr;
+  const bool interleaved = a.layout == GluLayout::Interleaved32;
+  const auto kernel = packs_aligned<T>(a.f, {{h, a.h.strides()[0]}, {z, a.z.strides()[0]}})
+                          ? swiglu_forward_kernel<T, 16 / sizeof(T)>
+                          : swiglu_forward_kernel<T, 1>;
+  kernel<<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
+      h, a.h.strides()[0], probs, counts, a.f, interleaved, z, a.z.strides()[0]);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -116,12 +170,18 @@ void backward_typed(const detail::SwigluBackwardArgs& a, const DeviceCounts& cou
   float* dprobs = a.dprobs.defined() && !(a.f == 0 && a.accumulate_dprobs)
                       ? a.dprobs.data_as<float>()
                       : nullptr;
-  swiglu_backward_kernel<T><<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
-      static_cast<const T*>(a.h.data()), a.h.strides()[0],
-      a.probs.defined() ? a.probs.data_as<const float>() : nullptr,
-      static_cast<const T*>(a.dz.data()), a.dz.strides()[0], counts, a.f,
-      a.layout == GluLayout::Interleaved32, static_cast<T*>(a.dh.data()), a.dh.strides()[0],
-      dprobs, a.accumulate_dprobs);
+  const T* h = static_cast<const T*>(a.h.data());
+  const T* dz = static_cast<const T*>(a.dz.data());
+  T* dh = static_cast<T*>(a.dh.data());
+  const float* probs = a.probs.defined() ? a.probs.data_as<const float>() : nullptr;
+  const bool interleaved = a.layout == GluLayout::Interleaved32;
+  const auto kernel =
+      packs_aligned<T>(a.f, {{h, a.h.strides()[0]}, {dz, a.dz.strides()[0]}, {dh, a.dh.strides()[0]}})
+          ? swiglu_backward_kernel<T, 16 / sizeof(T)>
+          : swiglu_backward_kernel<T, 1>;
+  kernel<<<row_grid(a.rows, res.sm_count), kThreads, 0, res.stream>>>(
+      h, a.h.strides()[0], probs, dz, a.dz.strides()[0], counts, a.f, interleaved, dh,
+      a.dh.strides()[0], dprobs, a.accumulate_dprobs);
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
