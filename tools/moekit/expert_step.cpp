@@ -307,7 +307,9 @@ std::string StepReport::table() const {
     << max_rows << " per expert, " << empty_experts << " experts empty), capacity tail " << tail
     << " rows\n";
   o << "  splits      " << splits_kind << "\n";
-  std::snprintf(buf, sizeof buf, "  step        %.3f ms forward + backward (median)\n", step_ms);
+  std::snprintf(buf, sizeof buf,
+                "  step        %.3f ms forward + backward (median; host enqueue %.3f ms)\n",
+                step_ms, enqueue_ms);
   o << buf;
   const double rate = gflop / (step_ms / 1e3);  // GFLOP/s
   std::snprintf(buf, sizeof buf, "  throughput  %.1f %s (%.2f GFLOP per step)\n",
@@ -337,7 +339,8 @@ std::string StepReport::json() const {
     << "\", \"dtype\": \"" << dtype << "\", \"experts\": " << experts << ", \"tokens\": " << tokens
     << ", \"tail\": " << tail << ", \"routing\": \"" << routing << "\", \"min_rows\": " << min_rows
     << ", \"max_rows\": " << max_rows << ", \"empty_experts\": " << empty_experts
-    << ", \"step_ms\": " << step_ms << ", \"gflop_per_step\": " << gflop
+    << ", \"step_ms\": " << step_ms << ", \"enqueue_ms\": " << enqueue_ms
+    << ", \"gflop_per_step\": " << gflop
     << ", \"gflops\": " << gflop / (step_ms / 1e3)
     << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
     << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false")

@@ -34,6 +34,7 @@ struct StepReport {
   bool fused = true;
   std::vector<int64_t> counts;  // rows per expert (bench/mlp_peer.py replays them in torch)
   double step_ms = 0, gflop = 0;
+  double enqueue_ms = 0;  // host time to queue one step's work (median)
   bool output_aliased = false, grad_input_aliased = false, checked = false;
   CheckResult check;
   std::string table() const;
