@@ -1,0 +1,84 @@
+// test_backend_table — the automatic choice among a primitive's backends (src/primitives/
+// backend_table.h) on a table of fake entries: the first entry that accepts runs, an entry that
+// declines gives way to a later accepting one (and runs when none accepts), forcing an entry
+// runs it even when it would decline, and the errors name every reason. Internal header: this
+// suite includes src/ (the one test that does), because the real tables' choices depend on the
+// machine (a GPU, an sm_90 one) while these rules must hold everywhere.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+#include "primitives/backend_table.h"
+#include "support/test_util.h"
+
+namespace moekit {
+namespace {
+
+using ::testing::HasSubstr;
+using test::caught;
+
+// What each fake entry does is read from the call's arguments; the entries append their name to
+// `ran` when they run.
+struct FakeArgs {
+  bool a_rejects = false, a_declines = false, b_rejects = false;
+  std::vector<std::string>* ran = nullptr;
+};
+
+std::string a_rejects(const FakeArgs& x) { return x.a_rejects ? "a cannot" : ""; }
+std::string a_declines(const FakeArgs& x) { return x.a_declines ? "b is faster here" : ""; }
+void a_run(const FakeArgs& x) { x.ran->push_back("fake_a"); }
+std::string b_rejects(const FakeArgs& x) { return x.b_rejects ? "b cannot" : ""; }
+void b_run(const FakeArgs& x) { x.ran->push_back("fake_b"); }
+
+constexpr detail::Backend<FakeArgs> kTable[] = {
+    {"fake_a", a_rejects, a_run, a_declines},
+    {"fake_b", b_rejects, b_run},
+};
+const detail::RegisterBackendNames kRegister(kTable);
+
+std::vector<std::string> choose(const Context& ctx, FakeArgs args) {
+  std::vector<std::string> ran;
+  args.ran = &ran;
+  detail::dispatch<FakeArgs>("fake", kTable, ctx, args);
+  return ran;
+}
+
+const std::vector<std::string> kA{"fake_a"}, kB{"fake_b"};
+
+TEST(BackendTable, FirstAcceptingEntryRuns) {
+  const Context ctx = Context::cpu();
+  EXPECT_EQ(choose(ctx, {}), kA);
+  EXPECT_EQ(choose(ctx, {.a_rejects = true}), kB);
+}
+
+TEST(BackendTable, DecliningEntryGivesWayToALaterAcceptingOne) {
+  const Context ctx = Context::cpu();
+  EXPECT_EQ(choose(ctx, {.a_declines = true}), kB);
+  // Nothing later accepts: the declining entry runs after all (it can).
+  EXPECT_EQ(choose(ctx, {.a_declines = true, .b_rejects = true}), kA);
+}
+
+TEST(BackendTable, ForcedEntryRunsEvenWhereItWouldDecline) {
+  EXPECT_EQ(choose(Context::cpu().with_backend("fake_a"), {.a_declines = true}), kA);
+  EXPECT_EQ(choose(Context::cpu().with_backend("fake_b"), {}), kB);
+}
+
+TEST(BackendTable, ErrorsNameTheReasons) {
+  auto e = caught([] { choose(Context::cpu(), {.a_rejects = true, .b_rejects = true}); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("fake: no backend accepts this call"));
+  EXPECT_THAT(e->what(), HasSubstr("fake_a: a cannot"));
+  EXPECT_THAT(e->what(), HasSubstr("fake_b: b cannot"));
+
+  e = caught([] { choose(Context::cpu().with_backend("fake_a"), {.a_rejects = true}); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("forced backend 'fake_a' cannot run this call: a cannot"));
+}
+
+}  // namespace
+}  // namespace moekit
