@@ -57,7 +57,14 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args()
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("mlp_peer.py: torch is not installed here; the torch peer needs the GPU machine")
+        return 2
+    if not torch.cuda.is_available():
+        print("mlp_peer.py: torch sees no CUDA device; the torch peer needs the GPU machine")
+        return 2
 
     runs = []
     for path in args.runs:
