@@ -71,10 +71,14 @@ def main():
         with open(path) as f:
             text = f.read().strip().splitlines()
         runs.append(json.loads(text[-1]))  # the JSON line is the last one
-    # One torch measurement per distinct problem (preset, routing, counts).
-    problems = {}
+    # One torch measurement per distinct problem (preset, routing, counts). Runs with host splits
+    # or internal buffers are the "two paths" comparisons against the default fused run.
+    problems, variants = {}, []
     for r in runs:
         key = (r["preset"], r["routing"], tuple(r["counts"]))
+        if r.get("host_splits") or not r.get("caller_buffers", True):
+            variants.append((key, r))
+            continue
         problems.setdefault(key, {"run": r})[("fused" if r["fused"] else "unfused")] = r
     lines = [
         f"# grouped MLP forward + backward: moekit vs torch ops — {torch.cuda.get_device_name()}",
@@ -101,6 +105,17 @@ def main():
             f"| {preset} | {routing} | {len(counts)} | {sum(counts)} | {H} | {F} | {f(fused)} | "
             f"{f(unfused)} | {t_ms:.3f} | {f(fused and gflop / fused, '{:.1f}')} | "
             f"{f(fused and t_ms / fused, '{:.2f}')} | {f(fused and unfused and unfused / fused, '{:.2f}')} |")
+    if variants:
+        lines += ["", "Same MLP step, two paths (PERFORMANCE.md: both ratios should be 1.00):", "",
+                  "| preset | routing | comparison | default fused ms | other ms | default / other |",
+                  "|---|---|---|---|---|---|"]
+        for key, r in variants:
+            base = problems.get(key, {}).get("fused")
+            what = ("device splits / host splits" if r.get("host_splits") else
+                    "caller buffers / internal allocation")
+            if base:
+                lines.append(f"| {key[0]} | {key[1]} | {what} | {base['step_ms']:.3f} | "
+                             f"{r['step_ms']:.3f} | {base['step_ms'] / r['step_ms']:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -126,7 +126,7 @@ ExpertStep::ExpertStep(const StepConfig& cfg, const Context& ctx)
   // Device counts: the form an expert-parallel dispatch produces (no host round trip needed).
   std::vector<int64_t> c64 = s.counts;
   s.counts_d = to_device(ctx, Tensor::wrap(c64.data(), {E}, DType::I64, Device::cpu()));
-  s.splits = Splits::device(s.counts_d);
+  s.splits = cfg.host_splits ? Splits::host(s.counts) : Splits::device(s.counts_d);
   s.out_buf = Tensor::empty({s.rows, H}, cfg.dtype, ctx);
   s.dgrad_buf = Tensor::empty({s.rows, H}, cfg.dtype, ctx);
   fill(ctx, s.out_buf, kSentinel);
@@ -138,8 +138,10 @@ ExpertStep::~ExpertStep() = default;
 void ExpertStep::run_once() {
   State& s = *s_;
   OpArgs args;
-  args[s.fc2].output = s.out_buf;        // by handle: the combine's input buffer
-  args[s.fc1].grad_input = s.dgrad_buf;  // the dispatch-backward's input buffer
+  if (s.cfg.caller_buffers) {
+    args[s.fc2].output = s.out_buf;        // by handle: the combine's input buffer
+    args[s.fc1].grad_input = s.dgrad_buf;  // the dispatch-backward's input buffer
+  }
   auto [y, tape] = s.mlp->forward(s.x_d, {.splits = s.splits, .probs = s.probs_d}, args);
   SequentialGrads g = s.mlp->backward(tape, s.dy_d);
   s.y = y;
@@ -244,9 +246,11 @@ CheckResult ExpertStep::check() const {
   r.rows_checked = static_cast<int>(rows_to_check.size());
   r.grad_entries_checked = 16;
 
-  // Caller buffers' capacity tails must still hold the sentinel.
+  // Caller buffers' capacity tails must still hold the sentinel (internally allocated outputs
+  // and dprobs have unspecified tails: SPEC §3).
   r.tails_intact = true;
-  for (const std::vector<double>* buf : {&y, &dx}) {  // dprobs is internal: its tail is unspecified
+  for (const std::vector<double>* buf : {&y, &dx}) {
+    if (!s.cfg.caller_buffers) break;
     for (size_t i = static_cast<size_t>(S * H); i < buf->size(); ++i) r.tails_intact &= (*buf)[i] == kSentinel;
   }
   // Tolerance: a few units of the storage dtype's rounding (inputs, the stored intermediate and
@@ -276,7 +280,10 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
   const int64_t H = s.cfg.hidden, F = s.cfg.ffn, E = s.cfg.experts;
   r.shapes = str("x [", s.rows, ", ", H, "] -> fc1 W1 [", E, ", ", 2 * F, ", ", H,
                  "] -> SwiGLU*probs -> fc2 W2 [", E, ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
-  r.splits_kind = str("device counts (i64 tensor on ", r.device, ")");
+  r.splits_kind = s.cfg.host_splits ? std::string("host counts (std::vector, --host-splits)")
+                                     : str("device counts (i64 tensor on ", r.device, ")");
+  r.host_splits = s.cfg.host_splits;
+  r.caller_buffers = s.cfg.caller_buffers;
   r.experts = E;
   r.hidden = H;
   r.ffn = F;
@@ -315,9 +322,13 @@ std::string StepReport::table() const {
   std::snprintf(buf, sizeof buf, "  throughput  %.1f %s (%.2f GFLOP per step)\n",
                 rate >= 1e3 ? rate / 1e3 : rate, rate >= 1e3 ? "TFLOP/s" : "GFLOP/s", gflop);
   o << buf;
-  o << "  buffers     output aliased: " << (output_aliased ? "yes" : "NO")
-    << ", grad_input aliased: " << (grad_input_aliased ? "yes" : "NO");
-  if (checked) o << ", tails intact: " << (check.tails_intact ? "yes" : "NO");
+  if (caller_buffers) {
+    o << "  buffers     output aliased: " << (output_aliased ? "yes" : "NO")
+      << ", grad_input aliased: " << (grad_input_aliased ? "yes" : "NO");
+    if (checked) o << ", tails intact: " << (check.tails_intact ? "yes" : "NO");
+  } else {
+    o << "  buffers     y and dx allocated by the ops (--internal-buffers)";
+  }
   o << "\n";
   if (checked) {
     std::snprintf(buf, sizeof buf,
@@ -345,7 +356,9 @@ std::string StepReport::json() const {
     << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
     << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false")
     << ", \"hidden\": " << hidden << ", \"ffn\": " << ffn
-    << ", \"fused\": " << (fused ? "true" : "false") << ", \"counts\": [";
+    << ", \"fused\": " << (fused ? "true" : "false")
+    << ", \"host_splits\": " << (host_splits ? "true" : "false")
+    << ", \"caller_buffers\": " << (caller_buffers ? "true" : "false") << ", \"counts\": [";
   for (size_t g = 0; g < counts.size(); ++g) o << (g ? ", " : "") << counts[g];
   o << "]";
   if (checked) {

@@ -17,6 +17,8 @@ struct StepConfig {
   DType dtype = DType::BF16;
   uint64_t seed = 1;
   bool fuse = true;  // let Sequential fuse fc1 → ScaledSwiGLU → fc2 into GroupedMLP
+  bool host_splits = false;     // counts as a host vector instead of a device tensor
+  bool caller_buffers = true;   // y and dx into caller buffers (false: the ops allocate them)
 };
 
 struct CheckResult {
@@ -31,7 +33,7 @@ struct StepReport {
   std::string layer, preset, routing, device, dtype, shapes, splits_kind;
   int64_t experts = 0, tokens = 0, tail = 0, min_rows = 0, max_rows = 0, empty_experts = 0;
   int64_t hidden = 0, ffn = 0;
-  bool fused = true;
+  bool fused = true, host_splits = false, caller_buffers = true;
   std::vector<int64_t> counts;  // rows per expert (bench/mlp_peer.py replays them in torch)
   double step_ms = 0, gflop = 0;
   double enqueue_ms = 0;  // host time to queue one step's work (median)

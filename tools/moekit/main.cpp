@@ -2,6 +2,7 @@
 //
 //   moekit run [--preset tiny|qwen3|dsv3] [--experts E] [--tokens T] [--routing uniform|skewed]
 //              [--device cpu|cuda] [--dtype bf16|f16|f32] [--steps N] [--seed S] [--json]
+//              [--no-check] [--no-fuse] [--host-splits] [--internal-buffers]
 //
 // The step is forward + backward of the expert layer, writing its output and its input gradient
 // into caller-owned buffers (as an expert-parallel combine/dispatch would own them), then checked
@@ -54,6 +55,8 @@ Options:
   --json             print one JSON object instead of the table
   --no-check         skip the fp64 check
   --no-fuse          run fc1, ScaledSwiGLU and fc2 as separate ops (default: fused GroupedMLP)
+  --host-splits      give the counts as a host vector (default: a device tensor, no host sync)
+  --internal-buffers let the ops allocate y and dx (default: caller buffers, written in place)
 
 Exit status: 0 when the check passes, 1 when it fails, 2 on a usage error.
 )";
@@ -75,6 +78,7 @@ struct Options {
   bool json = false;
   bool check = true;
   bool fuse = true;
+  bool host_splits = false, caller_buffers = true;
 };
 
 int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
@@ -111,6 +115,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = true;
     else if (a == "--no-check") o.check = false;
     else if (a == "--no-fuse") o.fuse = false;
+    else if (a == "--host-splits") o.host_splits = true;
+    else if (a == "--internal-buffers") o.caller_buffers = false;
     else if (a == "--help" || a == "-h") { std::fputs(kHelp, stdout); std::exit(0); }
     else usage_error("unknown option '" + a + "'");
   }
@@ -171,6 +177,8 @@ int main(int argc, char** argv) {
     cfg.dtype = o.dtype;
     cfg.seed = o.seed;
     cfg.fuse = o.fuse;
+    cfg.host_splits = o.host_splits;
+    cfg.caller_buffers = o.caller_buffers;
 
     tools::ExpertStep step(cfg, ctx);
     step.run_once();  // warm-up (allocator pools, library handles)
