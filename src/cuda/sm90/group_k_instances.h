@@ -19,4 +19,8 @@ struct GroupKInstance {
 // [dtype][dw: 0 f32, 1 the input dtype]
 extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32, group_k_f16_f16;
 
+#ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
+extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
+#endif
+
 }  // namespace moekit::cuda::sm90

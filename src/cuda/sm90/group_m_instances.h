@@ -21,4 +21,8 @@ extern const GroupMInstance group_m_bf16_kmajor_large, group_m_bf16_kmajor_small
     group_m_bf16_nmajor_large, group_m_bf16_nmajor_small, group_m_f16_kmajor_large,
     group_m_f16_kmajor_small, group_m_f16_nmajor_large, group_m_f16_nmajor_small;
 
+#ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
+extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;
+#endif
+
 }  // namespace moekit::cuda::sm90

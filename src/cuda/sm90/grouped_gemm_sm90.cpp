@@ -6,8 +6,10 @@
 #include <cuda_runtime_api.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <utility>
 
 #include "cuda/check.h"
@@ -34,8 +36,34 @@ int choose_config(const GroupMProblem& p) {
   return p.counts.rows < 128 * p.counts.groups ? kSmallM : kLarge;
 }
 
+// Tile studies: MOEKIT_SM90_TILE=coop runs bf16 problems that would take kLarge (and bf16 group-K)
+// on the cooperative 256x128 instances of kernels_study.cu; any other value is an error, and so
+// is "coop" in a build without them.
+bool study_coop() {
+  static const std::string tile = [] {
+    const char* v = std::getenv("MOEKIT_SM90_TILE");
+    return std::string(v ? v : "");
+  }();
+  if (tile.empty()) return false;
+  if (tile != "coop") throw_invalid("MOEKIT_SM90_TILE", "coop or unset", str("'", tile, "'"));
+#ifdef MOEKIT_SM90_TILE_STUDY
+  return true;
+#else
+  throw_error(ErrorKind::Unsupported,
+              "MOEKIT_SM90_TILE=coop needs a build with -DMOEKIT_SM90_TILE_STUDY=ON");
+#endif
+}
+
 const GroupMInstance& instance(const GroupMProblem& p) {
-  return *kInstances[p.dtype == DType::F16 ? 1 : 0][p.b_transposed ? 0 : 1][choose_config(p)];
+  const int config = choose_config(p);
+#ifdef MOEKIT_SM90_TILE_STUDY
+  if (config == kLarge && p.dtype == DType::BF16 && study_coop()) {
+    return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
+  }
+#else
+  (void)study_coop();  // reports a setting this build cannot honour
+#endif
+  return *kInstances[p.dtype == DType::F16 ? 1 : 0][p.b_transposed ? 0 : 1][config];
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -74,6 +102,13 @@ std::string rejects_common(int device, DType dtype, const DeviceCounts& counts, 
 
 const GroupKInstance& instance(const GroupKProblem& p) {
   const bool f16 = p.dtype == DType::F16;
+#ifdef MOEKIT_SM90_TILE_STUDY
+  if (!f16 && study_coop()) {
+    return p.dw_dtype == DType::F32 ? group_k_bf16_f32_coop : group_k_bf16_bf16_coop;
+  }
+#else
+  (void)study_coop();  // reports a setting this build cannot honour
+#endif
   if (p.dw_dtype == DType::F32) return f16 ? group_k_f16_f32 : group_k_bf16_f32;
   return f16 ? group_k_f16_f16 : group_k_bf16_bf16;
 }

@@ -55,6 +55,17 @@ struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-b
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
+// Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
+// the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
+// third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
+// it against kLarge under sustained load (the dsv3 MLP step: design/PERFORMANCE.md).
+struct ConfigCoop {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
+
 template <DType kDType> struct CutlassElement;
 template <> struct CutlassElement<DType::BF16> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassElement<DType::F16> { using type = cutlass::half_t; };

@@ -43,6 +43,13 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu
   ${CMAKE_CURRENT_LIST_DIR}/kernels_f16.cu
 )
+# Tile studies (off by default: ~3 more minutes of CPU per build): cooperative 256x128 instances,
+# chosen at run time with MOEKIT_SM90_TILE=coop (kernels_study.cu).
+option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop)" OFF)
+if(MOEKIT_SM90_TILE_STUDY)
+  target_sources(moekit_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_study.cu)
+  target_compile_definitions(moekit PRIVATE MOEKIT_SM90_TILE_STUDY=1)
+endif()
 set_target_properties(moekit_sm90 PROPERTIES
   CUDA_ARCHITECTURES 90a-real     # sm_90a machine code only (wgmma, setmaxnreg); no PTX to JIT
   POSITION_INDEPENDENT_CODE ON    # linked into the shared libmoekit
