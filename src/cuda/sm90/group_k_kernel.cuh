@@ -150,39 +150,27 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
 }
 
 template <class G>
+using GroupKCall = GroupedCall<G, GroupKArrays<G>, GroupKProblem>;
+
+template <class G>
 size_t group_k_workspace_bytes(const GroupKProblem& p) {
-  int device = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
-  WorkspaceCarver w(nullptr, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupKArrays<G>{}, hw)));
-  (void)GroupKArrays<G>::carve(w, p.counts.groups);
-  return w.total();
+  return GroupKCall<G>(p, nullptr).bytes;
 }
 
 template <class G>
 void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
-  int device = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
-  WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupKArrays<G>{}, hw)));
-  const GroupKArrays<G> arr = GroupKArrays<G>::carve(w, p.counts.groups);
-
+  const GroupKCall<G> call(p, workspace);
   const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate};
-  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, arr);
+  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
     const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
     zero_flagged_groups<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
-                          kZeroThreads, 0, stream>>>(arr.zero, p.dw, group_bytes);
+                          kZeroThreads, 0, stream>>>(call.arrays.zero, p.dw, group_bytes);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
-
-  const ParamsKey key{device, p.counts.groups, workspace, p.accumulate ? 1 : 0, 0, 1};
-  auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arr, hw), workspace,
-                                                      stream, name);
-  check_status(G::Gemm::run(params, stream), "launch", name);
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  call.run_gemm(p, workspace, stream, name, p.accumulate ? 1 : 0);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

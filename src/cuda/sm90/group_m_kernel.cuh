@@ -136,32 +136,20 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
 }
 
 template <class G>
+using GroupMCall = GroupedCall<G, GroupArrays<G>, GroupMProblem>;
+
+template <class G>
 size_t workspace_bytes_of(const GroupMProblem& p) {
-  int device = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
-  WorkspaceCarver w(nullptr, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupArrays<G>{}, hw)));
-  (void)GroupArrays<G>::carve(w, p.counts.groups);
-  return w.total();
+  return GroupMCall<G>(p, nullptr).bytes;
 }
 
 template <class G>
 void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const char* name) {
-  int device = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  const cutlass::KernelHardwareInfo hw = hardware_info<G>(device);
-  WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, GroupArrays<G>{}, hw)));
-  const GroupArrays<G> arr = GroupArrays<G>::carve(w, p.counts.groups);
-
+  const GroupMCall<G> call(p, workspace);
   const GroupMSetupInputs in{p.counts, p.k, p.n, p.a, p.b, p.bias, p.out};
-  group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, arr);
+  group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
-
-  const ParamsKey key{device, p.counts.groups, workspace, p.bias != nullptr, p.raster, p.swizzle};
-  auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arr, hw), workspace,
-                                                      stream, name);
-  check_status(G::Gemm::run(params, stream), "launch", name);
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  call.run_gemm(p, workspace, stream, name, p.bias != nullptr, p.raster, p.swizzle);
 }
 
 // Defines the GroupMInstance `symbol` (declared in group_m_instances.h) for one configuration.

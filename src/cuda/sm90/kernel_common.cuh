@@ -204,4 +204,35 @@ typename Gemm::Params cached_params(const ParamsKey& key, const typename Gemm::A
   return gemm.params();
 }
 
+// The host side of one grouped-kernel call, shared by group-M and group-K: the device, its
+// hardware info, and the workspace carved into [CUTLASS's part | the kernel's per-group Arrays]
+// (a null workspace only sizes it: bytes). make_arguments<G>(problem, arrays, hw) is the kernel
+// header's (found by argument-dependent lookup on Problem).
+template <class G, class Arrays, class Problem>
+struct GroupedCall {
+  int device = 0;
+  cutlass::KernelHardwareInfo hw;
+  Arrays arrays{};
+  size_t bytes = 0;
+
+  GroupedCall(const Problem& p, void* workspace) {
+    MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+    hw = hardware_info<G>(device);
+    WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, Arrays{}, hw)));
+    arrays = Arrays::carve(w, p.counts.groups);
+    bytes = w.total();
+  }
+
+  // Launches the grouped GEMM (after the setup kernel filled `arrays`), its Params cached under
+  // `variant` (what else they bake in: bias or not, beta) and the tile order.
+  void run_gemm(const Problem& p, void* workspace, cudaStream_t stream, const char* name,
+                int variant, int raster = 0, int swizzle = 1) const {
+    const ParamsKey key{device, p.counts.groups, workspace, variant, raster, swizzle};
+    auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw),
+                                                  workspace, stream, name);
+    check_status(G::Gemm::run(params, stream), "launch", name);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+};
+
 }  // namespace moekit::cuda::sm90

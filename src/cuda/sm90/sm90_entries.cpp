@@ -30,7 +30,7 @@ DeviceCounts counts_for_check(const Splits& splits, int64_t groups, int64_t rows
   return c;
 }
 
-sm90::GroupMProblem group_m_problem(const detail::GroupMArgs& args, const DeviceCounts& counts) {
+sm90::GroupMProblem problem_of(const detail::GroupMArgs& args, const DeviceCounts& counts) {
   sm90::GroupMProblem p;
   p.a = args.a.data();
   p.b = args.b.data();
@@ -44,7 +44,7 @@ sm90::GroupMProblem group_m_problem(const detail::GroupMArgs& args, const Device
   return p;
 }
 
-sm90::GroupKProblem group_k_problem(const detail::GroupKArgs& args, const DeviceCounts& counts) {
+sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCounts& counts) {
   sm90::GroupKProblem p;
   p.dy = args.dy.data();
   p.x = args.x.data();
@@ -58,13 +58,27 @@ sm90::GroupKProblem group_k_problem(const detail::GroupKArgs& args, const Device
   return p;
 }
 
-// The workspace (stream-ordered; released after the kernels) and the launch.
-template <class Problem>
-void run_with_workspace(const Context& ctx, const Problem& p, cudaStream_t stream) {
+// One entry pair for both forms (Args: GroupMArgs or GroupKArgs; problem_of above).
+template <class Args>
+std::string rejects_of(const Args& args) {
+  std::string reason = reject_unless_cuda(args.ctx);
+  if (!reason.empty()) return reason;
+  return sm90::rejects(problem_of(args, counts_for_check(args.splits, args.groups, args.rows)),
+                       args.ctx.device().index);
+}
+
+// Counts where the kernels read them, the workspace (stream-ordered: released after the
+// kernels), the launch.
+template <class Args>
+void run_of(const Args& args) {
+  CudaResources& res = resources(args.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(args.ctx, args.splits, args.rows);
+  const auto p = problem_of(args, counts.view);
   const size_t bytes = sm90::workspace_bytes(p);
   Tensor workspace;
-  if (bytes > 0) workspace = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, ctx);
-  sm90::run(p, bytes > 0 ? workspace.data() : nullptr, stream);
+  if (bytes > 0) workspace = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, args.ctx);
+  sm90::run(p, bytes > 0 ? workspace.data() : nullptr, res.stream);
 }
 
 // The automatic choice's one measured exception (backend_table.h, declines): many equal small
@@ -96,34 +110,9 @@ std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
   return declines_for_cublas_batches(args.splits, args.groups, args.rows);
 }
 
-std::string sm90_group_m_rejects(const detail::GroupMArgs& args) {
-  std::string reason = reject_unless_cuda(args.ctx);
-  if (!reason.empty()) return reason;
-  return sm90::rejects(
-      group_m_problem(args, counts_for_check(args.splits, args.groups, args.rows)),
-      args.ctx.device().index);
-}
-
-void sm90_group_m_run(const detail::GroupMArgs& args) {
-  CudaResources& res = resources(args.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(args.ctx, args.splits, args.rows);
-  run_with_workspace(args.ctx, group_m_problem(args, counts.view), res.stream);
-}
-
-std::string sm90_group_k_rejects(const detail::GroupKArgs& args) {
-  std::string reason = reject_unless_cuda(args.ctx);
-  if (!reason.empty()) return reason;
-  return sm90::rejects(
-      group_k_problem(args, counts_for_check(args.splits, args.groups, args.rows)),
-      args.ctx.device().index);
-}
-
-void sm90_group_k_run(const detail::GroupKArgs& args) {
-  CudaResources& res = resources(args.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(args.ctx, args.splits, args.rows);
-  run_with_workspace(args.ctx, group_k_problem(args, counts.view), res.stream);
-}
+std::string sm90_group_m_rejects(const detail::GroupMArgs& args) { return rejects_of(args); }
+void sm90_group_m_run(const detail::GroupMArgs& args) { run_of(args); }
+std::string sm90_group_k_rejects(const detail::GroupKArgs& args) { return rejects_of(args); }
+void sm90_group_k_run(const detail::GroupKArgs& args) { run_of(args); }
 
 }  // namespace moekit::cuda
