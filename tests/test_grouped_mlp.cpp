@@ -16,6 +16,7 @@
 #include "moekit/ops/sequential.h"
 #include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_bias.h"
+#include "moekit/primitives/grouped_gemm.h"
 #include "support/mlp_reference.h"
 #include "support/test_util.h"
 
@@ -233,6 +234,102 @@ TEST_P(SwiGLUPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, SwiGLUPrimitive, ::testing::ValuesIn(device_names()),
+                         device_name);
+
+// ============================================================== fc1 + SwiGLU primitive
+using GemmSwiGluPrimitive = OnDevice;
+
+// grouped_gemm_swiglu equals grouped_gemm_group_m followed by swiglu_forward bit for bit, for every
+// dtype, both layouts, with and without bias and probs, zero-row groups and a tail (on CUDA with
+// the Interleaved32 layout this is the GEMM with SwiGLU in its epilogue where the sm90 kernels
+// run; test_sm90 checks that path with sm90 forced), and leaves the tails untouched.
+TEST_P(GemmSwiGluPrimitive, EqualsGemmThenSwiGluBitForBit) {
+  for (DType dt : kDtypes) {
+    for (GluLayout layout : kLayouts) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(str(label(dt, layout), with_bias ? " bias+probs" : " plain"));
+        const MlpData d = make_mlp_data({.G = 3, .H = 64, .F = 64, .T = 300,
+                                         .counts = {0, 170, 120}, .dtype = dt,
+                                         .layout = layout, .b1 = with_bias, .seed = 5});
+        const int64_t T = d.c.T, F = d.c.F, S = sum(d.c.counts);
+        const Tensor x = to_device(ctx_, d.x), w = to_device(ctx_, d.w1);
+        const Tensor bias = with_bias ? to_device(ctx_, d.b1) : Tensor();
+        const Tensor probs = with_bias ? to_device(ctx_, d.probs) : Tensor();
+        const Splits splits = Splits::host(d.c.counts);
+        const Tensor h = filled(ctx_, {T, 2 * F}, dt, kSentinel), z = filled(ctx_, {T, F}, dt, kSentinel);
+        const Tensor h2 = filled(ctx_, {T, 2 * F}, dt, kSentinel), z2 = filled(ctx_, {T, F}, dt, kSentinel);
+        grouped_gemm_swiglu(ctx_, x, w, splits, bias, probs, layout, h, z);
+        grouped_gemm_group_m(ctx_, x, w, BOp::Transposed, splits, h2, bias);
+        swiglu_forward(ctx_, h2, probs, splits, layout, z2);
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, h), bytes_of(ctx_, h2), dt)) << "h";
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, z), bytes_of(ctx_, z2), dt)) << "z";
+        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, h), S, T, 2 * F, dt));
+        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z), S, T, F, dt));
+        const std::vector<double> hv = to_doubles(ctx_, h);
+        EXPECT_TRUE(matches_expected(
+            "z", to_doubles(ctx_, z),
+            swiglu_forward_ref(hv, with_bias ? to_doubles(host(), d.probs) : std::vector<double>{},
+                               S, F, layout, dt)));
+      }
+    }
+  }
+}
+
+TEST_P(GemmSwiGluPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
+  const int64_t T = 8, K = 16, G = 2;
+  const Tensor x = to_device(ctx_, random_normal({T, K}, DType::F32, 61));
+  const Tensor w96 = to_device(ctx_, random_normal({G, 96, K}, DType::F32, 62));
+  const Tensor h96 = filled(ctx_, {T, 96}, DType::F32, kSentinel);
+  const Tensor z48 = filled(ctx_, {T, 48}, DType::F32, kSentinel);
+  const Splits splits = Splits::host({3, 5});
+  // 2F = 96 is no multiple of 64: the interleaved layout's rule, named on h.
+  auto e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w96, splits, Tensor(), Tensor(), GluLayout::Interleaved32, h96,
+                        z48);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'h'"));
+  EXPECT_THAT(e->what(), HasSubstr("2F = 96"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, h96), 0, T, 96, DType::F32));
+  // z of the wrong width.
+  const Tensor z40 = filled(ctx_, {T, 40}, DType::F32, kSentinel);
+  e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w96, splits, Tensor(), Tensor(), GluLayout::Halves, h96, z40);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'z'"));
+  // z overlapping h.
+  const Tensor z_over = Tensor::wrap(h96.data(), {T, 48}, DType::F32, ctx_.device());
+  e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w96, splits, Tensor(), Tensor(), GluLayout::Halves, h96, z_over);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("overlapping input 'h'"));
+  // Weight rows (2F) that do not match h's width.
+  const Tensor w64 = to_device(ctx_, random_normal({G, 64, K}, DType::F32, 63));
+  e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w64, splits, Tensor(), Tensor(), GluLayout::Halves, h96, z48);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'h'"));
+  // Probs of the wrong length; splits with S > T.
+  const Tensor p7 = to_device(ctx_, random_normal({7}, DType::F32, 64));
+  e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w96, splits, Tensor(), p7, GluLayout::Halves, h96, z48);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'probs'"));
+  e = caught([&] {
+    grouped_gemm_swiglu(ctx_, x, w96, Splits::host({3, 6}), Tensor(), Tensor(), GluLayout::Halves,
+                        h96, z48);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'splits'"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, h96), 0, T, 96, DType::F32));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, z48), 0, T, 48, DType::F32));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GemmSwiGluPrimitive, ::testing::ValuesIn(device_names()),
                          device_name);
 
 // ============================================================== grouped bias primitive

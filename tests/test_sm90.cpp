@@ -504,5 +504,116 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   api.stream_destroy(stream);
 }
 
+// ---------------------------------------------------------------- fused fc1 + SwiGLU
+
+struct FusedCase {
+  const char* name;
+  DType dtype;
+  bool bias, probs;
+  DType counts_dtype;  // I32 / I64 device counts, or U8: host splits
+  int64_t G, T, K, F;
+  std::vector<int64_t> counts;
+};
+std::string fused_case_name(const ::testing::TestParamInfo<FusedCase>& info) {
+  return info.param.name;
+}
+void PrintTo(const FusedCase& c, std::ostream* os) { *os << c.name; }
+
+const FusedCase kFusedCases[] = {
+    // rows per group >= 128 on average: the 128x128 (kLarge) instance
+    {"Bf16LargeTilesBiasProbsZeroGroupsTail", DType::BF16, true, true, DType::I64, 4, 1100, 256,
+     192, {0, 600, 3, 400}},
+    // < 128 rows per group: the 64x128 (kSmallM) instance
+    {"Bf16SmallTilesProbsI32", DType::BF16, false, true, DType::I32, 16, 700, 128, 64,
+     {0, 70, 1, 0, 129, 64, 65, 0, 3, 100, 0, 0, 50, 33, 2, 0}},
+    {"F16LargeTilesBiasNoProbsOneGroup", DType::F16, true, false, DType::I64, 2, 900, 512, 96,
+     {0, 900}},
+    {"F16SmallTilesHostSplits", DType::F16, true, true, DType::U8, 8, 500, 64, 32,
+     {100, 0, 7, 60, 1, 90, 0, 200}},
+};
+
+class CudaSm90FusedSwiGlu : public ::testing::TestWithParam<FusedCase> {};
+
+// grouped_gemm_swiglu with SwiGLU in the sm90 GEMM's epilogue: h and z equal, bit for bit, the two
+// separate calls (sm90 group-M, then the SwiGLU kernel) — guard bands and tails included — and
+// match the fp64 references (h from x, z from the stored h).
+TEST_P(CudaSm90FusedSwiGlu, EqualsGemmThenSwiGluBitForBit) {
+  MOEKIT_REQUIRE_SM90();
+  const FusedCase& c = GetParam();
+  const Context& ctx = sm90();
+  const test::MlpData d = test::make_mlp_data({.G = c.G, .H = c.K, .F = c.F, .T = c.T,
+                                               .counts = c.counts, .dtype = c.dtype,
+                                               .layout = GluLayout::Interleaved32, .b1 = c.bias,
+                                               .seed = 41});
+  const Tensor x = to_device(ctx, d.x), w = to_device(ctx, d.w1);
+  const Tensor bias = c.bias ? to_device(ctx, d.b1) : Tensor();
+  const Tensor probs = c.probs ? to_device(ctx, d.probs) : Tensor();
+  const Tensor counts = c.counts_dtype == DType::U8
+                            ? Tensor()
+                            : to_device(ctx, test::counts_tensor(c.counts, c.counts_dtype));
+  const Splits splits = counts.defined() ? Splits::device(counts) : Splits::host(c.counts);
+  const int64_t S = sum_of(c.counts);
+  const test::GuardedBuffer h(ctx, {c.T, 2 * c.F}, c.dtype), z(ctx, {c.T, c.F}, c.dtype);
+  const test::GuardedBuffer h2(ctx, {c.T, 2 * c.F}, c.dtype), z2(ctx, {c.T, c.F}, c.dtype);
+
+  grouped_gemm_swiglu(ctx, x, w, splits, bias, probs, GluLayout::Interleaved32, h.view, z.view);
+  grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, h2.view, bias);
+  swiglu_forward(ctx, h2.view, probs, splits, GluLayout::Interleaved32, z2.view);
+  ctx.synchronize();
+
+  EXPECT_TRUE(test::bit_identical(h.all(), h2.all(), c.dtype)) << "h: fused vs two calls";
+  EXPECT_TRUE(test::bit_identical(z.all(), z2.all(), c.dtype)) << "z: fused vs two calls";
+  EXPECT_TRUE(h.untouched_outside(S));
+  EXPECT_TRUE(z.untouched_outside(S));
+  const std::vector<double> hv = h.values();
+  const test::Reference h_ref = test::reference_forward(
+      doubles_of(d.x), doubles_of(d.w1), c.bias ? doubles_of(d.b1) : std::vector<double>{},
+      c.counts, c.K, 2 * c.F);
+  EXPECT_TRUE(test::matches_reference("h", hv, h_ref, c.dtype));
+  const test::Expected z_ref = test::swiglu_forward_ref(
+      hv, c.probs ? doubles_of(d.probs) : std::vector<double>{}, S, c.F,
+      GluLayout::Interleaved32, c.dtype);
+  EXPECT_TRUE(test::matches_expected("z", z.values(), z_ref));
+  EXPECT_EQ(ctx.device_error_bits(), 0u);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90FusedSwiGlu, ::testing::ValuesIn(kFusedCases),
+                         fused_case_name);
+
+// What "fused" means, observably: captured with device counts, fc1 + SwiGLU is two kernels (the
+// setup kernel and the GEMM with SwiGLU in its epilogue) for the Interleaved32 layout, and three
+// (setup, GEMM, SwiGLU kernel) for the Halves layout, which the epilogue cannot pair.
+TEST(CudaSm90, FusedSwiGluIsOneGemmLaunchAndHalvesRunsTwoCalls) {
+  MOEKIT_REQUIRE_SM90();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  void* stream = nullptr;
+  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  {
+    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
+    const int64_t G = 4, T = 512, K = 128, F = 64;
+    const Tensor x = to_device(ctx, test::random_normal({T, K}, DType::BF16, 51));
+    const Tensor w = to_device(ctx, test::random_normal({G, 2 * F, K}, DType::BF16, 52, 0.1));
+    const Tensor probs = to_device(ctx, test::random_normal({T}, DType::F32, 53));
+    const Tensor counts = to_device(ctx, test::counts_tensor({100, 0, 300, 50}, DType::I32));
+    const Tensor h = Tensor::empty({T, 2 * F}, DType::BF16, ctx);
+    const Tensor z = Tensor::empty({T, F}, DType::BF16, ctx);
+    ctx.synchronize();
+    for (GluLayout layout : {GluLayout::Interleaved32, GluLayout::Halves}) {
+      SCOPED_TRACE(std::string(name(layout)));
+      void* graph = nullptr;
+      ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
+      auto err = caught([&] {
+        grouped_gemm_swiglu(ctx, x, w, Splits::device(counts), Tensor(), probs, layout, h, z);
+      });
+      ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
+      ASSERT_FALSE(err.has_value()) << err->what();
+      EXPECT_EQ(api.kernel_nodes(graph), layout == GluLayout::Interleaved32 ? 2 : 3);
+      api.graph_destroy(graph);
+    }
+    ctx.synchronize();
+  }
+  api.stream_destroy(stream);
+}
+
 }  // namespace
 }  // namespace moekit

@@ -6,7 +6,9 @@
 // fused and unfused results are bit-identical. What fusion buys is that the whole block is one
 // op: validation happens once up front, the intermediates h [T, 2F] and z [T, F] are private (no
 // caller buffers, nothing else may hold them), and a GPU backend can replace a sequence of these
-// calls by fused kernels (activation and prob scaling in GEMM epilogues) without touching the ops.
+// calls by fused kernels without touching the ops. Today: fc1 + activation go through
+// grouped_gemm_swiglu (on sm90 with the Interleaved32 layout, SwiGLU in fc1's GEMM epilogue; its
+// h and z have the bits of the two separate calls) when fc1 and the activation share a context.
 #include "moekit/ops/grouped_mlp.h"
 
 #include "moekit/core/checks.h"
@@ -109,12 +111,16 @@ Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& s
                          {"fc1 main_grad", l1.main_grad()},
                          {"fc2 main_grad", l2.main_grad()}});
   }
-  // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward)
+  // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward), then the activation:
+  //      z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward) — one primitive when they share a context
   Tensor h = Tensor::empty({T, 2 * F}, dt, l1.context());
-  grouped_gemm_group_m(l1.context(), x, l1.weight(), BOp::Transposed, splits, h, l1.bias());
-  // ---- activation: z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward)
   Tensor z = Tensor::empty({T, F}, dt, act_->context());
-  swiglu_forward(act_->context(), h, probs, splits, layout(), z);
+  if (l1.context().impl() == act_->context().impl()) {
+    grouped_gemm_swiglu(l1.context(), x, l1.weight(), splits, l1.bias(), probs, layout(), h, z);
+  } else {
+    grouped_gemm_group_m(l1.context(), x, l1.weight(), BOp::Transposed, splits, h, l1.bias());
+    swiglu_forward(act_->context(), h, probs, splits, layout(), z);
+  }
   // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place (as GroupedLinearOp with scale_bias)
   Tensor y = options.output.defined() ? options.output
                                       : Tensor::empty({T, out_features()}, dt, l2.context());

@@ -4,10 +4,14 @@
 #include "cpu/cpu_activation.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/primitives/grouped_gemm.h"
 #include "primitives/activation_args.h"
 #include "primitives/backend_table.h"
 #ifdef MOEKIT_HAS_CUDA
 #include "cuda/cuda_activation.h"
+#endif
+#ifdef MOEKIT_HAS_SM90
+#include "cuda/sm90/sm90_entries.h"
 #endif
 
 namespace moekit {
@@ -27,6 +31,7 @@ constexpr Backend<detail::SwigluBackwardArgs> kSwigluBackward[] = {
     {"cpu", cpu::swiglu_backward_rejects, cpu::swiglu_backward_run},
 };
 const detail::RegisterBackendNames kRegisterSwigluForward(kSwigluForward);
+
 const detail::RegisterBackendNames kRegisterSwigluBackward(kSwigluBackward);
 
 // h [T, 2F]: defined, 2-D, compute dtype, even width, the layout's width rule, contiguous.
@@ -74,6 +79,42 @@ void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, co
                       {{"h", h}, {"probs", probs}, {"splits", splits.device_counts()}});
   detail::dispatch<detail::SwigluForwardArgs>("swiglu_forward", kSwigluForward, ctx,
                                               {ctx, h, probs, splits, layout, z, T, F});
+}
+
+void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
+                         const Splits& splits, const Tensor& bias, const Tensor& probs,
+                         GluLayout layout, const Tensor& h, const Tensor& z) {
+  const Device dev = ctx.device();
+  if (!x.defined() || x.dim() != 2) throw_invalid("x", "a 2-D tensor [T, K]", x.describe());
+  if (!w.defined() || w.dim() != 3) throw_invalid("w", "a 3-D tensor [G, 2F, K]", w.describe());
+  if (!is_compute_dtype(x.dtype())) throw_invalid("x", "dtype f32, f16 or bf16", name(x.dtype()));
+  const int64_t T = x.size(0), K = x.size(1), G = w.size(0), W = w.size(1);
+  check_input("x", x, {T, K}, x.dtype(), dev);
+  check_input("w", w, {G, W, K}, x.dtype(), dev);
+  if (bias.defined()) check_input("bias", bias, {G, W}, x.dtype(), dev);
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  validate_splits(splits, G, T, dev);
+  const Tensor& counts = splits.device_counts();
+  check_caller_buffer("h", h, {T, W}, x.dtype(), dev,
+                      {{"x", x}, {"w", w}, {"bias", bias}, {"probs", probs}, {"splits", counts}});
+  const int64_t F = check_glu_input(h, layout, dev);
+  check_caller_buffer(
+      "z", z, {T, F}, x.dtype(), dev,
+      {{"x", x}, {"w", w}, {"bias", bias}, {"probs", probs}, {"splits", counts}, {"h", h}});
+  // The fused kernel runs where the GEMM would run on sm90 anyway: nothing or "sm90" forced, and
+  // the automatic choice not declining (declines are ignored when sm90 is forced, as in
+  // dispatch). Otherwise — another backend forced, or a call the fused kernel cannot take (e.g.
+  // the Halves layout) — the two primitives run, each choosing its backend as usual.
+#ifdef MOEKIT_HAS_SM90
+  const detail::GemmSwigluArgs args{ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F};
+  const std::string_view forced = detail::forced_backend_name(ctx);
+  if ((forced.empty() || forced == "sm90") && cuda::sm90_gemm_swiglu_rejects(args).empty() &&
+      (!forced.empty() || cuda::sm90_gemm_swiglu_declines(args).empty())) {
+    return cuda::sm90_gemm_swiglu_run(args);
+  }
+#endif
+  grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, h, bias);
+  swiglu_forward(ctx, h, probs, splits, layout, z);
 }
 
 void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,

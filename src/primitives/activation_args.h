@@ -23,6 +23,20 @@ struct SwigluForwardArgs {
   int64_t rows, f;
 };
 
+/// grouped_gemm_swiglu: h = x·w_gᵀ (+ bias_g) per group, then z = swiglu(h, probs).
+struct GemmSwigluArgs {
+  const Context& ctx;
+  const Tensor& x;      // [T, K]
+  const Tensor& w;      // [G, 2F, K]
+  const Splits& splits;
+  const Tensor& bias;   // [G, 2F] or undefined
+  const Tensor& probs;  // [T] f32 or undefined
+  GluLayout layout;
+  const Tensor& h;  // [T, 2F]
+  const Tensor& z;  // [T, F]
+  int64_t groups, rows, k, f;
+};
+
 /// swiglu_backward: dh (da, db in h's layout) and optionally dprobs (written or accumulated).
 struct SwigluBackwardArgs {
   const Context& ctx;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <type_traits>
+#include <vector>
 
 namespace moekit::test {
 
@@ -27,6 +28,8 @@ struct CudaGraphApi {
   int (*exec_destroy)(void*) = nullptr;                             // cudaGraphExecDestroy
   int (*graph_destroy)(void*) = nullptr;                            // cudaGraphDestroy
   int (*get_nodes)(void*, void**, size_t*) = nullptr;               // cudaGraphGetNodes
+  int (*node_type)(void*, int*) = nullptr;                          // cudaGraphNodeGetType
+  static constexpr int kKernelNode = 0;                             // cudaGraphNodeTypeKernel
   bool ok = false;
 
   CudaGraphApi() {
@@ -44,7 +47,23 @@ struct CudaGraphApi {
          get(begin_capture, "cudaStreamBeginCapture") &&
          get(end_capture, "cudaStreamEndCapture") && get(instantiate, "cudaGraphInstantiate") &&
          get(launch, "cudaGraphLaunch") && get(exec_destroy, "cudaGraphExecDestroy") &&
-         get(graph_destroy, "cudaGraphDestroy") && get(get_nodes, "cudaGraphGetNodes");
+         get(graph_destroy, "cudaGraphDestroy") && get(get_nodes, "cudaGraphGetNodes") &&
+         get(node_type, "cudaGraphNodeGetType");
+  }
+
+  /// Kernel nodes of a captured graph (allocation, memset and copy nodes not counted); -1 on error.
+  int kernel_nodes(void* graph) const {
+    size_t n = 0;
+    if (get_nodes(graph, nullptr, &n) != 0) return -1;
+    std::vector<void*> nodes(n);
+    if (n > 0 && get_nodes(graph, nodes.data(), &n) != 0) return -1;
+    int kernels = 0;
+    for (void* node : nodes) {
+      int type = -1;
+      if (node_type(node, &type) != 0) return -1;
+      kernels += type == kKernelNode ? 1 : 0;
+    }
+    return kernels;
   }
 
   static const CudaGraphApi& get() {

@@ -63,4 +63,19 @@ void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, c
                      const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                      bool accumulate_dprobs);
 
+/// fc1 of a grouped MLP and its activation in one call:
+///   h = x·w_gᵀ (+ bias_g) per group   exactly as grouped_gemm_group_m(ctx, x, w, BOp::Transposed,
+///                                       splits, h, bias), then
+///   z = p ⊙ silu(a) ⊙ b               exactly as swiglu_forward(ctx, h, probs, splits, layout, z).
+/// x: [T, K], w: [G, 2F, K], bias: [G, 2F] or undefined (all one compute dtype), probs: [T] f32 or
+/// undefined, h: [T, 2F] and z: [T, F] in that dtype, contiguous, overlapping no input nor each
+/// other. Both outputs are written on rows [0, S) only. Where the GEMM runs on the sm90 kernels
+/// (automatic choice, or "sm90" forced) and the layout is GluLayout::Interleaved32 (one 64-column
+/// epilogue subtile then holds whole gate/linear pairs), z is computed in the GEMM's epilogue:
+/// one launch, no second pass over h, and h and z bit-identical to the two calls. Otherwise the
+/// two primitives run one after the other, each choosing its backend.
+void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
+                         const Splits& splits, const Tensor& bias, const Tensor& probs,
+                         GluLayout layout, const Tensor& h, const Tensor& z);
+
 }  // namespace moekit

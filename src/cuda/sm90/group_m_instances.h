@@ -20,6 +20,9 @@ struct GroupMInstance {
 extern const GroupMInstance group_m_bf16_kmajor_large, group_m_bf16_kmajor_small,
     group_m_bf16_nmajor_large, group_m_bf16_nmajor_small, group_m_f16_kmajor_large,
     group_m_f16_kmajor_small, group_m_f16_nmajor_large, group_m_f16_nmajor_small;
+// [dtype][config] with SwiGLU in the epilogue (GroupMProblem::glu_z; b K-major only).
+extern const GroupMInstance group_m_bf16_swiglu_large, group_m_bf16_swiglu_small,
+    group_m_f16_swiglu_large, group_m_f16_swiglu_small;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;

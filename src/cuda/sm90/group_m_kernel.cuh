@@ -13,15 +13,21 @@
 //      maps carry m_g rows, so rows past the group (other groups', the tail [S, T)) are clipped.
 //   Epilogue (EVT): D = round(acc + bias_g[n]) with a per-group row-broadcast bias whose pointer
 //      array may be null (then the bias reads as 0): one kernel serves bias and no bias.
+//   kSwiGlu (fc1 of the grouped MLP): the tree gets a root node that also writes
+//      z = p·silu(a)·b of D (swiglu_epilogue.cuh), with the probs as a per-group column broadcast
+//      (null array: p = 1), on a 64x64 epilogue subtile. The mainloop is the plain kernel's.
 #pragma once
 
 #include "cuda/sm90/group_m_instances.h"
 #include "cuda/sm90/kernel_common.cuh"
+#include "cuda/sm90/swiglu_epilogue.cuh"
 
 namespace moekit::cuda::sm90 {
 
-template <DType kDType, bool kBKMajor, class Config>
+template <DType kDType, bool kBKMajor, class Config, bool kSwiGlu = false>
 struct GroupMGemm {
+  static_assert(!kSwiGlu || kBKMajor, "the SwiGLU epilogue is for fprop (K-major weights)");
+  static constexpr bool kFusedSwiGlu = kSwiGlu;
   using Element = typename CutlassElement<kDType>::type;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (m_g, N, K)
   using LayoutA = cutlass::layout::RowMajor;
@@ -31,14 +37,24 @@ struct GroupMGemm {
 
   using BiasLoad = cutlass::epilogue::fusion::Sm90RowBroadcast<
       0, typename Config::Tile, Element*, float, cute::Stride<cute::_0, cute::_1, cute::_0>, kAlign>;
-  using EpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
+  using HNode = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Element, float,
                                              cutlass::FloatRoundStyle::round_to_nearest>,
       cutlass::epilogue::fusion::Sm90AccFetch, BiasLoad>;
+  // p_t for the rows of a tile, per-group pointers (probs + off_g), loaded once per tile.
+  using ProbLoad = cutlass::epilogue::fusion::Sm90ColBroadcast<
+      0, typename Config::Tile, float*, float, cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
+  using EpilogueOp = std::conditional_t<
+      kSwiGlu, cutlass::epilogue::fusion::Sm90EVT<Sm90SwiGluZStore<Element>, HNode, ProbLoad>,
+      HNode>;
+  // 64-column subtiles put gate and linear columns of a pair in one visit() (swiglu_epilogue.cuh).
+  using EpilogueTile =
+      std::conditional_t<kSwiGlu, cute::Shape<cute::_64, cute::_64>,
+                         cutlass::epilogue::collective::EpilogueTileAuto>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
-      typename Config::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      typename Config::Cluster, EpilogueTile, float, float,
       void, LayoutD*, kAlign,  // no C source
       Element, LayoutD*, kAlign, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 
@@ -69,6 +85,8 @@ struct GroupArrays {
   const typename G::Element** ptr_b;         // [groups]
   typename G::Element** ptr_d;               // [groups]
   const typename G::Element** ptr_bias;      // [groups] (unused when there is no bias)
+  typename G::Element** ptr_z;               // [groups] SwiGLU output (kSwiGlu only)
+  const float** ptr_probs;                   // [groups] (kSwiGlu with probs only)
   typename G::StrideA* stride_a;             // [groups]
   typename G::StrideB* stride_b;             // [groups]
   typename G::StrideD* stride_d;             // [groups]
@@ -80,6 +98,8 @@ struct GroupArrays {
     r.ptr_b = w.take<const typename G::Element*>(groups);
     r.ptr_d = w.take<typename G::Element*>(groups);
     r.ptr_bias = w.take<const typename G::Element*>(groups);
+    r.ptr_z = w.take<typename G::Element*>(G::kFusedSwiGlu ? groups : 0);
+    r.ptr_probs = w.take<const float*>(G::kFusedSwiGlu ? groups : 0);
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
@@ -94,6 +114,8 @@ struct GroupMSetupInputs {
   const void* b;
   const void* bias;
   void* out;
+  void* z;             // SwiGLU output [rows, n/2] or nullptr
+  const float* probs;  // [rows] or nullptr
 };
 
 // ---- the setup kernel: device counts → per-group shapes, pointers, strides ----
@@ -108,6 +130,10 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
     out.ptr_d[g] = static_cast<E*>(in.out) + off * in.n;
     if (in.bias) out.ptr_bias[g] = static_cast<const E*>(in.bias) + g * in.n;
+    if constexpr (G::kFusedSwiGlu) {
+      out.ptr_z[g] = static_cast<E*>(in.z) + off * (in.n / 2);
+      if (in.probs) out.ptr_probs[g] = in.probs + off;
+    }
     // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N).
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
@@ -125,9 +151,16 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
   args.problem_shape = {static_cast<int>(p.counts.groups), arr.shapes, nullptr};
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
-  typename G::EpilogueOp::Arguments fusion{
+  typename G::HNode::Arguments h{
       {}, {p.bias ? arr.ptr_bias : nullptr, typename G::Element(0), {}}, {}};
-  args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
+  if constexpr (G::kFusedSwiGlu) {
+    // {h, probs column broadcast (null: 1), SwiGLU store}
+    typename G::EpilogueOp::Arguments fusion{
+        h, {p.glu_probs ? arr.ptr_probs : nullptr, 1.0f, {}}, {arr.ptr_z, p.n / 2}};
+    args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
+  } else {
+    args.epilogue = {h, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
+  }
   args.hw_info = hw;
   args.scheduler.raster_order = p.raster == 1 ? decltype(args.scheduler.raster_order)::AlongN
                                               : decltype(args.scheduler.raster_order)::AlongM;
@@ -146,16 +179,18 @@ size_t workspace_bytes_of(const GroupMProblem& p) {
 template <class G>
 void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const GroupMCall<G> call(p, workspace);
-  const GroupMSetupInputs in{p.counts, p.k, p.n, p.a, p.b, p.bias, p.out};
+  const GroupMSetupInputs in{p.counts, p.k, p.n, p.a, p.b, p.bias, p.out, p.glu_z, p.glu_probs};
   group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
-  call.run_gemm(p, workspace, stream, name, p.bias != nullptr, p.raster, p.swizzle);
+  const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0);
+  call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
 }
 
 // Defines the GroupMInstance `symbol` (declared in group_m_instances.h) for one configuration.
-#define MOEKIT_SM90_GROUP_M_INSTANCE(symbol, dtype, b_k_major, config, label)               \
+// swiglu: true for the fused-SwiGLU epilogue (GroupMProblem::glu_z).
+#define MOEKIT_SM90_GROUP_M_INSTANCE(symbol, dtype, b_k_major, config, swiglu, label)       \
   namespace {                                                                             \
-  using symbol##_gemm = ::moekit::cuda::sm90::GroupMGemm<dtype, b_k_major, config>;       \
+  using symbol##_gemm = ::moekit::cuda::sm90::GroupMGemm<dtype, b_k_major, config, swiglu>; \
   size_t symbol##_ws(const GroupMProblem& p) {                                            \
     return ::moekit::cuda::sm90::workspace_bytes_of<symbol##_gemm>(p);                    \
   }                                                                                       \

@@ -54,8 +54,17 @@ bool study_coop() {
 #endif
 }
 
+// [dtype][config]: group-M with the SwiGLU epilogue (b K-major).
+const GroupMInstance* const kSwiGluInstances[2][kConfigCount] = {
+    {&group_m_bf16_swiglu_large, &group_m_bf16_swiglu_small},
+    {&group_m_f16_swiglu_large, &group_m_f16_swiglu_small},
+};
+
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
+  // The fused SwiGLU instances share kLarge/kSmallM's mainloop, so h has the bits of the plain
+  // instance run() would pick (tile studies excepted: rejects() keeps those unfused).
+  if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
 #ifdef MOEKIT_SM90_TILE_STUDY
   if (config == kLarge && p.dtype == DType::BF16 && study_coop()) {
     return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
@@ -117,6 +126,18 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 
 std::string rejects(const GroupMProblem& p, int device) {
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
+  if (p.glu_z) {
+    if (!p.b_transposed) return "the SwiGLU epilogue is built for fprop (b transposed) only";
+    if (p.n % 64 != 0) {
+      return str("N = 2F = ", p.n, " is not a multiple of 64 (the SwiGLU epilogue's pairs)");
+    }
+    if (reinterpret_cast<uintptr_t>(p.glu_z) % 4 != 0) return "z is not 4-byte aligned";
+#ifdef MOEKIT_SM90_TILE_STUDY
+    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_coop()) {
+      return "MOEKIT_SM90_TILE=coop: the tile-study instances have no SwiGLU epilogue";
+    }
+#endif
+  }
   return rejects_common(device, p.dtype, p.counts, p.k, p.n,
                         {{"a", p.a}, {"b", p.b}, {"out", p.out}, {"bias", p.bias}});
 }

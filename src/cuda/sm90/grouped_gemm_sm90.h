@@ -57,6 +57,12 @@ struct GroupMProblem {
   // bb650c6-backends.md.)
   int raster = 0;
   int swizzle = 1;
+  // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
+  // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
+  // p_t = glu_probs[t] (nullptr: 1). Needs b_transposed and n % 64 == 0; bit-identical to running
+  // swiglu_forward on `out` afterwards.
+  void* glu_z = nullptr;
+  const float* glu_probs = nullptr;
 };
 
 /// Kernel configurations (GroupMProblem::config): tile shape and schedule. Automatic choice:

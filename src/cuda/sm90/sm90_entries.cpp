@@ -44,6 +44,22 @@ sm90::GroupMProblem problem_of(const detail::GroupMArgs& args, const DeviceCount
   return p;
 }
 
+sm90::GroupMProblem problem_of(const detail::GemmSwigluArgs& args, const DeviceCounts& counts) {
+  sm90::GroupMProblem p;
+  p.a = args.x.data();
+  p.b = args.w.data();
+  p.b_transposed = true;
+  p.bias = args.bias.defined() ? args.bias.data() : nullptr;
+  p.out = args.h.data();
+  p.glu_z = args.z.data();
+  p.glu_probs = args.probs.defined() ? static_cast<const float*>(args.probs.data()) : nullptr;
+  p.counts = counts;
+  p.k = args.k;
+  p.n = 2 * args.f;
+  p.dtype = args.x.dtype();
+  return p;
+}
+
 sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCounts& counts) {
   sm90::GroupKProblem p;
   p.dy = args.dy.data();
@@ -58,7 +74,7 @@ sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCount
   return p;
 }
 
-// One entry pair for both forms (Args: GroupMArgs or GroupKArgs; problem_of above).
+// One entry pair for every form (Args: GroupMArgs, GroupKArgs or GemmSwigluArgs; problem_of above).
 template <class Args>
 std::string rejects_of(const Args& args) {
   std::string reason = reject_unless_cuda(args.ctx);
@@ -110,9 +126,21 @@ std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
   return declines_for_cublas_batches(args.splits, args.groups, args.rows);
 }
 
+std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args) {
+  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+}
+
 std::string sm90_group_m_rejects(const detail::GroupMArgs& args) { return rejects_of(args); }
 void sm90_group_m_run(const detail::GroupMArgs& args) { run_of(args); }
 std::string sm90_group_k_rejects(const detail::GroupKArgs& args) { return rejects_of(args); }
 void sm90_group_k_run(const detail::GroupKArgs& args) { run_of(args); }
+std::string sm90_gemm_swiglu_rejects(const detail::GemmSwigluArgs& args) {
+  if (args.layout != GluLayout::Interleaved32) {
+    return str("SwiGLU is fused into the GEMM epilogue for the interleaved32 GLU layout only, got ",
+               name(args.layout));
+  }
+  return rejects_of(args);
+}
+void sm90_gemm_swiglu_run(const detail::GemmSwigluArgs& args) { run_of(args); }
 
 }  // namespace moekit::cuda

@@ -6,10 +6,13 @@
 //           on the device (no host synchronisation; graph-capturable); host splits are copied to
 //           the device on the context's stream first. Workspace comes from the context's
 //           stream-ordered allocator.
+//           grouped_gemm_swiglu: the group-M kernel with SwiGLU in its epilogue (h and z from one
+//           launch), for the Interleaved32 layout; bit-identical to group-M + swiglu_forward.
 #pragma once
 
 #include <string>
 
+#include "primitives/activation_args.h"
 #include "primitives/args.h"
 
 namespace moekit::cuda {
@@ -18,8 +21,12 @@ std::string sm90_group_m_rejects(const detail::GroupMArgs& args);
 void sm90_group_m_run(const detail::GroupMArgs& args);
 std::string sm90_group_k_rejects(const detail::GroupKArgs& args);
 void sm90_group_k_run(const detail::GroupKArgs& args);
+// grouped_gemm_swiglu with SwiGLU in the group-M kernel's epilogue (GluLayout::Interleaved32).
+std::string sm90_gemm_swiglu_rejects(const detail::GemmSwigluArgs& args);
+void sm90_gemm_swiglu_run(const detail::GemmSwigluArgs& args);
 // Automatic choice only: uniform host splits of small groups go to cuBLAS's batched GEMMs.
 std::string sm90_group_m_declines(const detail::GroupMArgs& args);
 std::string sm90_group_k_declines(const detail::GroupKArgs& args);
+std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args);
 
 }  // namespace moekit::cuda

@@ -39,9 +39,10 @@ if(NOT _moekit_cutlass_v VERSION_EQUAL 4.2.0)
   message(WARNING "moekit: the sm90 kernels are tested with CUTLASS 4.2.0, found ${_moekit_cutlass_v}")
 endif()
 
-add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernels_bf16.cu)
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu
+add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernels_bf16.cu),
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu   # and one for the 4 fused-SwiGLU instances
   ${CMAKE_CURRENT_LIST_DIR}/kernels_f16.cu
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_swiglu.cu
 )
 # Tile studies (off by default: ~3 more minutes of CPU per build): cooperative 256x128 instances,
 # chosen at run time with MOEKIT_SM90_TILE=coop (kernels_study.cu).
