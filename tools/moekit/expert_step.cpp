@@ -94,7 +94,7 @@ struct ExpertStep::State {
   State(const StepConfig& c, const Context& cx) : cfg(c), ctx(cx) {
     fc1 = std::make_shared<GroupedLinearOp>(
         GroupedLinearConfig{.groups = c.experts, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype}, cx);
-    act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, cx);
+    act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = c.glu}, cx);
     fc2 = std::make_shared<GroupedLinearOp>(
         GroupedLinearConfig{.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype}, cx);
     mlp = std::make_unique<Sequential>(std::vector<OpHandle>{fc1, act, fc2},
@@ -185,7 +185,10 @@ CheckResult ExpertStep::check() const {
   const double* w2 = s.w2.f64.data();
   const double* dy = s.dy.f64.data();
 
-  // fp64 reference of one row r of group g (SPEC §5, halves layout: a = h[0, F), b = h[F, 2F)).
+  // fp64 reference of one row r of group g (SPEC §5; a_f, b_f at the columns of the GLU layout).
+  const GluLayout glu = s.cfg.glu;
+  auto gate = [&](int64_t f) { return glu_gate_column(f, F, glu); };
+  auto lin = [&](int64_t f) { return glu_linear_column(f, F, glu); };
   auto silu = [](double a) { return a / (1.0 + std::exp(-a)); };
   auto dsilu = [](double a) {
     const double sg = 1.0 / (1.0 + std::exp(-a));
@@ -212,13 +215,13 @@ CheckResult ExpertStep::check() const {
     double dp_ref = 0;
     for (int64_t f = 0; f < F; ++f) {
       const size_t i = static_cast<size_t>(f);
-      a[i] = h_at(row, g, f);
-      b[i] = h_at(row, g, F + f);
+      a[i] = h_at(row, g, gate(f));
+      b[i] = h_at(row, g, lin(f));
       z[i] = p * silu(a[i]) * b[i];
       const double dz = dz_at(row, g, f);
       dp_ref += dz * silu(a[i]) * b[i];
-      dh[i] = p * dz * b[i] * dsilu(a[i]);
-      dh[i + static_cast<size_t>(F)] = p * dz * silu(a[i]);
+      dh[static_cast<size_t>(gate(f))] = p * dz * b[i] * dsilu(a[i]);
+      dh[static_cast<size_t>(lin(f))] = p * dz * silu(a[i]);
     }
     for (int64_t n = 0; n < H; ++n) y_err.add(y[static_cast<size_t>(row * H + n)], dot(z.data(), w2g + n * F, F));
     for (int64_t k = 0; k < H; ++k) dx_err.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, 2 * F, H));
@@ -231,13 +234,15 @@ CheckResult ExpertStep::check() const {
     const int64_t f = static_cast<int64_t>(rng() % static_cast<uint64_t>(F));
     const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * F));
     const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
-    const int64_t jf = j % F;  // the gate/linear pair that column j belongs to
+    // The pair f that column j of h belongs to, and whether j is its gate column.
+    const bool j_gate = glu == GluLayout::Halves ? j < F : j % 64 < 32;
+    const int64_t jf = glu == GluLayout::Halves ? j % F : 32 * (j / 64) + j % 32;
     double ref2 = 0, ref1 = 0;
     for (int64_t r = s.offsets[g]; r < s.offsets[g + 1]; ++r) {
       const double p = s.probs[static_cast<size_t>(r)];
-      ref2 += dy[r * H + n] * p * silu(h_at(r, g, f)) * h_at(r, g, F + f);
-      const double av = h_at(r, g, jf), bv = h_at(r, g, F + jf), dz = dz_at(r, g, jf);
-      const double dhj = j < F ? p * dz * bv * dsilu(av) : p * dz * silu(av);
+      ref2 += dy[r * H + n] * p * silu(h_at(r, g, gate(f))) * h_at(r, g, lin(f));
+      const double av = h_at(r, g, gate(jf)), bv = h_at(r, g, lin(jf)), dz = dz_at(r, g, jf);
+      const double dhj = j_gate ? p * dz * bv * dsilu(av) : p * dz * silu(av);
       ref1 += dhj * x[r * H + k];
     }
     dw2_err.add(download_f64(s.ctx, s.dw2.index(static_cast<int64_t>(g)).rows(n, n + 1))[static_cast<size_t>(f)], ref2);
@@ -272,7 +277,8 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
                               const CheckResult& check, bool checked) const {
   const State& s = *s_;
   StepReport r;
-  r.layer = str("grouped MLP fc1 -> ScaledSwiGLU -> fc2, Sequential plan ", s.mlp->plan());
+  r.layer = str("grouped MLP fc1 -> ScaledSwiGLU -> fc2, Sequential plan ", s.mlp->plan(),
+                ", GLU layout ", name(s.cfg.glu));
   r.preset = preset;
   r.routing = routing;
   r.device = s.ctx.device().to_string();
@@ -288,6 +294,7 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
   r.hidden = H;
   r.ffn = F;
   r.fused = s.cfg.fuse;
+  r.glu = std::string(name(s.cfg.glu));
   r.counts = s.counts;
   r.tokens = s.cfg.tokens;
   r.tail = s.cfg.tail;
@@ -356,7 +363,7 @@ std::string StepReport::json() const {
     << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
     << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false")
     << ", \"hidden\": " << hidden << ", \"ffn\": " << ffn
-    << ", \"fused\": " << (fused ? "true" : "false")
+    << ", \"fused\": " << (fused ? "true" : "false") << ", \"glu\": \"" << glu << "\""
     << ", \"host_splits\": " << (host_splits ? "true" : "false")
     << ", \"caller_buffers\": " << (caller_buffers ? "true" : "false") << ", \"counts\": [";
   for (size_t g = 0; g < counts.size(); ++g) o << (g ? ", " : "") << counts[g];

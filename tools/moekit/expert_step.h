@@ -19,6 +19,9 @@ struct StepConfig {
   bool fuse = true;  // let Sequential fuse fc1 → ScaledSwiGLU → fc2 into GroupedMLP
   bool host_splits = false;     // counts as a host vector instead of a device tensor
   bool caller_buffers = true;   // y and dx into caller buffers (false: the ops allocate them)
+  // Gate/linear column layout of h. Interleaved32 (default) is the one whose SwiGLU the GPU fuses
+  // into fc1's GEMM epilogue (grouped_gemm_swiglu); Halves runs the SwiGLU kernel after the GEMM.
+  GluLayout glu = GluLayout::Interleaved32;
 };
 
 struct CheckResult {
@@ -30,7 +33,7 @@ struct CheckResult {
 };
 
 struct StepReport {
-  std::string layer, preset, routing, device, dtype, shapes, splits_kind;
+  std::string layer, preset, routing, device, dtype, shapes, splits_kind, glu;
   int64_t experts = 0, tokens = 0, tail = 0, min_rows = 0, max_rows = 0, empty_experts = 0;
   int64_t hidden = 0, ffn = 0;
   bool fused = true, host_splits = false, caller_buffers = true;

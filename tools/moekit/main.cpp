@@ -2,7 +2,7 @@
 //
 //   moekit run [--preset tiny|qwen3|dsv3] [--experts E] [--tokens T] [--routing uniform|skewed]
 //              [--device cpu|cuda] [--dtype bf16|f16|f32] [--steps N] [--seed S] [--json]
-//              [--no-check] [--no-fuse] [--host-splits] [--internal-buffers]
+//              [--no-check] [--no-fuse] [--glu L] [--host-splits] [--internal-buffers]
 //
 // The step is forward + backward of the expert layer, writing its output and its input gradient
 // into caller-owned buffers (as an expert-parallel combine/dispatch would own them), then checked
@@ -55,6 +55,8 @@ Options:
   --json             print one JSON object instead of the table
   --no-check         skip the fp64 check
   --no-fuse          run fc1, ScaledSwiGLU and fc2 as separate ops (default: fused GroupedMLP)
+  --glu L            gate/linear layout of fc1's output: interleaved32 (default; on sm90 the
+                     fused MLP computes SwiGLU in fc1's GEMM epilogue) or halves
   --host-splits      give the counts as a host vector (default: a device tensor, no host sync)
   --internal-buffers let the ops allocate y and dx (default: caller buffers, written in place)
 
@@ -78,6 +80,7 @@ struct Options {
   bool json = false;
   bool check = true;
   bool fuse = true;
+  GluLayout glu = GluLayout::Interleaved32;
   bool host_splits = false, caller_buffers = true;
 };
 
@@ -115,6 +118,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--json") o.json = true;
     else if (a == "--no-check") o.check = false;
     else if (a == "--no-fuse") o.fuse = false;
+    else if (a == "--glu") {
+      const std::string l = value();
+      if (l != "interleaved32" && l != "halves") usage_error("--glu expects interleaved32 or halves, got '" + l + "'");
+      o.glu = l == "halves" ? GluLayout::Halves : GluLayout::Interleaved32;
+    }
     else if (a == "--host-splits") o.host_splits = true;
     else if (a == "--internal-buffers") o.caller_buffers = false;
     else if (a == "--help" || a == "-h") { std::fputs(kHelp, stdout); std::exit(0); }
@@ -177,6 +185,7 @@ int main(int argc, char** argv) {
     cfg.dtype = o.dtype;
     cfg.seed = o.seed;
     cfg.fuse = o.fuse;
+    cfg.glu = o.glu;
     cfg.host_splits = o.host_splits;
     cfg.caller_buffers = o.caller_buffers;
 
