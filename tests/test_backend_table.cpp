@@ -1,7 +1,8 @@
 // test_backend_table — the automatic choice among a primitive's backends (src/primitives/
 // backend_table.h) on a table of fake entries: the first entry that accepts runs, an entry that
 // declines gives way to a later accepting one (and runs when none accepts), forcing an entry
-// runs it even when it would decline, and the errors name every reason. Internal header: this
+// runs it even when it would decline, takes_first() applies the same rules to one entry, and the
+// errors name every reason. Internal header: this
 // suite includes src/ (the one test that does), because the real tables' choices depend on the
 // machine (a GPU, an sm_90 one) while these rules must hold everywhere.
 #include <gmock/gmock.h>
@@ -64,6 +65,20 @@ TEST(BackendTable, DecliningEntryGivesWayToALaterAcceptingOne) {
 TEST(BackendTable, ForcedEntryRunsEvenWhereItWouldDecline) {
   EXPECT_EQ(choose(Context::cpu().with_backend("fake_a"), {.a_declines = true}), kA);
   EXPECT_EQ(choose(Context::cpu().with_backend("fake_b"), {}), kB);
+}
+
+// takes_first: the rule a primitive uses to try one fused entry before composing others — taken
+// when it accepts and does not decline, or when it is forced and accepts; never when another
+// backend is forced.
+TEST(BackendTable, TakesFirstFollowsTheSameRulesAsDispatch) {
+  const detail::Backend<FakeArgs>& a = kTable[0];
+  const Context cpu = Context::cpu();
+  EXPECT_TRUE(detail::takes_first(a, cpu, {}));
+  EXPECT_FALSE(detail::takes_first(a, cpu, {.a_rejects = true}));
+  EXPECT_FALSE(detail::takes_first(a, cpu, {.a_declines = true}));
+  EXPECT_TRUE(detail::takes_first(a, cpu.with_backend("fake_a"), {.a_declines = true}));
+  EXPECT_FALSE(detail::takes_first(a, cpu.with_backend("fake_a"), {.a_rejects = true}));
+  EXPECT_FALSE(detail::takes_first(a, cpu.with_backend("fake_b"), {}));
 }
 
 TEST(BackendTable, ErrorsNameTheReasons) {

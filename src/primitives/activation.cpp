@@ -101,17 +101,15 @@ void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
   check_caller_buffer(
       "z", z, {T, F}, x.dtype(), dev,
       {{"x", x}, {"w", w}, {"bias", bias}, {"probs", probs}, {"splits", counts}, {"h", h}});
-  // The fused kernel runs where the GEMM would run on sm90 anyway: nothing or "sm90" forced, and
-  // the automatic choice not declining (declines are ignored when sm90 is forced, as in
-  // dispatch). Otherwise — another backend forced, or a call the fused kernel cannot take (e.g.
+  // The fused kernel runs where the GEMM would run on sm90 anyway (nothing or "sm90" forced, and
+  // no decline). Otherwise — another backend forced, or a call the fused kernel cannot take (e.g.
   // the Halves layout) — the two primitives run, each choosing its backend as usual.
 #ifdef MOEKIT_HAS_SM90
+  constexpr detail::Backend<detail::GemmSwigluArgs> kFused{
+      "sm90", cuda::sm90_gemm_swiglu_rejects, cuda::sm90_gemm_swiglu_run,
+      cuda::sm90_gemm_swiglu_declines};
   const detail::GemmSwigluArgs args{ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F};
-  const std::string_view forced = detail::forced_backend_name(ctx);
-  if ((forced.empty() || forced == "sm90") && cuda::sm90_gemm_swiglu_rejects(args).empty() &&
-      (!forced.empty() || cuda::sm90_gemm_swiglu_declines(args).empty())) {
-    return cuda::sm90_gemm_swiglu_run(args);
-  }
+  if (detail::takes_first(kFused, ctx, args)) return kFused.run(args);
 #endif
   grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, h, bias);
   swiglu_forward(ctx, h, probs, splits, layout, z);

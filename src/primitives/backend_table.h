@@ -68,6 +68,17 @@ inline void check_forced_backend_is_known(const Context& ctx, std::string_view f
                 str("the name of a backend of this build (", known, ")"), str("'", forced, "'"));
 }
 
+/// Whether dispatch() would take `b` if it came first in a table: forced to b's name and b accepts,
+/// or nothing forced and b accepts without declining. For a primitive that tries one specialised
+/// entry (a fused kernel) before composing other primitives, which then choose for themselves.
+template <class Args>
+bool takes_first(const Backend<Args>& b, const Context& ctx, const Args& args) {
+  const std::string_view forced = forced_backend_name(ctx);
+  if (!forced.empty() && forced != b.name) return false;
+  if (!b.rejects(args).empty()) return false;
+  return !forced.empty() || !b.declines || b.declines(args).empty();
+}
+
 template <class Args>
 void dispatch(std::string_view primitive, std::span<const Backend<Args>> table, const Context& ctx,
               const Args& args) {

@@ -19,13 +19,15 @@
 
 namespace moekit::cuda::sm90 {
 
-template <DType kDType, DType kOut, class Config>
-struct GroupKGemm {
+// The epilogue side of group-K; GroupKGemm (below) adds the mainloop and kernel (GroupedGemm).
+template <DType kDType, DType kOut, class Config_>
+struct GroupKParts {
+  using Config = Config_;
   using Element = typename CutlassElement<kDType>::type;
   using ElementD = typename CutlassElement<kOut>::type;
   // C (the accumulate source) exists only for an fp32 dw: main_grad.
   using ElementC = std::conditional_t<kOut == DType::F32, float, void>;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (n, k, m_g)
+  // Problem shape per group: (n, k, m_g).
   using LayoutA = cutlass::layout::ColumnMajor;
   using LayoutB = cutlass::layout::RowMajor;
   using LayoutD = cutlass::layout::RowMajor;
@@ -39,24 +41,9 @@ struct GroupKGemm {
       typename Config::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element,
-      LayoutB*, kAlign, float, typename Config::Tile, typename Config::Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Config::Schedule>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideC = typename Kernel::InternalStrideC;
-  using StrideD = typename Kernel::InternalStrideD;
-  static_assert(std::is_same_v<StrideC, StrideD>, "C strides alias the D stride array");
 };
+template <DType kDType, DType kOut, class Config>
+using GroupKGemm = GroupedGemm<GroupKParts<kDType, kOut, Config>>;
 
 // ---- per-group arrays in the device workspace (written by the setup kernel) ----
 template <class G>

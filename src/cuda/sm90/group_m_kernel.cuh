@@ -24,12 +24,14 @@
 
 namespace moekit::cuda::sm90 {
 
-template <DType kDType, bool kBKMajor, class Config, bool kSwiGlu = false>
-struct GroupMGemm {
+// The epilogue side of group-M; GroupMGemm (below) adds the mainloop and kernel (GroupedGemm).
+template <DType kDType, bool kBKMajor, class Config_, bool kSwiGlu>
+struct GroupMParts {
+  using Config = Config_;
   static_assert(!kSwiGlu || kBKMajor, "the SwiGLU epilogue is for fprop (K-major weights)");
   static constexpr bool kFusedSwiGlu = kSwiGlu;
   using Element = typename CutlassElement<kDType>::type;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (m_g, N, K)
+  // Problem shape per group: (m_g, N, K).
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using LayoutD = cutlass::layout::RowMajor;
@@ -58,24 +60,9 @@ struct GroupMGemm {
       void, LayoutD*, kAlign,  // no C source
       Element, LayoutD*, kAlign, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element,
-      LayoutB*, kAlign, float, typename Config::Tile, typename Config::Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      typename Config::Schedule>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideC = typename Kernel::InternalStrideC;
-  using StrideD = typename Kernel::InternalStrideD;
-  static_assert(std::is_same_v<StrideC, StrideD>, "C strides alias the D stride array");
 };
+template <DType kDType, bool kBKMajor, class Config, bool kSwiGlu = false>
+using GroupMGemm = GroupedGemm<GroupMParts<kDType, kBKMajor, Config, kSwiGlu>>;
 
 // ---- per-group arrays in the device workspace (written by the setup kernel) ----
 template <class G>

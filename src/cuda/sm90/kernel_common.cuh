@@ -66,6 +66,34 @@ struct ConfigCoop {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
+// A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
+// group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config and its
+// CollectiveEpilogue; this
+// adds what both kernels build the same way around them — the warp-specialised mainloop (its
+// stages take what the epilogue leaves of shared memory), the kernel, and the per-group shape and
+// stride types the setup kernels fill.
+template <class P>
+struct GroupedGemm : P {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
+      typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
+      typename P::Config::Tile, typename P::Config::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage))>,
+      typename P::Config::Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
+                                                      typename P::CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+  static_assert(std::is_same_v<StrideC, StrideD>, "C strides alias the D stride array");
+};
+
 template <DType kDType> struct CutlassElement;
 template <> struct CutlassElement<DType::BF16> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassElement<DType::F16> { using type = cutlass::half_t; };

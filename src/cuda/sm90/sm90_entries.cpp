@@ -44,19 +44,14 @@ sm90::GroupMProblem problem_of(const detail::GroupMArgs& args, const DeviceCount
   return p;
 }
 
+// fc1 + SwiGLU: the group-M fprop problem of its GEMM, plus the SwiGLU epilogue's outputs.
 sm90::GroupMProblem problem_of(const detail::GemmSwigluArgs& args, const DeviceCounts& counts) {
-  sm90::GroupMProblem p;
-  p.a = args.x.data();
-  p.b = args.w.data();
-  p.b_transposed = true;
-  p.bias = args.bias.defined() ? args.bias.data() : nullptr;
-  p.out = args.h.data();
+  sm90::GroupMProblem p =
+      problem_of(detail::GroupMArgs{args.ctx, args.x, args.w, BOp::Transposed, args.splits, args.h,
+                                    args.bias, args.groups, args.rows, args.k, 2 * args.f},
+                 counts);
   p.glu_z = args.z.data();
   p.glu_probs = args.probs.defined() ? static_cast<const float*>(args.probs.data()) : nullptr;
-  p.counts = counts;
-  p.k = args.k;
-  p.n = 2 * args.f;
-  p.dtype = args.x.dtype();
   return p;
 }
 
