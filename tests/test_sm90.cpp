@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -579,10 +580,79 @@ TEST_P(CudaSm90FusedSwiGlu, EqualsGemmThenSwiGluBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90FusedSwiGlu, ::testing::ValuesIn(kFusedCases),
                          fused_case_name);
 
+// ---------------------------------------------------------------- fused fc2 dgrad + SwiGLU backward
+
+class CudaSm90FusedDSwiGlu : public ::testing::TestWithParam<FusedCase> {};
+
+// grouped_gemm_dswiglu with the SwiGLU backward in the sm90 dgrad GEMM's epilogue (the FusedCase
+// fields read: K = H, F; bias = accumulate dprobs; probs = with probs and dprobs): dz and dh equal,
+// bit for bit, the two separate calls (guard bands included); dprobs equals them to fp32
+// summation order and matches the fp64 reference, its tail untouched; dh matches its reference.
+TEST_P(CudaSm90FusedDSwiGlu, EqualsGemmThenSwiGluBackward) {
+  MOEKIT_REQUIRE_SM90();
+  const FusedCase& c = GetParam();
+  const Context& ctx = sm90();
+  const bool with_dp = c.probs, accumulate = c.bias;
+  const Tensor dy_h = test::random_normal({c.T, c.K}, c.dtype, 91);
+  const Tensor w_h = test::random_normal({c.G, c.K, c.F}, c.dtype, 92, 1.0 / std::sqrt(double(c.K)));
+  const Tensor h_h = test::random_normal({c.T, 2 * c.F}, c.dtype, 93, 2.0);
+  const Tensor p_h = test::random_normal({c.T}, DType::F32, 94);
+  const Tensor dp0_h = test::random_normal({c.T}, DType::F32, 95);
+  const Tensor dy = to_device(ctx, dy_h), w = to_device(ctx, w_h), h = to_device(ctx, h_h);
+  const Tensor probs = with_dp ? to_device(ctx, p_h) : Tensor();
+  const Tensor counts = c.counts_dtype == DType::U8
+                            ? Tensor()
+                            : to_device(ctx, test::counts_tensor(c.counts, c.counts_dtype));
+  const Splits splits = counts.defined() ? Splits::device(counts) : Splits::host(c.counts);
+  const int64_t S = sum_of(c.counts);
+  const test::GuardedBuffer dz(ctx, {c.T, c.F}, c.dtype), dh(ctx, {c.T, 2 * c.F}, c.dtype);
+  const test::GuardedBuffer dz2(ctx, {c.T, c.F}, c.dtype), dh2(ctx, {c.T, 2 * c.F}, c.dtype);
+  const Tensor dp = with_dp ? to_device(ctx, dp0_h) : Tensor();
+  const Tensor dp2 = with_dp ? to_device(ctx, dp0_h) : Tensor();
+
+  grouped_gemm_dswiglu(ctx, dy, w, splits, h, probs, GluLayout::Interleaved32, dz.view, dh.view,
+                       dp, accumulate);
+  grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz2.view);
+  swiglu_backward(ctx, h, probs, dz2.view, splits, GluLayout::Interleaved32, dh2.view, dp2,
+                  accumulate);
+  ctx.synchronize();
+
+  EXPECT_TRUE(test::bit_identical(dz.all(), dz2.all(), c.dtype)) << "dz: fused vs two calls";
+  EXPECT_TRUE(test::bit_identical(dh.all(), dh2.all(), c.dtype)) << "dh: fused vs two calls";
+  EXPECT_TRUE(dz.untouched_outside(S));
+  EXPECT_TRUE(dh.untouched_outside(S));
+  const std::vector<double> dzv = dz.values();
+  const test::Reference dz_ref =
+      test::reference_dgrad(doubles_of(dy_h), doubles_of(w_h), c.counts, c.F, c.K);
+  EXPECT_TRUE(test::matches_reference("dz", dzv, dz_ref, c.dtype));
+  const test::SwigluGradExpected want = test::swiglu_backward_ref(
+      doubles_of(h_h), with_dp ? doubles_of(p_h) : std::vector<double>{}, dzv, S, c.F,
+      GluLayout::Interleaved32, c.dtype,
+      with_dp && accumulate ? doubles_of(dp0_h) : std::vector<double>{});
+  EXPECT_TRUE(test::matches_expected("dh", dh.values(), want.dh));
+  if (with_dp) {
+    const std::vector<double> got = test::to_doubles(ctx, dp), two = test::to_doubles(ctx, dp2);
+    const std::vector<double> start = doubles_of(dp0_h);
+    EXPECT_TRUE(test::matches_expected("dprobs", got, want.dprobs));
+    for (int64_t t = 0; t < c.T; ++t) {
+      const auto i = static_cast<size_t>(t);
+      if (t >= S) {
+        ASSERT_EQ(got[i], start[i]) << "dprobs tail row " << t << " changed";
+      } else {
+        EXPECT_LE(std::abs(got[i] - two[i]), 1e-5 * (1.0 + std::abs(two[i]))) << "dprobs row " << t;
+      }
+    }
+  }
+  EXPECT_EQ(ctx.device_error_bits(), 0u);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90FusedDSwiGlu, ::testing::ValuesIn(kFusedCases),
+                         fused_case_name);
+
 // What "fused" means, observably: captured with device counts, fc1 + SwiGLU is two kernels (the
-// setup kernel and the GEMM with SwiGLU in its epilogue) for the Interleaved32 layout, and three
-// (setup, GEMM, SwiGLU kernel) for the Halves layout, which the epilogue cannot pair.
-TEST(CudaSm90, FusedSwiGluIsOneGemmLaunchAndHalvesRunsTwoCalls) {
+// setup kernel and the GEMM with SwiGLU in its epilogue) and fc2 dgrad + SwiGLU backward (no
+// dprobs) two as well, for the Interleaved32 layout; for Halves, which the epilogues cannot pair,
+// each is three (setup, GEMM, the SwiGLU kernel).
+TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
   MOEKIT_REQUIRE_SM90();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
@@ -590,25 +660,34 @@ TEST(CudaSm90, FusedSwiGluIsOneGemmLaunchAndHalvesRunsTwoCalls) {
   ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
-    const int64_t G = 4, T = 512, K = 128, F = 64;
-    const Tensor x = to_device(ctx, test::random_normal({T, K}, DType::BF16, 51));
-    const Tensor w = to_device(ctx, test::random_normal({G, 2 * F, K}, DType::BF16, 52, 0.1));
-    const Tensor probs = to_device(ctx, test::random_normal({T}, DType::F32, 53));
+    const int64_t G = 4, T = 512, H = 128, F = 64;
+    auto dev = [&](const Shape& shape, DType dt, uint64_t seed, double sd = 1.0) {
+      return to_device(ctx, test::random_normal(shape, dt, seed, sd));
+    };
+    const Tensor x = dev({T, H}, DType::BF16, 51), w1 = dev({G, 2 * F, H}, DType::BF16, 52, 0.1);
+    const Tensor dy = dev({T, H}, DType::BF16, 53), w2 = dev({G, H, F}, DType::BF16, 54, 0.1);
+    const Tensor probs = dev({T}, DType::F32, 55);
     const Tensor counts = to_device(ctx, test::counts_tensor({100, 0, 300, 50}, DType::I32));
-    const Tensor h = Tensor::empty({T, 2 * F}, DType::BF16, ctx);
-    const Tensor z = Tensor::empty({T, F}, DType::BF16, ctx);
+    const Tensor h = Tensor::empty({T, 2 * F}, DType::BF16, ctx), z = Tensor::empty({T, F}, DType::BF16, ctx);
+    const Tensor dz = Tensor::empty({T, F}, DType::BF16, ctx), dh = Tensor::empty({T, 2 * F}, DType::BF16, ctx);
     ctx.synchronize();
+    const Splits splits = Splits::device(counts);
     for (GluLayout layout : {GluLayout::Interleaved32, GluLayout::Halves}) {
-      SCOPED_TRACE(std::string(name(layout)));
-      void* graph = nullptr;
-      ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
-      auto err = caught([&] {
-        grouped_gemm_swiglu(ctx, x, w, Splits::device(counts), Tensor(), probs, layout, h, z);
-      });
-      ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
-      ASSERT_FALSE(err.has_value()) << err->what();
-      EXPECT_EQ(api.kernel_nodes(graph), layout == GluLayout::Interleaved32 ? 2 : 3);
-      api.graph_destroy(graph);
+      const std::pair<const char*, std::function<void()>> calls[] = {
+          {"forward", [&] { grouped_gemm_swiglu(ctx, x, w1, splits, Tensor(), probs, layout, h, z); }},
+          {"backward", [&] {
+             grouped_gemm_dswiglu(ctx, dy, w2, splits, h, probs, layout, dz, dh, Tensor(), false);
+           }}};
+      for (const auto& [what, call] : calls) {
+        SCOPED_TRACE(std::string(name(layout)) + " " + what);
+        void* graph = nullptr;
+        ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
+        auto err = caught(call);
+        ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
+        ASSERT_FALSE(err.has_value()) << err->what();
+        EXPECT_EQ(api.kernel_nodes(graph), layout == GluLayout::Interleaved32 ? 2 : 3);
+        api.graph_destroy(graph);
+      }
     }
     ctx.synchronize();
   }

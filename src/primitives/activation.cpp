@@ -115,6 +115,52 @@ void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
   swiglu_forward(ctx, h, probs, splits, layout, z);
 }
 
+void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
+                          const Splits& splits, const Tensor& h, const Tensor& probs,
+                          GluLayout layout, const Tensor& dz, const Tensor& dh,
+                          const Tensor& dprobs, bool accumulate_dprobs) {
+  const Device dev = ctx.device();
+  if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, H]", dy.describe());
+  if (!w.defined() || w.dim() != 3) throw_invalid("w", "a 3-D tensor [G, H, F]", w.describe());
+  if (!is_compute_dtype(dy.dtype())) throw_invalid("dy", "dtype f32, f16 or bf16", name(dy.dtype()));
+  const int64_t T = dy.size(0), H = dy.size(1), G = w.size(0), F = w.size(2);
+  check_input("dy", dy, {T, H}, dy.dtype(), dev);
+  check_input("w", w, {G, H, F}, dy.dtype(), dev);
+  if (check_glu_input(h, layout, dev) != F) {
+    throw_invalid("h", str("2F = ", 2 * F, " columns (fc2's F = ", F, ")"), h.describe());
+  }
+  check_input("h", h, {T, 2 * F}, dy.dtype(), dev);
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  validate_splits(splits, G, T, dev);
+  const Tensor& counts = splits.device_counts();
+  check_caller_buffer("dz", dz, {T, F}, dy.dtype(), dev,
+                      {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts}});
+  check_caller_buffer(
+      "dh", dh, {T, 2 * F}, dy.dtype(), dev,
+      {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts}, {"dz", dz}});
+  if (dprobs.defined()) {
+    if (!probs.defined()) {
+      throw_invalid("dprobs", "no tensor when probs are not given (plain SwiGLU has no probs)",
+                    dprobs.describe());
+    }
+    check_caller_buffer("dprobs", dprobs, {T}, DType::F32, dev,
+                        {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts},
+                         {"dz", dz}, {"dh", dh}});
+  }
+  // As grouped_gemm_swiglu: the fused kernel where the GEMM would run on sm90 anyway.
+#ifdef MOEKIT_HAS_SM90
+  const detail::GemmDSwigluArgs args{ctx, dy, w, splits, h, probs, layout, dz, dh, dprobs,
+                                     accumulate_dprobs, G, T, H, F};
+  const std::string_view forced = detail::forced_backend_name(ctx);
+  if ((forced.empty() || forced == "sm90") && cuda::sm90_gemm_dswiglu_rejects(args).empty() &&
+      (!forced.empty() || cuda::sm90_gemm_dswiglu_declines(args).empty())) {
+    return cuda::sm90_gemm_dswiglu_run(args);
+  }
+#endif
+  grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz);
+  swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs);
+}
+
 void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
                      const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                      bool accumulate_dprobs) {

@@ -37,6 +37,22 @@ struct GemmSwigluArgs {
   int64_t groups, rows, k, f;
 };
 
+/// grouped_gemm_dswiglu: dz = dy·w_g per group, then swiglu_backward(h, probs, dz).
+struct GemmDSwigluArgs {
+  const Context& ctx;
+  const Tensor& dy;     // [T, H]
+  const Tensor& w;      // [G, H, F]
+  const Splits& splits;
+  const Tensor& h;      // [T, 2F]
+  const Tensor& probs;  // [T] f32 or undefined
+  GluLayout layout;
+  const Tensor& dz;      // [T, F]
+  const Tensor& dh;      // [T, 2F]
+  const Tensor& dprobs;  // [T] f32 or undefined
+  bool accumulate_dprobs;
+  int64_t groups, rows, k, f;  // k = H (the GEMM's reduction), f = F (its N)
+};
+
 /// swiglu_backward: dh (da, db in h's layout) and optionally dprobs (written or accumulated).
 struct SwigluBackwardArgs {
   const Context& ctx;

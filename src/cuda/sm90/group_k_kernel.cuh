@@ -57,7 +57,8 @@ struct GroupKArrays {
   typename G::StrideB* stride_b;
   typename G::StrideD* stride_d;
 
-  static GroupKArrays carve(WorkspaceCarver& w, int64_t groups) {
+  static GroupKArrays carve(WorkspaceCarver& w, const GroupKProblem& p) {
+    const int64_t groups = p.counts.groups;
     GroupKArrays r;
     r.shapes = w.take<typename G::Shape3>(groups);
     r.ptr_a = w.take<const typename G::Element*>(groups);

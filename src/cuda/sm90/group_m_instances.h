@@ -23,6 +23,9 @@ extern const GroupMInstance group_m_bf16_kmajor_large, group_m_bf16_kmajor_small
 // [dtype][config] with SwiGLU in the epilogue (GroupMProblem::glu_z; b K-major only).
 extern const GroupMInstance group_m_bf16_swiglu_large, group_m_bf16_swiglu_small,
     group_m_f16_swiglu_large, group_m_f16_swiglu_small;
+// [dtype][config] with the SwiGLU backward in the epilogue (GroupMProblem::dglu_dh; b N-major).
+extern const GroupMInstance group_m_bf16_dswiglu_large, group_m_bf16_dswiglu_small,
+    group_m_f16_dswiglu_large, group_m_f16_dswiglu_small;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;

@@ -24,12 +24,18 @@
 
 namespace moekit::cuda::sm90 {
 
+// What the epilogue fuses: nothing (bias only), SwiGLU forward (fc1), SwiGLU backward (fc2 dgrad).
+enum class Fusion { None, SwiGlu, DSwiGlu };
+
 // The epilogue side of group-M; GroupMGemm (below) adds the mainloop and kernel (GroupedGemm).
-template <DType kDType, bool kBKMajor, class Config_, bool kSwiGlu>
+template <DType kDType, bool kBKMajor, class Config_, Fusion kFusion>
 struct GroupMParts {
   using Config = Config_;
-  static_assert(!kSwiGlu || kBKMajor, "the SwiGLU epilogue is for fprop (K-major weights)");
-  static constexpr bool kFusedSwiGlu = kSwiGlu;
+  static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
+  static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
+  static constexpr bool kFusedSwiGlu = kFusion == Fusion::SwiGlu;
+  static constexpr bool kFusedDSwiGlu = kFusion == Fusion::DSwiGlu;
+  using Tile = typename Config::Tile;
   using Element = typename CutlassElement<kDType>::type;
   // Problem shape per group: (m_g, N, K).
   using LayoutA = cutlass::layout::RowMajor;
@@ -47,11 +53,17 @@ struct GroupMParts {
   using ProbLoad = cutlass::epilogue::fusion::Sm90ColBroadcast<
       0, typename Config::Tile, float*, float, cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
   using EpilogueOp = std::conditional_t<
-      kSwiGlu, cutlass::epilogue::fusion::Sm90EVT<Sm90SwiGluZStore<Element>, HNode, ProbLoad>,
-      HNode>;
-  // 64-column subtiles put gate and linear columns of a pair in one visit() (swiglu_epilogue.cuh).
+      kFusedSwiGlu, cutlass::epilogue::fusion::Sm90EVT<Sm90SwiGluZStore<Element>, HNode, ProbLoad>,
+      std::conditional_t<
+          kFusedDSwiGlu,
+          cutlass::epilogue::fusion::Sm90EVT<
+              Sm90DSwiGluStore<Element, decltype(cute::size<0>(typename Config::Tile{}))::value>,
+              cutlass::epilogue::fusion::Sm90AccFetch, ProbLoad>,
+          HNode>>;
+  // 64-column subtiles put gate and linear columns of a pair in one visit() (swiglu_epilogue.cuh);
+  // the backward node relies on the same fragment layout (swiglu_epilogue.cuh).
   using EpilogueTile =
-      std::conditional_t<kSwiGlu, cute::Shape<cute::_64, cute::_64>,
+      std::conditional_t<kFusion != Fusion::None, cute::Shape<cute::_64, cute::_64>,
                          cutlass::epilogue::collective::EpilogueTileAuto>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -61,8 +73,15 @@ struct GroupMParts {
       Element, LayoutD*, kAlign, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 
 };
-template <DType kDType, bool kBKMajor, class Config, bool kSwiGlu = false>
-using GroupMGemm = GroupedGemm<GroupMParts<kDType, kBKMajor, Config, kSwiGlu>>;
+template <DType kDType, bool kBKMajor, class Config, Fusion kFusion = Fusion::None>
+using GroupMGemm = GroupedGemm<GroupMParts<kDType, kBKMajor, Config, kFusion>>;
+
+// N tiles of a dz row: one dp partial each (SwiGLU backward).
+template <class G>
+int64_t dglu_n_tiles(const GroupMProblem& p) {
+  constexpr int64_t kTileN = decltype(cute::size<1>(typename G::Tile{}))::value;
+  return (p.n + kTileN - 1) / kTileN;
+}
 
 // ---- per-group arrays in the device workspace (written by the setup kernel) ----
 template <class G>
@@ -73,20 +92,31 @@ struct GroupArrays {
   typename G::Element** ptr_d;               // [groups]
   const typename G::Element** ptr_bias;      // [groups] (unused when there is no bias)
   typename G::Element** ptr_z;               // [groups] SwiGLU output (kSwiGlu only)
-  const float** ptr_probs;                   // [groups] (kSwiGlu with probs only)
+  const float** ptr_probs;                   // [groups] (kSwiGlu/kDSwiGlu with probs only)
+  const typename G::Element** ptr_h;         // [groups] kDSwiGlu: h rows of the group
+  typename G::Element** ptr_dh;              // [groups] kDSwiGlu: dh rows of the group
+  float** ptr_partial;                       // [groups] kDSwiGlu: rows of `partial`
+  float* partial;                            // kDSwiGlu with dprobs: [rows, n_tiles] dp partials
   typename G::StrideA* stride_a;             // [groups]
   typename G::StrideB* stride_b;             // [groups]
   typename G::StrideD* stride_d;             // [groups]
 
-  static GroupArrays carve(WorkspaceCarver& w, int64_t groups) {
+  static GroupArrays carve(WorkspaceCarver& w, const GroupMProblem& p) {
+    const int64_t groups = p.counts.groups;
     GroupArrays r;
     r.shapes = w.take<typename G::Shape3>(groups);
     r.ptr_a = w.take<const typename G::Element*>(groups);
     r.ptr_b = w.take<const typename G::Element*>(groups);
     r.ptr_d = w.take<typename G::Element*>(groups);
     r.ptr_bias = w.take<const typename G::Element*>(groups);
+    const int64_t fused = G::kFusedSwiGlu || G::kFusedDSwiGlu ? groups : 0;
+    const int64_t backward = G::kFusedDSwiGlu ? groups : 0;
     r.ptr_z = w.take<typename G::Element*>(G::kFusedSwiGlu ? groups : 0);
-    r.ptr_probs = w.take<const float*>(G::kFusedSwiGlu ? groups : 0);
+    r.ptr_probs = w.take<const float*>(fused);
+    r.ptr_h = w.take<const typename G::Element*>(backward);
+    r.ptr_dh = w.take<typename G::Element*>(backward);
+    r.ptr_partial = w.take<float*>(backward);
+    r.partial = w.take<float>(G::kFusedDSwiGlu && p.dglu_dprobs ? p.counts.rows * dglu_n_tiles<G>(p) : 0);
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
@@ -103,6 +133,10 @@ struct GroupMSetupInputs {
   void* out;
   void* z;             // SwiGLU output [rows, n/2] or nullptr
   const float* probs;  // [rows] or nullptr
+  const void* h;       // SwiGLU backward: h [rows, 2n]
+  void* dh;            // SwiGLU backward: dh [rows, 2n]
+  bool partials;       // SwiGLU backward: write dp partials (into the arrays' `partial`)
+  int64_t n_tiles;
 };
 
 // ---- the setup kernel: device counts → per-group shapes, pointers, strides ----
@@ -121,11 +155,32 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
       out.ptr_z[g] = static_cast<E*>(in.z) + off * (in.n / 2);
       if (in.probs) out.ptr_probs[g] = in.probs + off;
     }
+    if constexpr (G::kFusedDSwiGlu) {
+      out.ptr_h[g] = static_cast<const E*>(in.h) + off * 2 * in.n;
+      out.ptr_dh[g] = static_cast<E*>(in.dh) + off * 2 * in.n;
+      if (in.partials) out.ptr_partial[g] = out.partial + off * in.n_tiles;
+      if (in.probs) out.ptr_probs[g] = in.probs + off;
+    }
     // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N).
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
   });
+}
+
+// ---- SwiGLU backward: dprobs from the epilogue's per-N-tile partials ----
+// dp_t = Σ_n partial[t, n] in n order, written or added once to dprobs[t], for t < S.
+// (static: this header is included by several instance translation units)
+static __global__ void __launch_bounds__(256)
+    sum_dp_partials(DeviceCounts counts, const float* __restrict__ partial, int64_t n_tiles,
+                    float* __restrict__ dprobs, bool accumulate) {
+  const int64_t S = block_valid_rows(counts);  // -1 for invalid counts: nothing is written
+  for (int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; t < S;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t n = 0; n < n_tiles; ++n) sum = __fadd_rn(sum, partial[t * n_tiles + n]);
+    dprobs[t] = accumulate ? __fadd_rn(dprobs[t], sum) : sum;
+  }
 }
 
 // ---- host side ----
@@ -144,6 +199,14 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
     // {h, probs column broadcast (null: 1), SwiGLU store}
     typename G::EpilogueOp::Arguments fusion{
         h, {p.glu_probs ? arr.ptr_probs : nullptr, 1.0f, {}}, {arr.ptr_z, p.n / 2}};
+    args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
+  } else if constexpr (G::kFusedDSwiGlu) {
+    // {acc fetch, probs column broadcast (null: 1), SwiGLU backward store}
+    typename G::EpilogueOp::Arguments fusion{
+        {},
+        {p.glu_probs ? arr.ptr_probs : nullptr, 1.0f, {}},
+        {arr.ptr_h, arr.ptr_dh, p.dglu_dprobs ? arr.ptr_partial : nullptr, 2 * p.n,
+         static_cast<int>(dglu_n_tiles<G>(p))}};
     args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
   } else {
     args.epilogue = {h, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
@@ -166,18 +229,34 @@ size_t workspace_bytes_of(const GroupMProblem& p) {
 template <class G>
 void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const GroupMCall<G> call(p, workspace);
-  const GroupMSetupInputs in{p.counts, p.k, p.n, p.a, p.b, p.bias, p.out, p.glu_z, p.glu_probs};
+  const GroupMSetupInputs in{p.counts,     p.k,         p.n,         p.a,
+                             p.b,          p.bias,      p.out,       p.glu_z,
+                             p.glu_probs,  p.dglu_h,    p.dglu_dh,   p.dglu_dprobs != nullptr,
+                             dglu_n_tiles<G>(p)};
   group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
-  const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0);
+  const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
+                      (p.dglu_dprobs != nullptr ? 4 : 0);
   call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
+  if constexpr (G::kFusedDSwiGlu) {
+    if (p.dglu_dprobs) {
+      constexpr int kThreads = 256;
+      const int64_t blocks = std::min<int64_t>((p.counts.rows + kThreads - 1) / kThreads, 4096);
+      if (blocks > 0) {
+        sum_dp_partials<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+            p.counts, call.arrays.partial, dglu_n_tiles<G>(p), p.dglu_dprobs, p.dglu_accumulate);
+        MOEKIT_CUDA_CHECK_LAUNCH();
+      }
+    }
+  }
 }
 
 // Defines the GroupMInstance `symbol` (declared in group_m_instances.h) for one configuration.
-// swiglu: true for the fused-SwiGLU epilogue (GroupMProblem::glu_z).
-#define MOEKIT_SM90_GROUP_M_INSTANCE(symbol, dtype, b_k_major, config, swiglu, label)       \
+// fusion: None, SwiGlu (GroupMProblem::glu_z) or DSwiGlu (GroupMProblem::dglu_dh).
+#define MOEKIT_SM90_GROUP_M_INSTANCE(symbol, dtype, b_k_major, config, fusion, label)       \
   namespace {                                                                             \
-  using symbol##_gemm = ::moekit::cuda::sm90::GroupMGemm<dtype, b_k_major, config, swiglu>; \
+  using symbol##_gemm = ::moekit::cuda::sm90::GroupMGemm<dtype, b_k_major, config,         \
+                                                         ::moekit::cuda::sm90::Fusion::fusion>; \
   size_t symbol##_ws(const GroupMProblem& p) {                                            \
     return ::moekit::cuda::sm90::workspace_bytes_of<symbol##_gemm>(p);                    \
   }                                                                                       \

@@ -60,11 +60,18 @@ const GroupMInstance* const kSwiGluInstances[2][kConfigCount] = {
     {&group_m_f16_swiglu_large, &group_m_f16_swiglu_small},
 };
 
+// [dtype][config]: group-M dgrad with the SwiGLU backward epilogue (b N-major).
+const GroupMInstance* const kDSwiGluInstances[2][kConfigCount] = {
+    {&group_m_bf16_dswiglu_large, &group_m_bf16_dswiglu_small},
+    {&group_m_f16_dswiglu_large, &group_m_f16_dswiglu_small},
+};
+
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
   // The fused SwiGLU instances share kLarge/kSmallM's mainloop, so h has the bits of the plain
   // instance run() would pick (tile studies excepted: rejects() keeps those unfused).
   if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
+  if (p.dglu_dh) return *kDSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
 #ifdef MOEKIT_SM90_TILE_STUDY
   if (config == kLarge && p.dtype == DType::BF16 && study_coop()) {
     return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
@@ -132,6 +139,19 @@ std::string rejects(const GroupMProblem& p, int device) {
       return str("N = 2F = ", p.n, " is not a multiple of 64 (the SwiGLU epilogue's pairs)");
     }
     if (reinterpret_cast<uintptr_t>(p.glu_z) % 4 != 0) return "z is not 4-byte aligned";
+#ifdef MOEKIT_SM90_TILE_STUDY
+    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_coop()) {
+      return "MOEKIT_SM90_TILE=coop: the tile-study instances have no SwiGLU epilogue";
+    }
+#endif
+  }
+  if (p.dglu_dh) {
+    if (p.glu_z) return "SwiGLU forward and backward epilogues cannot be combined";
+    if (p.b_transposed) return "the SwiGLU backward epilogue is built for dgrad (b plain) only";
+    if (p.n % 32 != 0) return str("N = F = ", p.n, " is not a multiple of 32 (Interleaved32)");
+    for (const void* ptr : {p.dglu_h, static_cast<const void*>(p.dglu_dh)}) {
+      if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return "h or dh is not 4-byte aligned";
+    }
 #ifdef MOEKIT_SM90_TILE_STUDY
     if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_coop()) {
       return "MOEKIT_SM90_TILE=coop: the tile-study instances have no SwiGLU epilogue";

@@ -247,7 +247,7 @@ struct GroupedCall {
     MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
     hw = hardware_info<G>(device);
     WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, Arrays{}, hw)));
-    arrays = Arrays::carve(w, p.counts.groups);
+    arrays = Arrays::carve(w, p);
     bytes = w.total();
   }
 

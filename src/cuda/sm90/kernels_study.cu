@@ -8,9 +8,9 @@
 #include "cuda/sm90/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_coop, DType::BF16, true, ConfigCoop, false,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_coop, DType::BF16, true, ConfigCoop, None,
                              "bf16 b:k-major cooperative 256x128x64 cluster 1x2 (study)")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_coop, DType::BF16, false, ConfigCoop, false,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_coop, DType::BF16, false, ConfigCoop, None,
                              "bf16 b:n-major cooperative 256x128x64 cluster 1x2 (study)")
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32_coop, DType::BF16, DType::F32, ConfigCoop,
                              "bf16 -> f32 cooperative 256x128x64 cluster 1x2 (study)")

@@ -5,12 +5,12 @@
 #include "cuda/sm90/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_large, DType::BF16, true, ConfigLarge, true,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_large, DType::BF16, true, ConfigLarge, SwiGlu,
                              "bf16 b:k-major pingpong 128x128x64 cluster 1x2 +swiglu")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_small, DType::BF16, true, ConfigSmallM, true,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_small, DType::BF16, true, ConfigSmallM, SwiGlu,
                              "bf16 b:k-major pingpong 64x128x64 cluster 1x1 +swiglu")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_swiglu_large, DType::F16, true, ConfigLarge, true,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_swiglu_large, DType::F16, true, ConfigLarge, SwiGlu,
                              "f16 b:k-major pingpong 128x128x64 cluster 1x2 +swiglu")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_swiglu_small, DType::F16, true, ConfigSmallM, true,
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_swiglu_small, DType::F16, true, ConfigSmallM, SwiGlu,
                              "f16 b:k-major pingpong 64x128x64 cluster 1x1 +swiglu")
 }  // namespace moekit::cuda::sm90

@@ -55,6 +55,24 @@ sm90::GroupMProblem problem_of(const detail::GemmSwigluArgs& args, const DeviceC
   return p;
 }
 
+sm90::GroupMProblem problem_of(const detail::GemmDSwigluArgs& args, const DeviceCounts& counts) {
+  sm90::GroupMProblem p;
+  p.a = args.dy.data();
+  p.b = args.w.data();
+  p.b_transposed = false;
+  p.out = args.dz.data();
+  p.glu_probs = args.probs.defined() ? static_cast<const float*>(args.probs.data()) : nullptr;
+  p.dglu_h = args.h.data();
+  p.dglu_dh = args.dh.data();
+  p.dglu_dprobs = args.dprobs.defined() ? static_cast<float*>(args.dprobs.data()) : nullptr;
+  p.dglu_accumulate = args.accumulate_dprobs;
+  p.counts = counts;
+  p.k = args.k;
+  p.n = args.f;
+  p.dtype = args.dy.dtype();
+  return p;
+}
+
 sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCounts& counts) {
   sm90::GroupKProblem p;
   p.dy = args.dy.data();
@@ -137,5 +155,17 @@ std::string sm90_gemm_swiglu_rejects(const detail::GemmSwigluArgs& args) {
   return rejects_of(args);
 }
 void sm90_gemm_swiglu_run(const detail::GemmSwigluArgs& args) { run_of(args); }
+std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args) {
+  if (args.layout != GluLayout::Interleaved32) {
+    return str("the SwiGLU backward is fused into the dgrad epilogue for the interleaved32 GLU "
+               "layout only, got ",
+               name(args.layout));
+  }
+  return rejects_of(args);
+}
+void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); }
+std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
+  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+}
 
 }  // namespace moekit::cuda

@@ -24,9 +24,13 @@ void sm90_group_k_run(const detail::GroupKArgs& args);
 // grouped_gemm_swiglu with SwiGLU in the group-M kernel's epilogue (GluLayout::Interleaved32).
 std::string sm90_gemm_swiglu_rejects(const detail::GemmSwigluArgs& args);
 void sm90_gemm_swiglu_run(const detail::GemmSwigluArgs& args);
+// grouped_gemm_dswiglu with the SwiGLU backward in the group-M dgrad kernel's epilogue.
+std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args);
+void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args);
 // Automatic choice only: uniform host splits of small groups go to cuBLAS's batched GEMMs.
 std::string sm90_group_m_declines(const detail::GroupMArgs& args);
 std::string sm90_group_k_declines(const detail::GroupKArgs& args);
 std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args);
+std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args);
 
 }  // namespace moekit::cuda

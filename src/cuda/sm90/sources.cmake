@@ -43,6 +43,7 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu   # and one for the 4 fused-SwiGLU instances
   ${CMAKE_CURRENT_LIST_DIR}/kernels_f16.cu
   ${CMAKE_CURRENT_LIST_DIR}/kernels_swiglu.cu
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_dswiglu.cu  # the 4 fused SwiGLU-backward instances
 )
 # Tile studies (off by default: ~3 more minutes of CPU per build): cooperative 256x128 instances,
 # chosen at run time with MOEKIT_SM90_TILE=coop (kernels_study.cu).

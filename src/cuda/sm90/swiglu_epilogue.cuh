@@ -1,5 +1,7 @@
-// Internal: the EVT node that fuses fc1's activation into the sm90 group-M epilogue
-// (design/FUSED_EPILOGUE.md). Included by group_m_kernel.cuh only.
+// Internal: the EVT nodes that fuse the grouped MLP's activation into sm90 group-M epilogues —
+// SwiGLU forward into fc1's (Sm90SwiGluZStore, below) and SwiGLU backward into fc2's dgrad
+// (Sm90DSwiGluStore, further down) — and the base they share (design/FUSED_EPILOGUE.md).
+// Included by group_m_kernel.cuh only.
 //
 // The tree is  SwiGluZStore( h = round(acc + bias_g),  p = probs_g[row] ):
 //   - it returns h unchanged, so the collective stores h [rows, 2F] through shared memory and TMA
@@ -25,25 +27,22 @@
 #include <cstring>
 
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+#include "cutlass/numeric_conversion.h"
 
 namespace moekit::cuda::sm90 {
 
-template <class ElementZ>
-struct Sm90SwiGluZStore {
+// What an EVT node that only reads registers and writes global memory needs besides its
+// callbacks (no producer loads, no C, no workspace, no shared memory). Args: its Arguments, which
+// are also its Params (the group problem shapes live on the device: never read them here).
+template <class Args>
+struct StoreOnlyNode {
   struct SharedStorage {};
-  struct Arguments {
-    ElementZ* const* ptr_z = nullptr;  // [groups]: z + off_g·ldz (null: pass h through only)
-    int64_t ldz = 0;                   // F
-  };
-  using Params = Arguments;
+  using Arguments = Args;
+  using Params = Args;
 
   template <class ProblemShape>
   static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& a, void*) {
-    return a;  // the group problem shapes live on the device: never read them here
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& a) {
-    return a.ldz % 2 == 0;
+    return a;
   }
   template <class ProblemShape>
   static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
@@ -55,16 +54,33 @@ struct Sm90SwiGluZStore {
     return cutlass::Status::kSuccess;
   }
 
-  CUTLASS_HOST_DEVICE Sm90SwiGluZStore() {}
-  CUTLASS_HOST_DEVICE Sm90SwiGluZStore(Params const& p, SharedStorage const&) : params_ptr(&p) {}
+  CUTLASS_HOST_DEVICE StoreOnlyNode() {}
+  CUTLASS_HOST_DEVICE StoreOnlyNode(Params const& p, SharedStorage const&) : params_ptr(&p) {}
   Params const* params_ptr = nullptr;
 
   CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
   CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  template <class... Args>
+  template <class... A>
   CUTLASS_DEVICE auto get_producer_load_callbacks(
-      cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+      cutlass::epilogue::fusion::ProducerLoadArgs<A...> const&) {
     return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
+template <class ElementZ>
+struct SwiGluZArgs {
+  ElementZ* const* ptr_z = nullptr;  // [groups]: z + off_g·ldz (null: pass h through only)
+  int64_t ldz = 0;                   // F
+};
+
+template <class ElementZ>
+struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
+  using Base = StoreOnlyNode<SwiGluZArgs<ElementZ>>;
+  using Base::Base;
+  using typename Base::Arguments;
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& a) {
+    return a.ldz % 2 == 0;
   }
 
   template <class CTensor, class Residue>
@@ -114,11 +130,150 @@ struct Sm90SwiGluZStore {
     auto [m, n, k, l] = args.tile_coord_mnkl;     // l = the group's index
     static_assert(cute::size<1>(decltype(args.epi_tile){}) == 64,
                   "gate and linear columns meet in one visit() only with 64-column subtiles");
-    ElementZ* z = params_ptr->ptr_z ? params_ptr->ptr_z[l] : nullptr;
+    const auto& prm = *this->params_ptr;
+    ElementZ* z = prm.ptr_z ? prm.ptr_z[l] : nullptr;
     const int row0 = static_cast<int>(M) - static_cast<int>(cute::get<0>(args.residue_tCcD));
     const int col0 = static_cast<int>(N) - static_cast<int>(cute::get<1>(args.residue_tCcD));
     return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        z, params_ptr->ldz, row0, col0, args.tCcD, args.residue_tCcD);
+        z, prm.ldz, row0, col0, args.tCcD, args.residue_tCcD);
+  }
+};
+
+// ---- SwiGLU backward (WIP, branch wip/fused-fc2-dswiglu; compiled, never run on a GPU) ----
+// The EVT node that fuses the SwiGLU backward into fc2's dgrad epilogue (design/ARCHITECTURE.md, "Fused MLP
+// epilogues"). The GEMM is dz = dy · W2_g (group-M, N-major B); its accumulator tile is dz
+// [rows, F]. Per element (row t, column j of dz) the node
+//   - rounds dz to the element type (the value the unfused path stores and reads back) and
+//     returns it, so the collective still stores dz as D (kept for testing; a void D is next);
+//   - loads a = h[t, gate(j)] and b = h[t, lin(j)] (Interleaved32: gate(j) = 64·⌊j/32⌋ + j%32,
+//     lin(j) = gate(j) + 32) with 4-byte loads for the column pair (j, j + 1);
+//   - writes dh[t, gate(j)] = p·dz·b·silu'(a) and dh[t, lin(j)] = p·dz·silu(a) with the SwiGLU
+//     backward kernel's operations in its order (src/cuda/activation.cu), so dh is bit-identical;
+//   - sums dz·silu(a)·b over its columns per row; at the end of the tile the four threads of a
+//     quad (which share rows) add their sums in a fixed order and lane 0 of the quad writes the
+//     row's partial for this N tile: partial_g[row · n_tiles + n]. A small kernel then adds the
+//     partials of a row in n order (deterministic; differs from the unfused row sum only in the
+//     order of the additions).
+// Fragment layout this relies on (the forward node's, design/FUSED_EPILOGUE.md §3): element
+// i = b + 2r + 4s + 8k of a visit() fragment sits at (row 8r, column b + 8s + 16k) relative to the
+// thread's element 0, so elements (i, i + 1) with i even are adjacent columns of one row, and a
+// thread's rows in a subtile are {0, 8}; epi_m moves them by 64 (ping-pong: 64-row subtiles).
+template <class ElementH>
+struct DSwiGluArgs {
+  ElementH const* const* ptr_h = nullptr;  // [groups]: h + off_g·ldh
+  ElementH* const* ptr_dh = nullptr;       // [groups]: dh + off_g·ldh
+  float* const* ptr_partial = nullptr;     // [groups]: partial + off_g·n_tiles (null: no dp)
+  int64_t ldh = 0;                         // 2F
+  int n_tiles = 0;                         // ⌈F / tile N⌉
+};
+
+template <class ElementH, int kTileRows>
+struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
+  using Base = StoreOnlyNode<DSwiGluArgs<ElementH>>;
+  using Base::Base;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using ElementAux = ElementH;  // lets the collective name an element type even without D
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& a) {
+    return a.ldh % 64 == 0;
+  }
+
+  static constexpr int kRowSlots = kTileRows / 64 * 2;  // (epi_m, r) rows a thread touches
+
+  template <class CTensor, class Residue>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ElementH const* h, ElementH* dh, float* partial,
+                                          int64_t ldh, int n_tiles, int n_tile, int row0,
+                                          int col0, CTensor tCcD, Residue residue)
+        : h(h), dh(dh), partial(partial), ldh(ldh), n_tiles(n_tiles), n_tile(n_tile),
+          row0(row0), col0(col0), tCcD(tCcD), residue(residue) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kRowSlots; ++s) dp[s] = 0.0f;
+    }
+    ElementH const* h;
+    ElementH* dh;
+    float* partial;
+    int64_t ldh;
+    int n_tiles, n_tile;
+    int row0, col0;
+    CTensor tCcD;
+    Residue residue;
+    float dp[kRowSlots];  // this thread's running Σ dz·silu(a)·b per row slot
+
+    template <class ElementAcc, class ElementP, int kFrag>
+    CUTLASS_DEVICE cutlass::Array<ElementH, kFrag> visit(
+        cutlass::Array<ElementAcc, kFrag> const& acc, int epi_v, int epi_m, int epi_n,
+        cutlass::Array<ElementAcc, kFrag> const&, cutlass::Array<ElementP, kFrag> const& p) {
+      // dz as the plain dgrad epilogue rounds it: round_to_nearest(acc + 0), its bias being a null
+      // broadcast that reads as 0 (so -0 becomes +0 there too).
+      cutlass::NumericConverter<ElementH, float, cutlass::FloatRoundStyle::round_to_nearest> round;
+      cutlass::Array<ElementH, kFrag> dz;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kFrag; ++i) dz[i] = round(static_cast<float>(acc[i]) + 0.0f);
+      auto c = tCcD(cute::_, cute::_, cute::_, epi_m, epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kFrag; i += 2) {  // (i, i + 1): adjacent columns of one row
+        const auto rc = c(epi_v * kFrag + i);
+        if (!cute::elem_less(rc, residue)) continue;  // a row past m_g
+        const int64_t row = row0 + cute::get<0>(rc);
+        const int j = col0 + cute::get<1>(rc);
+        const int64_t gate = (j >> 5) * 64 + (j & 31), lin = gate + 32;
+        ElementH a2[2], b2[2], da[2], db[2];
+        memcpy(a2, h + row * ldh + gate, sizeof(a2));
+        memcpy(b2, h + row * ldh + lin, sizeof(b2));
+        float sum = 0.0f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float a = static_cast<float>(a2[e]), b = static_cast<float>(b2[e]);
+          const float g = static_cast<float>(dz[i + e]);
+          const float sig = 1.0f / (1.0f + expf(-a));
+          const float silu = __fmul_rn(a, sig);
+          const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
+          const float pdz = __fmul_rn(static_cast<float>(p[i + e]), g);
+          da[e] = ElementH(__fmul_rn(__fmul_rn(pdz, b), dsilu));
+          db[e] = ElementH(__fmul_rn(pdz, silu));
+          sum = __fadd_rn(sum, __fmul_rn(g, __fmul_rn(silu, b)));
+        }
+        memcpy(dh + row * ldh + gate, da, sizeof(da));
+        memcpy(dh + row * ldh + lin, db, sizeof(db));
+        // Row slot: r = bit 1 of i (rows 0 / 8), then epi_m.
+        const int slot = epi_m * 2 + ((i >> 1) & 1);
+        dp[slot] = __fadd_rn(dp[slot], sum);
+      }
+      return dz;
+    }
+
+    CUTLASS_DEVICE void end() {
+      if (partial == nullptr) return;
+      // The quad's four lanes hold the same rows: fixed-order sum (xor 1, then xor 2).
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kRowSlots; ++s) {
+        dp[s] = __fadd_rn(dp[s], __shfl_xor_sync(0xffffffffu, dp[s], 1));
+        dp[s] = __fadd_rn(dp[s], __shfl_xor_sync(0xffffffffu, dp[s], 2));
+      }
+      if (threadIdx.x % 4 != 0) return;
+      auto c = tCcD(cute::_, cute::_, cute::_, 0, 0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kRowSlots; ++s) {
+        const int rel = static_cast<int>(cute::get<0>(c(0))) + (s >> 1) * 64 + (s & 1) * 8;
+        if (rel >= static_cast<int>(cute::get<0>(residue))) continue;
+        partial[static_cast<int64_t>(row0 + rel) * n_tiles + n_tile] = dp[s];
+      }
+    }
+  };
+
+  template <bool kReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(
+      cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    const Params& prm = *this->params_ptr;
+    const int row0 = static_cast<int>(M) - static_cast<int>(cute::get<0>(args.residue_tCcD));
+    const int col0 = static_cast<int>(N) - static_cast<int>(cute::get<1>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
+        prm.ptr_h[l], prm.ptr_dh[l], prm.ptr_partial ? prm.ptr_partial[l] : nullptr, prm.ldh,
+        prm.n_tiles, static_cast<int>(n), row0, col0, args.tCcD, args.residue_tCcD);
   }
 };
 
