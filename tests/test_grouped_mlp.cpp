@@ -335,10 +335,10 @@ INSTANTIATE_TEST_SUITE_P(Devices, GemmSwiGluPrimitive, ::testing::ValuesIn(devic
 // ============================================================== fc2 dgrad + SwiGLU backward primitive
 using GemmDSwiGluPrimitive = OnDevice;
 
-// grouped_gemm_dswiglu equals grouped_gemm_group_m (Plain) followed by swiglu_backward: dz and dh
-// bit for bit, dprobs (written and accumulated) bit for bit on the CPU and to fp32 summation
-// order on CUDA (the sm90 epilogue's order; test_sm90 checks that path with sm90 forced), and the
-// tails untouched; dh and dprobs also against the fp64 reference from the stored h and dz.
+// grouped_gemm_dswiglu equals grouped_gemm_group_m (Plain) followed by swiglu_backward: dh bit
+// for bit, dprobs (written and accumulated) bit for bit on the CPU and to fp32 summation order on
+// CUDA (the sm90 epilogue's order; test_sm90 checks that path with sm90 forced), tails untouched;
+// dh and dprobs also against the fp64 reference from h and the two-call dz.
 TEST_P(GemmDSwiGluPrimitive, EqualsGemmThenSwiGluBackward) {
   for (DType dt : kDtypes) {
     for (GluLayout layout : kLayouts) {
@@ -347,51 +347,45 @@ TEST_P(GemmDSwiGluPrimitive, EqualsGemmThenSwiGluBackward) {
         const MlpData d = make_mlp_data({.G = 3, .H = 64, .F = 64, .T = 300,
                                          .counts = {0, 170, 120}, .dtype = dt,
                                          .layout = layout, .seed = 6});
-        const int64_t T = d.c.T, F = d.c.F, H = d.c.H, S = sum(d.c.counts);
+        const int64_t T = d.c.T, F = d.c.F, S = sum(d.c.counts);
         const Tensor dy = to_device(ctx_, d.dy), w = to_device(ctx_, d.w2);
         const Tensor h_h = random_normal({T, 2 * F}, dt, 71, 2.0);
         const Tensor h = to_device(ctx_, h_h), probs = to_device(ctx_, d.probs);
         const Tensor dp_start = random_normal({T}, DType::F32, 72);
         const Splits splits = Splits::host(d.c.counts);
-        Tensor out[2][3];  // [fused?][dz, dh, dprobs]
+        const Tensor dz = filled(ctx_, {T, F}, dt, kSentinel);
+        Tensor dh[2], dp[2];  // [fused?]
         for (int fused = 0; fused < 2; ++fused) {
-          out[fused][0] = filled(ctx_, {T, F}, dt, kSentinel);
-          out[fused][1] = filled(ctx_, {T, 2 * F}, dt, kSentinel);
-          out[fused][2] = dp_mode == 0 ? Tensor() : to_device(ctx_, dp_start);
+          dh[fused] = filled(ctx_, {T, 2 * F}, dt, kSentinel);
+          dp[fused] = dp_mode == 0 ? Tensor() : to_device(ctx_, dp_start);
           if (fused) {
-            grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, layout, out[1][0], out[1][1],
-                                 out[1][2], dp_mode == 2);
+            grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, layout, dh[1], dp[1], dp_mode == 2);
           } else {
-            grouped_gemm_group_m(ctx_, dy, w, BOp::Plain, splits, out[0][0]);
-            swiglu_backward(ctx_, h, probs, out[0][0], splits, layout, out[0][1], out[0][2],
-                            dp_mode == 2);
+            grouped_gemm_group_m(ctx_, dy, w, BOp::Plain, splits, dz);
+            swiglu_backward(ctx_, h, probs, dz, splits, layout, dh[0], dp[0], dp_mode == 2);
           }
         }
-        EXPECT_TRUE(bit_identical(bytes_of(ctx_, out[1][0]), bytes_of(ctx_, out[0][0]), dt)) << "dz";
-        EXPECT_TRUE(bit_identical(bytes_of(ctx_, out[1][1]), bytes_of(ctx_, out[0][1]), dt)) << "dh";
-        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, out[1][0]), S, T, F, dt));
-        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, out[1][1]), S, T, 2 * F, dt));
-        const std::vector<double> dz = to_doubles(ctx_, out[1][0]);
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, dh[1]), bytes_of(ctx_, dh[0]), dt)) << "dh";
+        EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dh[1]), S, T, 2 * F, dt));
         const SwigluGradExpected want = swiglu_backward_ref(
-            to_doubles(host(), h_h), to_doubles(host(), d.probs), dz, S, F, layout, dt,
-            dp_mode == 2 ? to_doubles(host(), dp_start) : std::vector<double>{});
-        EXPECT_TRUE(matches_expected("dh", to_doubles(ctx_, out[1][1]), want.dh));
+            to_doubles(host(), h_h), to_doubles(host(), d.probs), to_doubles(ctx_, dz), S, F,
+            layout, dt, dp_mode == 2 ? to_doubles(host(), dp_start) : std::vector<double>{});
+        EXPECT_TRUE(matches_expected("dh", to_doubles(ctx_, dh[1]), want.dh));
         if (dp_mode == 0) continue;
-        const std::vector<double> dp_fused = to_doubles(ctx_, out[1][2]);
-        EXPECT_TRUE(matches_expected("dprobs", dp_fused, want.dprobs));
-        const std::vector<double> dp_two = to_doubles(ctx_, out[0][2]), start = to_doubles(host(), dp_start);
+        const std::vector<double> got = to_doubles(ctx_, dp[1]), two = to_doubles(ctx_, dp[0]);
+        const std::vector<double> start = to_doubles(host(), dp_start);
+        EXPECT_TRUE(matches_expected("dprobs", got, want.dprobs));
         for (int64_t t = 0; t < T; ++t) {
           const auto i = static_cast<size_t>(t);
           if (t >= S) {
-            EXPECT_EQ(dp_fused[i], start[i]) << "dprobs tail row " << t;
+            EXPECT_EQ(got[i], start[i]) << "dprobs tail row " << t;
           } else if (ctx_.device().is_cpu()) {
-            EXPECT_EQ(dp_fused[i], dp_two[i]) << "dprobs row " << t;
+            EXPECT_EQ(got[i], two[i]) << "dprobs row " << t;
           } else {
-            EXPECT_LE(std::abs(dp_fused[i] - dp_two[i]), 1e-5 * (1.0 + std::abs(dp_two[i])))
+            EXPECT_LE(std::abs(got[i] - two[i]), 1e-5 * (1.0 + std::abs(two[i])))
                 << "dprobs row " << t;
           }
         }
-        (void)H;
       }
     }
   }
@@ -403,49 +397,44 @@ TEST_P(GemmDSwiGluPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
   const Tensor w = to_device(ctx_, random_normal({G, H, F}, DType::F32, 82));
   const Tensor h = to_device(ctx_, random_normal({T, 2 * F}, DType::F32, 83));
   const Tensor probs = to_device(ctx_, random_normal({T}, DType::F32, 84));
-  const Tensor dz = filled(ctx_, {T, F}, DType::F32, kSentinel);
   const Tensor dh = filled(ctx_, {T, 2 * F}, DType::F32, kSentinel);
   const Tensor dp = filled(ctx_, {T}, DType::F32, kSentinel);
   const Splits splits = Splits::host({3, 5});
-  auto untouched = [&] {
-    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dz), 0, T, F, DType::F32));
-    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dh), 0, T, 2 * F, DType::F32));
-    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), 0, T, 1, DType::F32));
-  };
   // h of the wrong width for fc2's F.
   const Tensor h48 = to_device(ctx_, random_normal({T, 48}, DType::F32, 85));
   auto e = caught([&] {
-    grouped_gemm_dswiglu(ctx_, dy, w, splits, h48, probs, GluLayout::Halves, dz, dh, dp, false);
+    grouped_gemm_dswiglu(ctx_, dy, w, splits, h48, probs, GluLayout::Halves, dh, dp, false);
   });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'h'"));
   // dprobs without probs.
   e = caught([&] {
-    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, Tensor(), GluLayout::Halves, dz, dh, dp, false);
+    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, Tensor(), GluLayout::Halves, dh, dp, false);
   });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'dprobs'"));
-  // dh overlapping dz.
-  const Tensor dh_over = Tensor::wrap(dz.data(), {T, 2 * F}, DType::F32, ctx_.device());
-  const Tensor dz_small = Tensor::wrap(dz.data(), {T / 2, F}, DType::F32, ctx_.device());
+  // dh overlapping h; dh of the wrong shape.
+  const Tensor dh_over = Tensor::wrap(h.data(), {T, 2 * F}, DType::F32, ctx_.device());
   e = caught([&] {
-    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, GluLayout::Halves, dz, dh_over, dp, false);
+    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, GluLayout::Halves, dh_over, dp, false);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("overlapping input 'h'"));
+  const Tensor dh_small = Tensor::wrap(dh.data(), {T / 2, 2 * F}, DType::F32, ctx_.device());
+  e = caught([&] {
+    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, GluLayout::Halves, dh_small, dp, false);
   });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'dh'"));
-  // dz of the wrong shape; splits with S > T.
+  // Splits with S > T.
   e = caught([&] {
-    grouped_gemm_dswiglu(ctx_, dy, w, splits, h, probs, GluLayout::Halves, dz_small, dh, dp, false);
-  });
-  ASSERT_TRUE(e);
-  EXPECT_THAT(e->what(), HasSubstr("'dz'"));
-  e = caught([&] {
-    grouped_gemm_dswiglu(ctx_, dy, w, Splits::host({3, 6}), h, probs, GluLayout::Halves, dz, dh,
-                         dp, false);
+    grouped_gemm_dswiglu(ctx_, dy, w, Splits::host({3, 6}), h, probs, GluLayout::Halves, dh, dp,
+                         false);
   });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'splits'"));
-  untouched();
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dh), 0, T, 2 * F, DType::F32));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), 0, T, 1, DType::F32));
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GemmDSwiGluPrimitive, ::testing::ValuesIn(device_names()),

@@ -10,8 +10,8 @@
 // grouped_gemm_swiglu (on sm90 with the Interleaved32 layout, SwiGLU in fc1's GEMM epilogue; its
 // h and z have the bits of the two separate calls) when fc1 and the activation share a context;
 // in backward, fc2's dgrad + activation backward go through grouped_gemm_dswiglu (on sm90 with
-// Interleaved32, the SwiGLU backward in fc2's dgrad epilogue: dz and dh bit-identical, dprobs
-// equal up to the order of its fp32 additions).
+// Interleaved32, the SwiGLU backward in fc2's dgrad epilogue: dz never leaves registers, dh is
+// bit-identical, dprobs equal up to the order of its fp32 additions).
 #include "moekit/ops/grouped_mlp.h"
 
 #include "moekit/core/checks.h"
@@ -195,10 +195,13 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   //      fc2's input gradient and the activation's backward are one primitive
   //      (grouped_gemm_dswiglu), which runs after the weight and bias gradients so that dprobs
   //      gets the bias part first, as in the unfused order.
-  Tensor dz = Tensor::empty({T, ffn()}, dt, l2.context());
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
   const bool one_call = l2.context().impl() == act_->context().impl();
-  if (!one_call) grouped_gemm_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
+  Tensor dz;
+  if (!one_call) {
+    dz = Tensor::empty({T, ffn()}, dt, l2.context());
+    grouped_gemm_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
+  }
   if (l2.weight_requires_grad()) grads.fc2.weight = weight_grad(l2, dy, s.z, s.splits);
   if (fc2_->scale_bias() && (l2.weight_requires_grad() || s.probs_requires_grad)) {
     if (l2.weight_requires_grad())
@@ -208,7 +211,7 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
     dp_written = dp_written || grads.probs.defined();
   }
   if (one_call) {
-    grouped_gemm_dswiglu(l2.context(), dy, l2.weight(), s.splits, s.h, s.probs, layout(), dz, dh,
+    grouped_gemm_dswiglu(l2.context(), dy, l2.weight(), s.splits, s.h, s.probs, layout(), dh,
                          grads.probs, dp_written);
   } else {
     swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(), dh, grads.probs,

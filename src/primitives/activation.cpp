@@ -117,8 +117,8 @@ void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
 
 void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
                           const Splits& splits, const Tensor& h, const Tensor& probs,
-                          GluLayout layout, const Tensor& dz, const Tensor& dh,
-                          const Tensor& dprobs, bool accumulate_dprobs) {
+                          GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                          bool accumulate_dprobs) {
   const Device dev = ctx.device();
   if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, H]", dy.describe());
   if (!w.defined() || w.dim() != 3) throw_invalid("w", "a 3-D tensor [G, H, F]", w.describe());
@@ -133,11 +133,8 @@ void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
   if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
   validate_splits(splits, G, T, dev);
   const Tensor& counts = splits.device_counts();
-  check_caller_buffer("dz", dz, {T, F}, dy.dtype(), dev,
+  check_caller_buffer("dh", dh, {T, 2 * F}, dy.dtype(), dev,
                       {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts}});
-  check_caller_buffer(
-      "dh", dh, {T, 2 * F}, dy.dtype(), dev,
-      {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts}, {"dz", dz}});
   if (dprobs.defined()) {
     if (!probs.defined()) {
       throw_invalid("dprobs", "no tensor when probs are not given (plain SwiGLU has no probs)",
@@ -145,11 +142,11 @@ void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
     }
     check_caller_buffer("dprobs", dprobs, {T}, DType::F32, dev,
                         {{"dy", dy}, {"w", w}, {"h", h}, {"probs", probs}, {"splits", counts},
-                         {"dz", dz}, {"dh", dh}});
+                         {"dh", dh}});
   }
   // As grouped_gemm_swiglu: the fused kernel where the GEMM would run on sm90 anyway.
 #ifdef MOEKIT_HAS_SM90
-  const detail::GemmDSwigluArgs args{ctx, dy, w, splits, h, probs, layout, dz, dh, dprobs,
+  const detail::GemmDSwigluArgs args{ctx, dy, w, splits, h, probs, layout, dh, dprobs,
                                      accumulate_dprobs, G, T, H, F};
   const std::string_view forced = detail::forced_backend_name(ctx);
   if ((forced.empty() || forced == "sm90") && cuda::sm90_gemm_dswiglu_rejects(args).empty() &&
@@ -157,6 +154,7 @@ void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
     return cuda::sm90_gemm_dswiglu_run(args);
   }
 #endif
+  const Tensor dz = Tensor::empty({T, F}, dy.dtype(), ctx);
   grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz);
   swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs);
 }

@@ -46,7 +46,6 @@ struct GemmDSwigluArgs {
   const Tensor& h;      // [T, 2F]
   const Tensor& probs;  // [T] f32 or undefined
   GluLayout layout;
-  const Tensor& dz;      // [T, F]
   const Tensor& dh;      // [T, 2F]
   const Tensor& dprobs;  // [T] f32 or undefined
   bool accumulate_dprobs;

@@ -79,19 +79,19 @@ void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
                          GluLayout layout, const Tensor& h, const Tensor& z);
 
 /// fc2's input gradient in a grouped MLP and the activation's backward in one call:
-///   dz = dy·w_g per group                exactly as grouped_gemm_group_m(ctx, dy, w, BOp::Plain,
-///                                        splits, dz), then
+///   dz = dy·w_g per group                as grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits,
+///                                        dz) — not returned: only the activation needs it —
 ///   dh, dprobs from h, probs and dz      as swiglu_backward(ctx, h, probs, dz, splits, layout,
 ///                                        dh, dprobs, accumulate_dprobs).
-/// dy: [T, H], w: [G, H, F] (fc2's weight), h: [T, 2F], dz: [T, F], dh: [T, 2F] (one compute
-/// dtype), probs / dprobs: [T] f32 or undefined (dprobs requires probs); dz, dh and dprobs overlap
-/// no input nor each other. Where the GEMM runs on the sm90 kernels and the layout is
-/// Interleaved32, dh and dprobs are computed in the GEMM's epilogue: dz and dh are then
-/// bit-identical to the two calls, dprobs equal up to the order of its fp32 additions (the
-/// epilogue sums per 128-column tile, then the tiles in order).
+/// dy: [T, H], w: [G, H, F] (fc2's weight), h: [T, 2F], dh: [T, 2F] (one compute dtype), probs /
+/// dprobs: [T] f32 or undefined (dprobs requires probs); dh and dprobs overlap no input nor each
+/// other. Where the GEMM runs on the sm90 kernels and the layout is Interleaved32, dz lives in the
+/// GEMM's registers only and dh and dprobs are computed in its epilogue: dh bit-identical to the
+/// two calls, dprobs equal up to the order of its fp32 additions (the epilogue sums per
+/// 128-column tile, then the tiles in order). Otherwise the two calls run with a temporary dz.
 void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
                           const Splits& splits, const Tensor& h, const Tensor& probs,
-                          GluLayout layout, const Tensor& dz, const Tensor& dh,
-                          const Tensor& dprobs, bool accumulate_dprobs);
+                          GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                          bool accumulate_dprobs);
 
 }  // namespace moekit

@@ -37,6 +37,9 @@ struct GroupMParts {
   static constexpr bool kFusedDSwiGlu = kFusion == Fusion::DSwiGlu;
   using Tile = typename Config::Tile;
   using Element = typename CutlassElement<kDType>::type;
+  // The SwiGLU backward stores dh itself and dz is not needed afterwards: no D (no smem D, no TMA
+  // store; CUTLASS names the node's ElementAux where it needs an element type).
+  using ElementD = std::conditional_t<kFusion == Fusion::DSwiGlu, void, Element>;
   // Problem shape per group: (m_g, N, K).
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
@@ -70,7 +73,7 @@ struct GroupMParts {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
       typename Config::Cluster, EpilogueTile, float, float,
       void, LayoutD*, kAlign,  // no C source
-      Element, LayoutD*, kAlign, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
+      ElementD, LayoutD*, kAlign, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 
 };
 template <DType kDType, bool kBKMajor, class Config, Fusion kFusion = Fusion::None>
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.shapes[g] = typename G::Shape3(static_cast<int>(m), n, k);
     out.ptr_a[g] = static_cast<const E*>(in.a) + off * in.k;
     out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
-    out.ptr_d[g] = static_cast<E*>(in.out) + off * in.n;
+    if (in.out) out.ptr_d[g] = static_cast<E*>(in.out) + off * in.n;
     if (in.bias) out.ptr_bias[g] = static_cast<const E*>(in.bias) + g * in.n;
     if constexpr (G::kFusedSwiGlu) {
       out.ptr_z[g] = static_cast<E*>(in.z) + off * (in.n / 2);
@@ -207,7 +210,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
         {p.glu_probs ? arr.ptr_probs : nullptr, 1.0f, {}},
         {arr.ptr_h, arr.ptr_dh, p.dglu_dprobs ? arr.ptr_partial : nullptr, 2 * p.n,
          static_cast<int>(dglu_n_tiles<G>(p))}};
-    args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
+    args.epilogue = {fusion, nullptr, arr.stride_d, nullptr, arr.stride_d};  // no D
   } else {
     args.epilogue = {h, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
   }

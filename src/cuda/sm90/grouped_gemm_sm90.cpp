@@ -147,6 +147,7 @@ std::string rejects(const GroupMProblem& p, int device) {
   }
   if (p.dglu_dh) {
     if (p.glu_z) return "SwiGLU forward and backward epilogues cannot be combined";
+    if (p.out) return "the SwiGLU backward epilogue stores no product (out must be null)";
     if (p.b_transposed) return "the SwiGLU backward epilogue is built for dgrad (b plain) only";
     if (p.n % 32 != 0) return str("N = F = ", p.n, " is not a multiple of 32 (Interleaved32)");
     for (const void* ptr : {p.dglu_h, static_cast<const void*>(p.dglu_dh)}) {

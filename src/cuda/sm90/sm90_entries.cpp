@@ -60,7 +60,7 @@ sm90::GroupMProblem problem_of(const detail::GemmDSwigluArgs& args, const Device
   p.a = args.dy.data();
   p.b = args.w.data();
   p.b_transposed = false;
-  p.out = args.dz.data();
+  p.out = nullptr;  // dz is formed in registers only
   p.glu_probs = args.probs.defined() ? static_cast<const float*>(args.probs.data()) : nullptr;
   p.dglu_h = args.h.data();
   p.dglu_dh = args.dh.data();

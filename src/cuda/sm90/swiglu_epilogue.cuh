@@ -143,8 +143,8 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
 // The EVT node that fuses the SwiGLU backward into fc2's dgrad epilogue (design/ARCHITECTURE.md, "Fused MLP
 // epilogues"). The GEMM is dz = dy · W2_g (group-M, N-major B); its accumulator tile is dz
 // [rows, F]. Per element (row t, column j of dz) the node
-//   - rounds dz to the element type (the value the unfused path stores and reads back) and
-//     returns it, so the collective still stores dz as D (kept for testing; a void D is next);
+//   - rounds dz to the element type (the value the unfused path stores and reads back); dz itself
+//     is not stored (the kernel has no D: nothing reads dz after the activation's backward);
 //   - loads a = h[t, gate(j)] and b = h[t, lin(j)] (Interleaved32: gate(j) = 64·⌊j/32⌋ + j%32,
 //     lin(j) = gate(j) + 32) with 4-byte loads for the column pair (j, j + 1);
 //   - writes dh[t, gate(j)] = p·dz·b·silu'(a) and dh[t, lin(j)] = p·dz·silu(a) with the SwiGLU
@@ -219,9 +219,12 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
         const int64_t row = row0 + cute::get<0>(rc);
         const int j = col0 + cute::get<1>(rc);
         const int64_t gate = (j >> 5) * 64 + (j & 31), lin = gate + 32;
+        // 4-byte accesses: h and dh are 4-byte aligned (rejects()), 2F and gate(j) are even.
         ElementH a2[2], b2[2], da[2], db[2];
-        memcpy(a2, h + row * ldh + gate, sizeof(a2));
-        memcpy(b2, h + row * ldh + lin, sizeof(b2));
+        const uint32_t a_bits = *reinterpret_cast<const uint32_t*>(h + row * ldh + gate);
+        const uint32_t b_bits = *reinterpret_cast<const uint32_t*>(h + row * ldh + lin);
+        memcpy(a2, &a_bits, sizeof(a2));
+        memcpy(b2, &b_bits, sizeof(b2));
         float sum = 0.0f;
         CUTLASS_PRAGMA_UNROLL
         for (int e = 0; e < 2; ++e) {
@@ -235,8 +238,11 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
           db[e] = ElementH(__fmul_rn(pdz, silu));
           sum = __fadd_rn(sum, __fmul_rn(g, __fmul_rn(silu, b)));
         }
-        memcpy(dh + row * ldh + gate, da, sizeof(da));
-        memcpy(dh + row * ldh + lin, db, sizeof(db));
+        uint32_t da_bits, db_bits;
+        memcpy(&da_bits, da, sizeof(da_bits));
+        memcpy(&db_bits, db, sizeof(db_bits));
+        *reinterpret_cast<uint32_t*>(dh + row * ldh + gate) = da_bits;
+        *reinterpret_cast<uint32_t*>(dh + row * ldh + lin) = db_bits;
         // Row slot: r = bit 1 of i (rows 0 / 8), then epi_m.
         const int slot = epi_m * 2 + ((i >> 1) & 1);
         dp[slot] = __fadd_rn(dp[slot], sum);
