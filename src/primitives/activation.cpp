@@ -146,13 +146,12 @@ void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
   }
   // As grouped_gemm_swiglu: the fused kernel where the GEMM would run on sm90 anyway.
 #ifdef MOEKIT_HAS_SM90
+  constexpr detail::Backend<detail::GemmDSwigluArgs> kFused{
+      "sm90", cuda::sm90_gemm_dswiglu_rejects, cuda::sm90_gemm_dswiglu_run,
+      cuda::sm90_gemm_dswiglu_declines};
   const detail::GemmDSwigluArgs args{ctx, dy, w, splits, h, probs, layout, dh, dprobs,
                                      accumulate_dprobs, G, T, H, F};
-  const std::string_view forced = detail::forced_backend_name(ctx);
-  if ((forced.empty() || forced == "sm90") && cuda::sm90_gemm_dswiglu_rejects(args).empty() &&
-      (!forced.empty() || cuda::sm90_gemm_dswiglu_declines(args).empty())) {
-    return cuda::sm90_gemm_dswiglu_run(args);
-  }
+  if (detail::takes_first(kFused, ctx, args)) return kFused.run(args);
 #endif
   const Tensor dz = Tensor::empty({T, F}, dy.dtype(), ctx);
   grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz);

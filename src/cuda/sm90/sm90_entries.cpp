@@ -55,21 +55,19 @@ sm90::GroupMProblem problem_of(const detail::GemmSwigluArgs& args, const DeviceC
   return p;
 }
 
+// fc2 dgrad + SwiGLU backward: the group-M dgrad problem of its GEMM with no output (dz is formed
+// in registers only), plus the SwiGLU backward epilogue's inputs and outputs.
 sm90::GroupMProblem problem_of(const detail::GemmDSwigluArgs& args, const DeviceCounts& counts) {
-  sm90::GroupMProblem p;
-  p.a = args.dy.data();
-  p.b = args.w.data();
-  p.b_transposed = false;
-  p.out = nullptr;  // dz is formed in registers only
+  const Tensor none;  // no dz, no bias
+  sm90::GroupMProblem p =
+      problem_of(detail::GroupMArgs{args.ctx, args.dy, args.w, BOp::Plain, args.splits, none,
+                                    none, args.groups, args.rows, args.k, args.f},
+                 counts);
   p.glu_probs = args.probs.defined() ? static_cast<const float*>(args.probs.data()) : nullptr;
   p.dglu_h = args.h.data();
   p.dglu_dh = args.dh.data();
   p.dglu_dprobs = args.dprobs.defined() ? static_cast<float*>(args.dprobs.data()) : nullptr;
   p.dglu_accumulate = args.accumulate_dprobs;
-  p.counts = counts;
-  p.k = args.k;
-  p.n = args.f;
-  p.dtype = args.dy.dtype();
   return p;
 }
 
