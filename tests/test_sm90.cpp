@@ -693,12 +693,90 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
   api.stream_destroy(stream);
 }
 
+// One case of both fused SwiGLU epilogues against the two calls each replaces: forward h and z
+// and backward dh bit-identical; backward dprobs to fp32 summation order; tails untouched.
+struct FuzzCase {
+  std::vector<int64_t> counts;
+  int64_t F = 32, K = 8, T = 1;
+  DType dt = DType::BF16;
+  bool bias = false, probs = false, accumulate = false;
+  int counts_kind = 0;  // 0 host, 1 i32, 2 i64
+  uint64_t seed = 0;
+};
+
+void check_fuzz_case(const Context& ctx, const FuzzCase& fc) {
+  const int64_t G = static_cast<int64_t>(fc.counts.size()), F = fc.F, K = fc.K, T = fc.T;
+  const int64_t S = sum_of(fc.counts);
+  const DType dt = fc.dt;
+  SCOPED_TRACE(str("G ", G, " F ", F, " K ", K, " T ", T, " S ", S, " ", name(dt),
+                   fc.bias ? " bias" : "", fc.probs ? " probs" : "",
+                   fc.accumulate ? " accumulate" : "", " counts ",
+                   ::testing::PrintToString(fc.counts), " kind ", fc.counts_kind));
+  auto dev = [&](const Shape& shp, DType d, uint64_t sd, double stddev = 1.0) {
+    return to_device(ctx, test::random_normal(shp, d, sd, stddev));
+  };
+  const uint64_t seed = fc.seed;
+  const Tensor x = dev({T, K}, dt, seed), w1 = dev({G, 2 * F, K}, dt, seed + 1, 0.2);
+  const Tensor b1 = fc.bias ? dev({G, 2 * F}, dt, seed + 2) : Tensor();
+  const Tensor probs = fc.probs ? dev({T}, DType::F32, seed + 3) : Tensor();
+  const Tensor dy = dev({T, K}, dt, seed + 4), w2 = dev({G, K, F}, dt, seed + 5, 0.2);
+  const Tensor counts_d =
+      fc.counts_kind == 0
+          ? Tensor()
+          : to_device(ctx, test::counts_tensor(fc.counts, fc.counts_kind == 1 ? DType::I32
+                                                                               : DType::I64));
+  const Splits splits = counts_d.defined() ? Splits::device(counts_d) : Splits::host(fc.counts);
+  // forward
+  const test::GuardedBuffer h(ctx, {T, 2 * F}, dt), z(ctx, {T, F}, dt);
+  const test::GuardedBuffer h2(ctx, {T, 2 * F}, dt), z2(ctx, {T, F}, dt);
+  grouped_gemm_swiglu(ctx, x, w1, splits, b1, probs, GluLayout::Interleaved32, h.view, z.view);
+  grouped_gemm_group_m(ctx, x, w1, BOp::Transposed, splits, h2.view, b1);
+  swiglu_forward(ctx, h2.view, probs, splits, GluLayout::Interleaved32, z2.view);
+  // backward from the forward's h
+  const test::GuardedBuffer dh(ctx, {T, 2 * F}, dt), dh2(ctx, {T, 2 * F}, dt);
+  const Tensor dz2 = Tensor::empty({T, F}, dt, ctx);
+  const Tensor dp0 = dev({T}, DType::F32, seed + 6);
+  const Tensor dp = fc.probs ? Tensor::empty({T}, DType::F32, ctx) : Tensor();
+  const Tensor dp2 = fc.probs ? Tensor::empty({T}, DType::F32, ctx) : Tensor();
+  if (fc.probs) {
+    copy(ctx, dp0, dp);
+    copy(ctx, dp0, dp2);
+  }
+  grouped_gemm_dswiglu(ctx, dy, w2, splits, h.view, probs, GluLayout::Interleaved32, dh.view, dp,
+                       fc.accumulate);
+  grouped_gemm_group_m(ctx, dy, w2, BOp::Plain, splits, dz2);
+  swiglu_backward(ctx, h.view, probs, dz2, splits, GluLayout::Interleaved32, dh2.view, dp2,
+                  fc.accumulate);
+  ctx.synchronize();
+  EXPECT_TRUE(test::bit_identical(h.all(), h2.all(), dt)) << "h";
+  EXPECT_TRUE(test::bit_identical(z.all(), z2.all(), dt)) << "z";
+  EXPECT_TRUE(test::bit_identical(dh.all(), dh2.all(), dt)) << "dh";
+  EXPECT_TRUE(h.untouched_outside(S));
+  EXPECT_TRUE(z.untouched_outside(S));
+  EXPECT_TRUE(dh.untouched_outside(S));
+  if (fc.probs) {
+    const std::vector<double> a = test::to_doubles(ctx, dp), b = test::to_doubles(ctx, dp2);
+    const std::vector<double> start = test::to_doubles(ctx, dp0);
+    int64_t off = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const auto i = static_cast<size_t>(t);
+      const bool ok = t >= S ? a[i] == start[i]
+                             : std::abs(a[i] - b[i]) <= 1e-5 * (1.0 + std::abs(b[i]));
+      if (!ok && off++ < 5) {
+        ADD_FAILURE() << "dprobs row " << t << (t >= S ? " (tail, must keep its start value)" : "")
+                      << ": got " << a[i] << ", expected " << (t >= S ? start[i] : b[i]);
+      }
+    }
+    EXPECT_EQ(off, 0) << "dprobs rows off";
+  }
+  EXPECT_EQ(ctx.device_error_bits(), 0u);
+}
+
 // Fuzzed shapes for both fused epilogues: G in [1, 12], F a multiple of 32 in [32, 320] (so N
-// tiles of fc1 and fc2 may be half full), K = H a multiple of 8 in [8, 520] (K tails of 8..56),
-// T with a tail, random counts with zero-row groups (now and then all rows in one group or none),
-// bf16 / f16, with and without bias and probs, device (i32 / i64) or host counts. Each case:
-// forward h and z and backward dh bit-identical to the two calls; backward dprobs to fp32
-// summation order; tails untouched.
+// tiles of fc1 and fc2 may be half full, and fc2's dgrad may have an odd number of N tiles, which
+// the 1x2 cluster pads with a tile wholly past N), K = H a multiple of 8 in [8, 520] (K tails of
+// 8..56), T with a tail, random counts with zero-row groups (now and then all rows in one group or
+// none), bf16 / f16, with and without bias and probs, device (i32 / i64) or host counts.
 TEST(CudaSm90, FusedSwiGluFuzzedShapesEqualTwoCalls) {
   MOEKIT_REQUIRE_SM90();
   const Context& ctx = sm90();
@@ -707,71 +785,44 @@ TEST(CudaSm90, FusedSwiGluFuzzedShapesEqualTwoCalls) {
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
   };
   for (int it = 0; it < 16; ++it) {
-    const int64_t G = uniform(1, 12), F = 32 * uniform(1, 10), K = 8 * uniform(1, 65);
-    std::vector<int64_t> counts(static_cast<size_t>(G), 0);
+    FuzzCase fc;
+    const int64_t G = uniform(1, 12);
+    fc.F = 32 * uniform(1, 10);
+    fc.K = 8 * uniform(1, 65);
+    fc.counts.assign(static_cast<size_t>(G), 0);
     const int shape = static_cast<int>(uniform(0, 5));
-    for (auto& m : counts) m = shape == 0 ? 0 : (uniform(0, 3) == 0 ? 0 : uniform(1, 300));
-    if (shape == 1) counts[static_cast<size_t>(uniform(0, G - 1))] = uniform(200, 900);
-    const int64_t S = sum_of(counts), T = S + uniform(1, 40);
-    const DType dt = uniform(0, 1) ? DType::BF16 : DType::F16;
-    const bool bias = uniform(0, 1), with_probs = uniform(0, 3) != 0, acc = uniform(0, 1);
-    const int counts_kind = static_cast<int>(uniform(0, 2));  // 0 host, 1 i32, 2 i64
-    SCOPED_TRACE(str("case ", it, ": G ", G, " F ", F, " K ", K, " T ", T, " S ", S, " ",
-                     name(dt), bias ? " bias" : "", with_probs ? " probs" : "", " counts ",
-                     ::testing::PrintToString(counts), " kind ", counts_kind));
-    const uint64_t seed = 300 + 10 * static_cast<uint64_t>(it);
-    auto dev = [&](const Shape& shp, DType d, uint64_t sd, double stddev = 1.0) {
-      return to_device(ctx, test::random_normal(shp, d, sd, stddev));
-    };
-    const Tensor x = dev({T, K}, dt, seed), w1 = dev({G, 2 * F, K}, dt, seed + 1, 0.2);
-    const Tensor b1 = bias ? dev({G, 2 * F}, dt, seed + 2) : Tensor();
-    const Tensor probs = with_probs ? dev({T}, DType::F32, seed + 3) : Tensor();
-    const Tensor dy = dev({T, K}, dt, seed + 4), w2 = dev({G, K, F}, dt, seed + 5, 0.2);
-    const Tensor counts_d =
-        counts_kind == 0 ? Tensor()
-                         : to_device(ctx, test::counts_tensor(counts, counts_kind == 1 ? DType::I32
-                                                                                       : DType::I64));
-    const Splits splits = counts_d.defined() ? Splits::device(counts_d) : Splits::host(counts);
-    // forward
-    const test::GuardedBuffer h(ctx, {T, 2 * F}, dt), z(ctx, {T, F}, dt);
-    const test::GuardedBuffer h2(ctx, {T, 2 * F}, dt), z2(ctx, {T, F}, dt);
-    grouped_gemm_swiglu(ctx, x, w1, splits, b1, probs, GluLayout::Interleaved32, h.view, z.view);
-    grouped_gemm_group_m(ctx, x, w1, BOp::Transposed, splits, h2.view, b1);
-    swiglu_forward(ctx, h2.view, probs, splits, GluLayout::Interleaved32, z2.view);
-    // backward from the forward's h
-    const test::GuardedBuffer dh(ctx, {T, 2 * F}, dt), dh2(ctx, {T, 2 * F}, dt);
-    const Tensor dz2 = Tensor::empty({T, F}, dt, ctx);
-    const Tensor dp0 = dev({T}, DType::F32, seed + 6);
-    const Tensor dp = with_probs ? Tensor::empty({T}, DType::F32, ctx) : Tensor();
-    const Tensor dp2 = with_probs ? Tensor::empty({T}, DType::F32, ctx) : Tensor();
-    if (with_probs) {
-      copy(ctx, dp0, dp);
-      copy(ctx, dp0, dp2);
-    }
-    grouped_gemm_dswiglu(ctx, dy, w2, splits, h.view, probs, GluLayout::Interleaved32, dh.view,
-                         dp, acc);
-    grouped_gemm_group_m(ctx, dy, w2, BOp::Plain, splits, dz2);
-    swiglu_backward(ctx, h.view, probs, dz2, splits, GluLayout::Interleaved32, dh2.view, dp2, acc);
-    ctx.synchronize();
-    EXPECT_TRUE(test::bit_identical(h.all(), h2.all(), dt)) << "h";
-    EXPECT_TRUE(test::bit_identical(z.all(), z2.all(), dt)) << "z";
-    EXPECT_TRUE(test::bit_identical(dh.all(), dh2.all(), dt)) << "dh";
-    EXPECT_TRUE(h.untouched_outside(S));
-    EXPECT_TRUE(z.untouched_outside(S));
-    EXPECT_TRUE(dh.untouched_outside(S));
-    if (with_probs) {
-      const std::vector<double> a = test::to_doubles(ctx, dp), b = test::to_doubles(ctx, dp2);
-      const std::vector<double> start = test::to_doubles(ctx, dp0);
-      for (int64_t t = 0; t < T; ++t) {
-        const auto i = static_cast<size_t>(t);
-        if (t >= S) {
-          ASSERT_EQ(a[i], start[i]) << "dprobs tail row " << t;
-        } else {
-          ASSERT_LE(std::abs(a[i] - b[i]), 1e-5 * (1.0 + std::abs(b[i]))) << "dprobs row " << t;
-        }
-      }
-    }
-    EXPECT_EQ(ctx.device_error_bits(), 0u);
+    for (auto& m : fc.counts) m = shape == 0 ? 0 : (uniform(0, 3) == 0 ? 0 : uniform(1, 300));
+    if (shape == 1) fc.counts[static_cast<size_t>(uniform(0, G - 1))] = uniform(200, 900);
+    fc.T = sum_of(fc.counts) + uniform(1, 40);
+    fc.dt = uniform(0, 1) ? DType::BF16 : DType::F16;
+    fc.bias = uniform(0, 1);
+    fc.probs = uniform(0, 3) != 0;
+    fc.accumulate = uniform(0, 1);
+    fc.counts_kind = static_cast<int>(uniform(0, 2));
+    fc.seed = 300 + 10 * static_cast<uint64_t>(it);
+    SCOPED_TRACE(str("case ", it));
+    check_fuzz_case(ctx, fc);
+  }
+}
+
+// Back-to-back fused calls that differ only in F (same groups, rows and K, so the same workspace
+// size and likely the same workspace address): the kernels' cached parameters must follow F
+// (z's and h's leading dimensions, the number of N tiles).
+TEST(CudaSm90, FusedSwiGluCallsOfOtherWidthsBackToBack) {
+  MOEKIT_REQUIRE_SM90();
+  const Context& ctx = sm90();
+  const std::vector<int64_t> counts = {130, 0, 7, 64};
+  uint64_t seed = 900;
+  for (int64_t F : {64, 32, 160, 64, 256}) {
+    FuzzCase fc;
+    fc.counts = counts;
+    fc.F = F;
+    fc.K = 96;
+    fc.T = sum_of(counts) + 5;
+    fc.probs = true;
+    fc.counts_kind = 1;
+    fc.seed = seed += 10;
+    check_fuzz_case(ctx, fc);
   }
 }
 

@@ -208,6 +208,7 @@ inline void check_status(cutlass::Status s, const char* what, const char* config
 struct ParamsKey {
   int device = -1;
   int64_t groups = 0;
+  int64_t n = 0, k = 0;  // the fused epilogues' arguments depend on n (leading dimensions, tiles)
   void* workspace = nullptr;
   int variant = 0;
   int raster = 0, swizzle = 0;
@@ -255,7 +256,7 @@ struct GroupedCall {
   // `variant` (what else they bake in: bias or not, beta) and the tile order.
   void run_gemm(const Problem& p, void* workspace, cudaStream_t stream, const char* name,
                 int variant, int raster = 0, int swizzle = 1) const {
-    const ParamsKey key{device, p.counts.groups, workspace, variant, raster, swizzle};
+    const ParamsKey key{device, p.counts.groups, p.n, p.k, workspace, variant, raster, swizzle};
     auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw),
                                                   workspace, stream, name);
     check_status(G::Gemm::run(params, stream), "launch", name);

@@ -251,7 +251,10 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
     }
 
     CUTLASS_DEVICE void end() {
-      if (partial == nullptr) return;
+      // A 1x2 cluster pads the grid with a CTA whose N tile lies wholly past N (n_tile ==
+      // n_tiles): it has no columns, and its row-valid lanes must not write (its slot would be the
+      // next row's first partial).
+      if (partial == nullptr || n_tile >= n_tiles) return;
       // The quad's four lanes hold the same rows: fixed-order sum (xor 1, then xor 2).
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kRowSlots; ++s) {
