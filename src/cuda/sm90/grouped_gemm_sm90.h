@@ -63,7 +63,7 @@ struct GroupMProblem {
   // swiglu_forward on `out` afterwards.
   void* glu_z = nullptr;
   const float* glu_probs = nullptr;
-  // Fused SwiGLU backward (fc2 dgrad; WIP, swiglu_epilogue.cuh): when dglu_dh is set, the product
+  // Fused SwiGLU backward (fc2 dgrad; swiglu_epilogue.cuh): when dglu_dh is set, the product
   // (dz, [rows, n]; not stored: `out` must be null) becomes dh [rows, 2n] (Interleaved32) from
   // dglu_h and glu_probs, and
   // dglu_dprobs [rows] (or null) gets dp_t = Σ_j dz·silu(a)·b, written or added (dglu_accumulate).

@@ -139,7 +139,7 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
   }
 };
 
-// ---- SwiGLU backward (WIP, branch wip/fused-fc2-dswiglu; compiled, never run on a GPU) ----
+// ---- SwiGLU backward ----
 // The EVT node that fuses the SwiGLU backward into fc2's dgrad epilogue (design/ARCHITECTURE.md, "Fused MLP
 // epilogues"). The GEMM is dz = dy · W2_g (group-M, N-major B); its accumulator tile is dz
 // [rows, F]. Per element (row t, column j of dz) the node
@@ -151,7 +151,8 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
 //     backward kernel's operations in its order (src/cuda/activation.cu), so dh is bit-identical;
 //   - sums dz·silu(a)·b over its columns per row; at the end of the tile the four threads of a
 //     quad (which share rows) add their sums in a fixed order and lane 0 of the quad writes the
-//     row's partial for this N tile: partial_g[row · n_tiles + n]. A small kernel then adds the
+//     row's partial for this N tile: partial_g[row · n_tiles + n] (not for the N tile a 1x2
+//     cluster pads past N, n == n_tiles: its slot is the next row's). A small kernel then adds the
 //     partials of a row in n order (deterministic; differs from the unfused row sum only in the
 //     order of the additions).
 // Fragment layout this relies on (the forward node's, design/FUSED_EPILOGUE.md §3): element
