@@ -36,21 +36,25 @@ int choose_config(const GroupMProblem& p) {
   return p.counts.rows < 128 * p.counts.groups ? kSmallM : kLarge;
 }
 
-// Tile studies: MOEKIT_SM90_TILE=coop runs bf16 problems that would take kLarge (and bf16 group-K)
-// on the cooperative 256x128 instances of kernels_study.cu; any other value is an error, and so
-// is "coop" in a build without them.
-bool study_coop() {
+// Tile studies: MOEKIT_SM90_TILE=coop (cooperative 256x128, kernels_study.cu) or wide
+// (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
+// group-K (wide: f32 dw only), on the study instances; any other value is an error, and so is
+// either in a build without them.
+enum class StudyTile { None, Coop, Wide };
+StudyTile study_tile() {
   static const std::string tile = [] {
     const char* v = std::getenv("MOEKIT_SM90_TILE");
     return std::string(v ? v : "");
   }();
-  if (tile.empty()) return false;
-  if (tile != "coop") throw_invalid("MOEKIT_SM90_TILE", "coop or unset", str("'", tile, "'"));
+  if (tile.empty()) return StudyTile::None;
+  if (tile != "coop" && tile != "wide") {
+    throw_invalid("MOEKIT_SM90_TILE", "coop, wide or unset", str("'", tile, "'"));
+  }
 #ifdef MOEKIT_SM90_TILE_STUDY
-  return true;
+  return tile == "coop" ? StudyTile::Coop : StudyTile::Wide;
 #else
   throw_error(ErrorKind::Unsupported,
-              "MOEKIT_SM90_TILE=coop needs a build with -DMOEKIT_SM90_TILE_STUDY=ON");
+              str("MOEKIT_SM90_TILE=", tile, " needs a build with -DMOEKIT_SM90_TILE_STUDY=ON"));
 #endif
 }
 
@@ -73,11 +77,15 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
   if (p.dglu_dh) return *kDSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
 #ifdef MOEKIT_SM90_TILE_STUDY
-  if (config == kLarge && p.dtype == DType::BF16 && study_coop()) {
-    return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
+  if (config == kLarge && p.dtype == DType::BF16) {
+    switch (study_tile()) {
+      case StudyTile::Coop: return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
+      case StudyTile::Wide: return p.b_transposed ? group_m_bf16_kmajor_wide : group_m_bf16_nmajor_wide;
+      case StudyTile::None: break;
+    }
   }
 #else
-  (void)study_coop();  // reports a setting this build cannot honour
+  (void)study_tile();  // reports a setting this build cannot honour
 #endif
   return *kInstances[p.dtype == DType::F16 ? 1 : 0][p.b_transposed ? 0 : 1][config];
 }
@@ -119,11 +127,15 @@ std::string rejects_common(int device, DType dtype, const DeviceCounts& counts, 
 const GroupKInstance& instance(const GroupKProblem& p) {
   const bool f16 = p.dtype == DType::F16;
 #ifdef MOEKIT_SM90_TILE_STUDY
-  if (!f16 && study_coop()) {
-    return p.dw_dtype == DType::F32 ? group_k_bf16_f32_coop : group_k_bf16_bf16_coop;
+  if (!f16) {
+    const StudyTile tile = study_tile();
+    if (tile == StudyTile::Coop) {
+      return p.dw_dtype == DType::F32 ? group_k_bf16_f32_coop : group_k_bf16_bf16_coop;
+    }
+    if (tile == StudyTile::Wide && p.dw_dtype == DType::F32) return group_k_bf16_f32_wide;
   }
 #else
-  (void)study_coop();  // reports a setting this build cannot honour
+  (void)study_tile();  // reports a setting this build cannot honour
 #endif
   if (p.dw_dtype == DType::F32) return f16 ? group_k_f16_f32 : group_k_bf16_f32;
   return f16 ? group_k_f16_f16 : group_k_bf16_bf16;
@@ -140,8 +152,8 @@ std::string rejects(const GroupMProblem& p, int device) {
     }
     if (reinterpret_cast<uintptr_t>(p.glu_z) % 4 != 0) return "z is not 4-byte aligned";
 #ifdef MOEKIT_SM90_TILE_STUDY
-    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_coop()) {
-      return "MOEKIT_SM90_TILE=coop: the tile-study instances have no SwiGLU epilogue";
+    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_tile() != StudyTile::None) {
+      return "MOEKIT_SM90_TILE is set: the tile-study instances have no SwiGLU epilogue";
     }
 #endif
   }
@@ -154,8 +166,8 @@ std::string rejects(const GroupMProblem& p, int device) {
       if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return "h or dh is not 4-byte aligned";
     }
 #ifdef MOEKIT_SM90_TILE_STUDY
-    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_coop()) {
-      return "MOEKIT_SM90_TILE=coop: the tile-study instances have no SwiGLU epilogue";
+    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_tile() != StudyTile::None) {
+      return "MOEKIT_SM90_TILE is set: the tile-study instances have no SwiGLU epilogue";
     }
 #endif
   }

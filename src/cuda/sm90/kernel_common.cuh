@@ -65,6 +65,17 @@ struct ConfigCoop {
   using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
+// Tile studies only (env MOEKIT_SM90_TILE=wide; kernels_study_wide.cu): the cooperative 128x256x64
+// tile, each consumer warpgroup 64x256 (128 accumulator registers per thread, as kLarge). What
+// cuBLAS picks for these shapes (nvjet ..._128x256_..._coopA, 128x272, 256x160): alone under ncu
+// its kernels beat kLarge by 7-13% on every pass of the dsv3 step
+// (bench/results/2026-11-30-nvidia-h200-8909a2a-summary.md). Cluster 1x2 as kLarge: N tiles pair.
+struct ConfigWide {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
 
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
 // group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config and its
