@@ -38,8 +38,8 @@ int choose_config(const GroupMProblem& p) {
 
 // Tile studies: MOEKIT_SM90_TILE=coop (cooperative 256x128, kernels_study.cu) or wide
 // (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
-// group-K (wide: f32 dw only), on the study instances; any other value is an error, and so is
-// either in a build without them.
+// group-K, on the study instances; any other value is an error, and so is either in a build
+// without them.
 enum class StudyTile { None, Coop, Wide };
 StudyTile study_tile() {
   static const std::string tile = [] {
@@ -132,7 +132,9 @@ const GroupKInstance& instance(const GroupKProblem& p) {
     if (tile == StudyTile::Coop) {
       return p.dw_dtype == DType::F32 ? group_k_bf16_f32_coop : group_k_bf16_bf16_coop;
     }
-    if (tile == StudyTile::Wide && p.dw_dtype == DType::F32) return group_k_bf16_f32_wide;
+    if (tile == StudyTile::Wide) {
+      return p.dw_dtype == DType::F32 ? group_k_bf16_f32_wide : group_k_bf16_bf16_wide;
+    }
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
