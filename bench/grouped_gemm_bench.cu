@@ -3,7 +3,7 @@
 //
 // How to run (GPU machine):
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad]
-//                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--seed 1234]
+//                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
 //                [--json out.json] [--commit id] [--compare shapes|none]
 // Backends: each configuration is run through every backend of --backends that has an entry in
 // the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) and group-K (wgrad)
@@ -17,7 +17,12 @@
 // same stored bf16 inputs; tolerance: the tests' rule, eps(bf16)·|ref| + eps(f32)·L·Σ|term|).
 // Then warm-up and `iters` runs per backend, timed with CUDA events on the context's stream,
 // the backends taking turns (4 rounds) so that clock and temperature drift hit all alike; the
-// median (and min) are reported.
+// median (and min) are reported. The warm-up is `warmup` calls and then at least `warmup_ms` of
+// calls in turns, so every configuration is timed under sustained load (the H200 then sits at its
+// power limit): bench/peers.py warms up the same way, so a peer timed in another process, after a
+// pause, does not start on a cool GPU. (Before, at fdd4834: the suite's first configuration,
+// dsv3_fc1_E8 uniform fprop, gave torch._grouped_mm 769 and the per-expert loop 777 TFLOP/s,
+// against 635-687 for the shape's other five configurations.)
 // Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop; the first backend),
 // each a ratio of medians measured in turns, outputs compared bit for bit:
 //   device/host splits   grouped_gemm_group_m with Splits::device(int64 counts on the GPU) vs
@@ -271,6 +276,7 @@ struct Options {
   std::vector<std::string> backends{"sm90", "cublas"};
   std::vector<std::string> compare{"qwen3_fc2_E16", "small_E64"};
   int iters = 20, warmup = 5, samples = 96;
+  double warmup_ms = 500;
   uint64_t seed = 1234;
   std::string json, commit;
 };
@@ -353,12 +359,20 @@ bool has_entry(const std::string& pass, const std::string& backend) {
 // Runs every function `iters` times in turns (`rounds` rounds of iters/rounds calls each), each
 // call timed with CUDA events on `stream`; returns the per-call times of each function.
 std::vector<std::vector<double>> time_in_turns(const std::vector<std::function<void()>>& fns,
-                                               int iters, int warmup, cudaStream_t stream,
-                                               cudaEvent_t start, cudaEvent_t stop) {
+                                               int iters, int warmup, double warmup_ms,
+                                               cudaStream_t stream, cudaEvent_t start,
+                                               cudaEvent_t stop) {
   for (const auto& f : fns) {
     for (int i = 0; i < warmup; ++i) f();
   }
   CK(cudaStreamSynchronize(stream));
+  // Sustained load before timing: the functions in turns until warmup_ms have passed.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+         warmup_ms) {
+    for (const auto& f : fns) f();
+    CK(cudaStreamSynchronize(stream));
+  }
   const int rounds = std::min(4, iters);
   std::vector<std::vector<double>> ms(fns.size());
   for (int r = 0; r < rounds; ++r) {
@@ -432,7 +446,8 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
     on_host();
     Comparison c{s.name, "uniform", "fprop", "device/host splits", "device splits", "host splits"};
     c.identical = identical_bf16(ctx, y.data(), y2.data(), valid);
-    const auto ms = time_in_turns({on_device, on_host}, o.iters, o.warmup, stream, start, stop);
+    const auto ms =
+        time_in_turns({on_device, on_host}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
     c.a_ms = median(ms[0]);
     c.b_ms = median(ms[1]);
     out.push_back(c);
@@ -448,7 +463,8 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
     Comparison c{s.name, "uniform", "fprop", "caller/internal output", "output = caller buffer",
                  "internal allocation"};
     c.identical = identical_bf16(ctx, y.data(), internal.data(), valid);
-    const auto ms = time_in_turns({caller, alloc}, o.iters, o.warmup, stream, start, stop);
+    const auto ms =
+        time_in_turns({caller, alloc}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
     c.a_ms = median(ms[0]);
     c.b_ms = median(ms[1]);
     out.push_back(c);
@@ -486,9 +502,9 @@ int run(const Options& o) {
               date, commit.c_str(), backend_list.c_str(),
               env_batching ? "  MOEKIT_CUBLAS_BATCHING=" : "", env_batching ? env_batching : "",
               prop.name, prop.multiProcessorCount, clocks_before.c_str());
-  std::printf("warm-up %d, median of %d runs per backend (CUDA events, backends in turns), bf16 "
-              "in/out, fp32 accumulation\n\n",
-              o.warmup, o.iters);
+  std::printf("warm-up %d calls and >= %.0f ms, median of %d runs per backend (CUDA events, "
+              "backends in turns), bf16 in/out, fp32 accumulation\n\n",
+              o.warmup, o.warmup_ms, o.iters);
   std::printf("%-15s %-8s %-6s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
   for (const auto& b : o.backends) std::printf(" | %-6s %8s %7s %-4s", b.c_str(), "ms", "TFLOP/s", "chk");
   std::printf(" | best\n");
@@ -565,7 +581,7 @@ int run(const Options& o) {
         }
         std::vector<std::function<void()>> fns;
         for (const Context& ctx : ctxs) fns.push_back([&step, ctx] { step(ctx); });
-        const auto ms = time_in_turns(fns, o.iters, o.warmup, stream, start, stop);
+        const auto ms = time_in_turns(fns, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
         for (size_t i = 0; i < ran.size(); ++i) {
           BackendRun& b = r.backends[ran[i]];
           b.ms = ms[i];
@@ -643,6 +659,7 @@ int run(const Options& o) {
       << "\",\n  \"sm_count\": " << prop.multiProcessorCount << ",\n  \"clocks_before\": \""
       << json_escape(clocks_before) << "\",\n  \"clocks_after\": \"" << json_escape(clocks_after)
       << "\",\n  \"dtype\": \"bf16\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup
+      << ",\n  \"warmup_ms\": " << o.warmup_ms
       << ",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
@@ -695,7 +712,7 @@ int run(const Options& o) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
-               "[--passes fprop,dgrad,wgrad] [--backends sm90,cublas] [--iters N] [--warmup N] "
+               "[--passes fprop,dgrad,wgrad] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
                "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
@@ -718,6 +735,7 @@ int main(int argc, char** argv) {
     else if (a == "--passes") o.passes = split_list(value());
     else if (a == "--iters") o.iters = std::max(1, std::atoi(value().c_str()));
     else if (a == "--warmup") o.warmup = std::max(0, std::atoi(value().c_str()));
+    else if (a == "--warmup-ms") o.warmup_ms = std::max(0.0, std::atof(value().c_str()));
     else if (a == "--samples") o.samples = std::max(1, std::atoi(value().c_str()));
     else if (a == "--seed") o.seed = std::strtoull(value().c_str(), nullptr, 10);
     else if (a == "--json") o.json = value();

@@ -36,10 +36,19 @@ def _torch():
     return torch
 
 
-def time_ms(fn, iters, warmup):
+def time_ms(fn, iters, warmup, warmup_ms):
+    """Median and min of `iters` timed calls, after `warmup` calls and then at least `warmup_ms`
+    of calls (sustained load, as moekit_bench warms up: both time under the power limit)."""
+    import time
+
     torch = _torch()
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        fn()
+        torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
     ms = []
@@ -70,6 +79,7 @@ def run_peers(args):
         "cuda": torch.version.cuda,
         "iters": args.iters,
         "warmup": args.warmup,
+        "warmup_ms": args.warmup_ms,
         "results": [],
     }
     print(f"peers: torch {torch.__version__} CUDA {torch.version.cuda} on {out['gpu']}")
@@ -135,7 +145,7 @@ def run_peers(args):
             ref = loop().float()
             for label, fn in (("grouped_mm", gmm), ("loop", loop), ("dense", dense)):
                 try:
-                    med, mn = time_ms(fn, args.iters, args.warmup)
+                    med, mn = time_ms(fn, args.iters, args.warmup, args.warmup_ms)
                     entry = {"median_ms": med, "min_ms": mn, "tflops": flops / (med * 1e-3) / 1e12}
                     if label == "grouped_mm":
                         got = fn().float()
@@ -271,7 +281,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
           f"- GPU: {mk['gpu']} ({mk.get('sm_count', '?')} SMs); clocks before [sm, mem, max sm, power, temp, driver]: "
           f"{mk.get('clocks_before', '')}; after: {mk.get('clocks_after', '')}",
           f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out, fp32 accumulation, "
-          f"median of {mk['iters']} runs after {mk['warmup']} warm-ups, CUDA events",
+          f"median of {mk['iters']} runs after {mk['warmup']} warm-up calls and "
+          f"{mk.get('warmup_ms', 0):.0f} ms of warm-up load (peers: {pe.get('warmup_ms', 0):.0f} ms), CUDA events",
           f"- moekit backends, each forced with Context::with_backend and timed in the same process "
           f"(in turns): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernels, group-M and group-K; "
           f"\"cublas\" = cuBLAS per group, or batched/grouped calls for many small groups"
@@ -317,6 +328,8 @@ def main():
     for p in (r, a):
         p.add_argument("--iters", type=int, default=20)
         p.add_argument("--warmup", type=int, default=5)
+        p.add_argument("--warmup-ms", type=float, default=500.0,
+                       help="then at least this long of calls before timing (sustained load)")
         p.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
     if args.cmd == "run":
