@@ -21,7 +21,7 @@ import sys
 import time
 
 
-def torch_mlp_ms(torch, H, F, counts, steps, warmup=3, seed=0):
+def torch_mlp_ms(torch, H, F, counts, steps, warmup=3, warmup_ms=0.0, seed=0):
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(seed)
     E, S = len(counts), sum(counts)
@@ -42,6 +42,10 @@ def torch_mlp_ms(torch, H, F, counts, steps, warmup=3, seed=0):
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:  # sustained load, as `moekit run --warmup-ms`
+        step()
+        torch.cuda.synchronize()
     ms = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -55,6 +59,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="`moekit run --json` outputs (fused and --no-fuse)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup-ms", type=float, default=0.0,
+                    help="untimed steps for this long before timing (give moekit run the same)")
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args()
     try:
@@ -84,7 +90,8 @@ def main():
         f"# grouped MLP forward + backward: moekit vs torch ops — {torch.cuda.get_device_name()}",
         "",
         f"torch {torch.__version__}; host wall clock per step with a device sync, median of "
-        f"{args.steps} steps (moekit: `moekit run --steps`); bf16; GFLOP = 18·S·H·F per step.",
+        f"{args.steps} steps after {args.warmup_ms:.0f} ms of untimed steps (moekit: `moekit run --steps "
+        f"--warmup-ms`); bf16; GFLOP = 18·S·H·F per step.",
         "",
         "| preset | routing | E | S | H | F | moekit fused ms | moekit unfused ms | torch ms | "
         "fused TFLOP/s | fused/torch | fused/unfused |",
@@ -93,7 +100,7 @@ def main():
     for (preset, routing, counts), p in problems.items():
         r = p["run"]
         H, F = r["hidden"], r["ffn"]
-        t_ms = torch_mlp_ms(torch, H, F, list(counts), args.steps)
+        t_ms = torch_mlp_ms(torch, H, F, list(counts), args.steps, warmup_ms=args.warmup_ms)
         fused = p.get("fused", {}).get("step_ms")
         unfused = p.get("unfused", {}).get("step_ms")
         gflop = r["gflop_per_step"]

@@ -51,6 +51,8 @@ Options:
   --device DEV       cpu or cuda (default: cuda when a GPU is usable, else cpu)
   --dtype D          bf16 (default), f16 or f32
   --steps N          timed steps after one warm-up step (default 3)
+  --warmup-ms MS     then more untimed steps until MS milliseconds have passed (default 0):
+                     times the steps under sustained load, as a long training run sees them
   --seed S           random seed (default 1)
   --json             print one JSON object instead of the table
   --no-check         skip the fp64 check
@@ -76,6 +78,7 @@ struct Options {
   std::optional<std::string> device;
   DType dtype = DType::BF16;
   int steps = 3;
+  double warmup_ms = 0;
   uint64_t seed = 1;
   bool json = false;
   bool check = true;
@@ -114,6 +117,7 @@ Options parse(int argc, char** argv) {
       if (d != "bf16" && d != "f16" && d != "f32") usage_error("--dtype expects bf16, f16 or f32, got '" + d + "'");
       o.dtype = parse_dtype(d);
     } else if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 1));
+    else if (a == "--warmup-ms") o.warmup_ms = static_cast<double>(parse_int(a, value(), 0));
     else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0));
     else if (a == "--json") o.json = true;
     else if (a == "--no-check") o.check = false;
@@ -190,15 +194,21 @@ int main(int argc, char** argv) {
     cfg.caller_buffers = o.caller_buffers;
 
     tools::ExpertStep step(cfg, ctx);
+    auto since = [](auto t0) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
     step.run_once();  // warm-up (allocator pools, library handles)
     ctx.synchronize();
+    // Sustained load (--warmup-ms): a GPU idle during set-up starts cool and at higher clocks
+    // than it keeps under load; a few timed steps alone would see that.
+    for (const auto t0 = std::chrono::steady_clock::now(); since(t0) < o.warmup_ms;) {
+      step.run_once();
+      ctx.synchronize();
+    }
     // Per step: the wall time to the end of the device work, and the host time to enqueue it
     // (run_once returns when every kernel is queued). Enqueue close to the step time means the
     // step is bound by host work between launches, not by the GPU.
     std::vector<double> ms, enqueue_ms;
-    auto since = [](auto t0) {
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    };
     for (int s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       step.run_once();
