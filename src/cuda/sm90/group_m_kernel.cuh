@@ -55,19 +55,25 @@ struct GroupMParts {
   // p_t for the rows of a tile, per-group pointers (probs + off_g), loaded once per tile.
   using ProbLoad = cutlass::epilogue::fusion::Sm90ColBroadcast<
       0, typename Config::Tile, float*, float, cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
+  // 64-column subtiles put gate and linear columns of a pair in one visit() (swiglu_epilogue.cuh);
+  // the backward node relies on the same fragment layout (swiglu_epilogue.cuh). Their rows: one
+  // warpgroup's 64 (ping-pong), or both warpgroups' 128 (cooperative: CUTLASS needs the MMA's M).
+  static constexpr int kFusedEpiRows =
+      std::is_same_v<typename Config::EpilogueSchedule,
+                     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative> ? 128 : 64;
+  using EpilogueTile =
+      std::conditional_t<kFusion != Fusion::None,
+                         cute::Shape<cute::Int<kFusedEpiRows>, cute::_64>,
+                         cutlass::epilogue::collective::EpilogueTileAuto>;
   using EpilogueOp = std::conditional_t<
       kFusedSwiGlu, cutlass::epilogue::fusion::Sm90EVT<Sm90SwiGluZStore<Element>, HNode, ProbLoad>,
       std::conditional_t<
           kFusedDSwiGlu,
           cutlass::epilogue::fusion::Sm90EVT<
-              Sm90DSwiGluStore<Element, decltype(cute::size<0>(typename Config::Tile{}))::value>,
+              Sm90DSwiGluStore<Element, decltype(cute::size<0>(typename Config::Tile{}))::value,
+                               kFusedEpiRows>,
               cutlass::epilogue::fusion::Sm90AccFetch, ProbLoad>,
           HNode>>;
-  // 64-column subtiles put gate and linear columns of a pair in one visit() (swiglu_epilogue.cuh);
-  // the backward node relies on the same fragment layout (swiglu_epilogue.cuh).
-  using EpilogueTile =
-      std::conditional_t<kFusion != Fusion::None, cute::Shape<cute::_64, cute::_64>,
-                         cutlass::epilogue::collective::EpilogueTileAuto>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,

@@ -72,21 +72,27 @@ const GroupMInstance* const kDSwiGluInstances[2][kConfigCount] = {
 
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
-  // The fused SwiGLU instances share kLarge/kSmallM's mainloop, so h has the bits of the plain
-  // instance run() would pick (tile studies excepted: rejects() keeps those unfused).
-  if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
-  if (p.dglu_dh) return *kDSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
 #ifdef MOEKIT_SM90_TILE_STUDY
   if (config == kLarge && p.dtype == DType::BF16) {
     switch (study_tile()) {
-      case StudyTile::Coop: return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
-      case StudyTile::Wide: return p.b_transposed ? group_m_bf16_kmajor_wide : group_m_bf16_nmajor_wide;
+      case StudyTile::Coop:
+        if (p.glu_z) return group_m_bf16_swiglu_coop;
+        if (p.dglu_dh) return group_m_bf16_dswiglu_coop;
+        return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
+      case StudyTile::Wide:
+        if (p.glu_z) return group_m_bf16_swiglu_wide;
+        if (p.dglu_dh) return group_m_bf16_dswiglu_wide;
+        return p.b_transposed ? group_m_bf16_kmajor_wide : group_m_bf16_nmajor_wide;
       case StudyTile::None: break;
     }
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
 #endif
+  // The fused SwiGLU instances share their plain instance's mainloop (kLarge, kSmallM, or the
+  // study tile above), so h and dz have the bits of the plain instance run() would pick.
+  if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
+  if (p.dglu_dh) return *kDSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
   return *kInstances[p.dtype == DType::F16 ? 1 : 0][p.b_transposed ? 0 : 1][config];
 }
 
@@ -153,11 +159,6 @@ std::string rejects(const GroupMProblem& p, int device) {
       return str("N = 2F = ", p.n, " is not a multiple of 64 (the SwiGLU epilogue's pairs)");
     }
     if (reinterpret_cast<uintptr_t>(p.glu_z) % 4 != 0) return "z is not 4-byte aligned";
-#ifdef MOEKIT_SM90_TILE_STUDY
-    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_tile() != StudyTile::None) {
-      return "MOEKIT_SM90_TILE is set: the tile-study instances have no SwiGLU epilogue";
-    }
-#endif
   }
   if (p.dglu_dh) {
     if (p.glu_z) return "SwiGLU forward and backward epilogues cannot be combined";
@@ -167,11 +168,6 @@ std::string rejects(const GroupMProblem& p, int device) {
     for (const void* ptr : {p.dglu_h, static_cast<const void*>(p.dglu_dh)}) {
       if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return "h or dh is not 4-byte aligned";
     }
-#ifdef MOEKIT_SM90_TILE_STUDY
-    if (choose_config(p) == kLarge && p.dtype == DType::BF16 && study_tile() != StudyTile::None) {
-      return "MOEKIT_SM90_TILE is set: the tile-study instances have no SwiGLU epilogue";
-    }
-#endif
   }
   return rejects_common(device, p.dtype, p.counts, p.k, p.n,
                         {{"a", p.a}, {"b", p.b}, {"out", p.out}, {"bias", p.bias}});

@@ -158,7 +158,9 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
 // Fragment layout this relies on (the forward node's, design/FUSED_EPILOGUE.md §3): element
 // i = b + 2r + 4s + 8k of a visit() fragment sits at (row 8r, column b + 8s + 16k) relative to the
 // thread's element 0, so elements (i, i + 1) with i even are adjacent columns of one row, and a
-// thread's rows in a subtile are {0, 8}; epi_m moves them by 64 (ping-pong: 64-row subtiles).
+// thread's rows in a subtile are {0, 8}; epi_m moves them by kEpiRows, the subtile's rows: 64 for
+// ping-pong; 128 for cooperative tiles, whose two warpgroups' 64-row halves sit in the threads'
+// first coordinates.
 template <class ElementH>
 struct DSwiGluArgs {
   ElementH const* const* ptr_h = nullptr;  // [groups]: h + off_g·ldh
@@ -168,7 +170,7 @@ struct DSwiGluArgs {
   int n_tiles = 0;                         // ⌈F / tile N⌉
 };
 
-template <class ElementH, int kTileRows>
+template <class ElementH, int kTileRows, int kEpiRows>
 struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
   using Base = StoreOnlyNode<DSwiGluArgs<ElementH>>;
   using Base::Base;
@@ -180,7 +182,8 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
     return a.ldh % 64 == 0;
   }
 
-  static constexpr int kRowSlots = kTileRows / 64 * 2;  // (epi_m, r) rows a thread touches
+  static_assert(kTileRows % kEpiRows == 0, "whole epilogue subtiles along M");
+  static constexpr int kRowSlots = kTileRows / kEpiRows * 2;  // (epi_m, r) rows a thread touches
 
   template <class CTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
@@ -266,7 +269,7 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
       auto c = tCcD(cute::_, cute::_, cute::_, 0, 0);
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kRowSlots; ++s) {
-        const int rel = static_cast<int>(cute::get<0>(c(0))) + (s >> 1) * 64 + (s & 1) * 8;
+        const int rel = static_cast<int>(cute::get<0>(c(0))) + (s >> 1) * kEpiRows + (s & 1) * 8;
         if (rel >= static_cast<int>(cute::get<0>(residue))) continue;
         partial[static_cast<int64_t>(row0 + rel) * n_tiles + n_tile] = dp[s];
       }
@@ -276,6 +279,8 @@ struct Sm90DSwiGluStore : StoreOnlyNode<DSwiGluArgs<ElementH>> {
   template <bool kReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    static_assert(cute::size<0>(decltype(args.epi_tile){}) == kEpiRows,
+                  "the row slots follow the epilogue subtile's rows");
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
     const Params& prm = *this->params_ptr;
