@@ -30,6 +30,20 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// fn(i) for i in [0, n) on all host threads (each i once, in no particular order).
+template <class Fn>
+void parallel_for(size_t n, const Fn& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), n);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
 // Random normal values in chunks of 2^20, each chunk from its own generator seeded from (one draw
 // of `rng`, chunk index), on all host threads: the values depend on the seed only, never on the
 // number of threads, and the dsv3 preset's ~800 M values take seconds instead of most of a
@@ -41,24 +55,15 @@ HostData random_host(const Shape& shape, DType dtype, double stddev, std::mt1993
   h.f64.resize(n);
   const uint64_t base = rng();
   constexpr size_t kChunk = size_t{1} << 20;
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t c = next++; c < chunks; c = next++) {
-      std::mt19937_64 chunk_rng(splitmix64(base + c));
-      std::normal_distribution<double> dist(0.0, stddev);
-      const size_t begin = c * kChunk, count = std::min(n, begin + kChunk) - begin;
-      double* v = h.f64.data() + begin;
-      for (size_t i = 0; i < count; ++i) v[i] = dist(chunk_rng);
-      from_f64(v, h.bytes.data() + begin * elem, dtype, count);
-      to_f64(h.bytes.data() + begin * elem, dtype, v, count);  // the values actually stored
-    }
-  };
-  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), chunks);
-  std::vector<std::thread> pool;
-  for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  parallel_for((n + kChunk - 1) / kChunk, [&](size_t c) {
+    std::mt19937_64 chunk_rng(splitmix64(base + c));
+    std::normal_distribution<double> dist(0.0, stddev);
+    const size_t begin = c * kChunk, count = std::min(n, begin + kChunk) - begin;
+    double* v = h.f64.data() + begin;
+    for (size_t i = 0; i < count; ++i) v[i] = dist(chunk_rng);
+    from_f64(v, h.bytes.data() + begin * elem, dtype, count);
+    to_f64(h.bytes.data() + begin * elem, dtype, v, count);  // the values actually stored
+  });
   h.t = Tensor::wrap(h.bytes.data(), shape, dtype, Device::cpu());
   return h;
 }
@@ -101,6 +106,10 @@ struct ErrorMeter {
   void add(double out, double ref) {
     max_abs_err = std::max(max_abs_err, std::isfinite(out) ? std::fabs(out - ref) : INFINITY);
     max_abs_ref = std::max(max_abs_ref, std::fabs(ref));
+  }
+  void merge(const ErrorMeter& o) {
+    max_abs_err = std::max(max_abs_err, o.max_abs_err);
+    max_abs_ref = std::max(max_abs_ref, o.max_abs_ref);
   }
   double relative() const { return max_abs_ref > 0 ? max_abs_err / max_abs_ref : max_abs_err; }
 };
@@ -236,9 +245,16 @@ CheckResult ExpertStep::check() const {
   const std::vector<double> y = download_f64(s.ctx, s.y);
   const std::vector<double> dx = download_f64(s.ctx, s.dx);
   const std::vector<double> dp = download_f64(s.ctx, s.dprobs);
-  std::vector<double> a(static_cast<size_t>(F)), b(static_cast<size_t>(F)), z(static_cast<size_t>(F)),
-      dh(static_cast<size_t>(2 * F));
-  for (int64_t row : rows_to_check) {
+  // Rows in parallel (each row's meters, merged after: max is order-free, so the result is too).
+  struct RowMeters {
+    ErrorMeter y, dx, dp;
+  };
+  std::vector<RowMeters> row_meters(rows_to_check.size());
+  parallel_for(rows_to_check.size(), [&](size_t ri) {
+    const int64_t row = rows_to_check[ri];
+    RowMeters& m = row_meters[ri];
+    std::vector<double> a(static_cast<size_t>(F)), b(static_cast<size_t>(F)),
+        z(static_cast<size_t>(F)), dh(static_cast<size_t>(2 * F));
     const size_t g = group_of(row);
     const double p = s.probs[static_cast<size_t>(row)];
     const double* w1g = w1 + g * static_cast<size_t>(2 * F * H);
@@ -254,17 +270,36 @@ CheckResult ExpertStep::check() const {
       dh[static_cast<size_t>(gate(f))] = p * dz * b[i] * dsilu(a[i]);
       dh[static_cast<size_t>(lin(f))] = p * dz * silu(a[i]);
     }
-    for (int64_t n = 0; n < H; ++n) y_err.add(y[static_cast<size_t>(row * H + n)], dot(z.data(), w2g + n * F, F));
-    for (int64_t k = 0; k < H; ++k) dx_err.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, 2 * F, H));
-    dp_err.add(dp[static_cast<size_t>(row)], dp_ref);
+    for (int64_t n = 0; n < H; ++n) m.y.add(y[static_cast<size_t>(row * H + n)], dot(z.data(), w2g + n * F, F));
+    for (int64_t k = 0; k < H; ++k) m.dx.add(dx[static_cast<size_t>(row * H + k)], dot(dh.data(), w1g + k, 2 * F, H));
+    m.dp.add(dp[static_cast<size_t>(row)], dp_ref);
+  });
+  for (const RowMeters& m : row_meters) {
+    y_err.merge(m.y);
+    dx_err.merge(m.dx);
+    dp_err.merge(m.dp);
   }
   // Sampled weight-gradient entries: dW2_g[n, f] = Σ_r dy[r, n]·z[r, f]; dW1_g[j, k] = Σ_r dh[r, j]·x[r, k].
+  // The references in parallel (a sum over the group's rows each), the device values after.
+  struct Entry {
+    size_t g;
+    int64_t n, f, j, k;
+    double ref2 = 0, ref1 = 0;
+  };
+  std::vector<Entry> entries;
   for (int i = 0; i < 8; ++i) {
-    const size_t g = static_cast<size_t>(rng() % s.counts.size());
-    const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
-    const int64_t f = static_cast<int64_t>(rng() % static_cast<uint64_t>(F));
-    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * F));
-    const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
+    Entry en;
+    en.g = static_cast<size_t>(rng() % s.counts.size());
+    en.n = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
+    en.f = static_cast<int64_t>(rng() % static_cast<uint64_t>(F));
+    en.j = static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * F));
+    en.k = static_cast<int64_t>(rng() % static_cast<uint64_t>(H));
+    entries.push_back(en);
+  }
+  parallel_for(entries.size(), [&](size_t ei) {
+    Entry& en = entries[ei];
+    const size_t g = en.g;
+    const int64_t n = en.n, f = en.f, j = en.j, k = en.k;
     // The pair f that column j of h belongs to, and whether j is its gate column.
     const bool j_gate = glu == GluLayout::Halves ? j < F : j % 64 < 32;
     const int64_t jf = glu == GluLayout::Halves ? j % F : 32 * (j / 64) + j % 32;
@@ -276,8 +311,13 @@ CheckResult ExpertStep::check() const {
       const double dhj = j_gate ? p * dz * bv * dsilu(av) : p * dz * silu(av);
       ref1 += dhj * x[r * H + k];
     }
-    dw2_err.add(download_f64(s.ctx, s.dw2.index(static_cast<int64_t>(g)).rows(n, n + 1))[static_cast<size_t>(f)], ref2);
-    dw1_err.add(download_f64(s.ctx, s.dw1.index(static_cast<int64_t>(g)).rows(j, j + 1))[static_cast<size_t>(k)], ref1);
+    en.ref2 = ref2;
+    en.ref1 = ref1;
+  });
+  for (const Entry& en : entries) {
+    const auto g = static_cast<int64_t>(en.g);
+    dw2_err.add(download_f64(s.ctx, s.dw2.index(g).rows(en.n, en.n + 1))[static_cast<size_t>(en.f)], en.ref2);
+    dw1_err.add(download_f64(s.ctx, s.dw1.index(g).rows(en.j, en.j + 1))[static_cast<size_t>(en.k)], en.ref1);
   }
   r.rows_checked = static_cast<int>(rows_to_check.size());
   r.grad_entries_checked = 16;
