@@ -622,8 +622,9 @@ TEST(CudaDeviceSplits, GraphCapturedActivationAndBiasKernelsReplayWithNewCounts)
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream);
     const DType dt = DType::BF16;
@@ -650,16 +651,13 @@ TEST(CudaDeviceSplits, GraphCapturedActivationAndBiasKernelsReplayWithNewCounts)
 
     void* graph = nullptr;
     void* exec = nullptr;
-    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
-    auto err = caught([&] {
+    ASSERT_EQ(api.capture(stream, [&] {
       swiglu_forward(ctx, h, probs, splits, layout, z.view);
       swiglu_backward(ctx, h, probs, dz, splits, layout, dh.view, dp_act.view, false);
       grouped_bias_add(ctx, x, bias, probs, splits, y.view);
       grouped_scaled_bias_grad(ctx, dy, probs, bias, splits, db_scaled.view, dp_bias.view, true);
       grouped_bias_grad(ctx, dy, splits, db.view, false);
-    });
-    ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
-    ASSERT_FALSE(err.has_value()) << err->what();
+    }, &graph), "");
     size_t nodes = 0;
     ASSERT_EQ(api.get_nodes(graph, nullptr, &nodes), 0);
     EXPECT_GE(nodes, 6u) << "a kernel per call, two for the scaled bias gradient";
@@ -705,7 +703,6 @@ TEST(CudaDeviceSplits, GraphCapturedActivationAndBiasKernelsReplayWithNewCounts)
     api.graph_destroy(graph);
     ctx.synchronize();
   }
-  api.stream_destroy(stream);
 }
 
 // Invalid device counts — a negative count, S > T, one count above T on its own — given to every

@@ -334,8 +334,9 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 8, T = 2048, K = 256, N = 192;
@@ -352,13 +353,10 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
 
     void* graph = nullptr;
     void* exec = nullptr;
-    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
     Tensor result;
-    auto err = caught([&] {
+    ASSERT_EQ(api.capture(stream, [&] {
       result = fc.forward(x, Splits::device(counts), {.output = y.view, .input_requires_grad = false});
-    });
-    ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
-    ASSERT_FALSE(err.has_value()) << err->what();
+    }, &graph), "");
     EXPECT_EQ(result.data(), y.view.data()) << "the output is the caller's buffer";
     size_t nodes = 0;
     ASSERT_EQ(api.get_nodes(graph, nullptr, &nodes), 0);
@@ -386,7 +384,6 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
     api.graph_destroy(graph);
     ctx.synchronize();
   }
-  api.stream_destroy(stream);
 }
 
 // The whole grouped MLP — forward (fc1 with bias, ScaledSwiGLU, fc2 with its prob-scaled bias)
@@ -401,8 +398,9 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 4, H = 128, F = 128, T = 640;
@@ -450,10 +448,7 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
 
     void* graph = nullptr;
     void* exec = nullptr;
-    ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
-    auto err = caught([&] { step(nullptr); });
-    ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
-    ASSERT_FALSE(err.has_value()) << err->what();
+    ASSERT_EQ(api.capture(stream, [&] { step(nullptr); }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
 
     const std::vector<std::vector<int64_t>> scenarios = {
@@ -502,7 +497,6 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
     api.graph_destroy(graph);
     ctx.synchronize();
   }
-  api.stream_destroy(stream);
 }
 
 // ---------------------------------------------------------------- fused fc1 + SwiGLU
@@ -655,8 +649,9 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
   MOEKIT_REQUIRE_SM90();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, api.kNonBlocking), 0);
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 4, T = 512, H = 128, F = 64;
@@ -680,17 +675,13 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
       for (const auto& [what, call] : calls) {
         SCOPED_TRACE(std::string(name(layout)) + " " + what);
         void* graph = nullptr;
-        ASSERT_EQ(api.begin_capture(stream, api.kCaptureGlobal), 0);
-        auto err = caught(call);
-        ASSERT_EQ(api.end_capture(stream, &graph), 0) << "capture was invalidated (a host sync?)";
-        ASSERT_FALSE(err.has_value()) << err->what();
+        ASSERT_EQ(api.capture(stream, call, &graph), "");
         EXPECT_EQ(api.kernel_nodes(graph), layout == GluLayout::Interleaved32 ? 2 : 3);
         api.graph_destroy(graph);
       }
     }
     ctx.synchronize();
   }
-  api.stream_destroy(stream);
 }
 
 // One case of both fused SwiGLU epilogues against the two calls each replaces: forward h and z

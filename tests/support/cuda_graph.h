@@ -9,8 +9,12 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <type_traits>
 #include <vector>
+
+#include "moekit/moekit.h"
 
 namespace moekit::test {
 
@@ -66,10 +70,44 @@ struct CudaGraphApi {
     return kernels;
   }
 
+  /// fn() captured on `stream` into a new graph (*graph, which the caller destroys): "" or why
+  /// the capture failed — fn threw, or the capture was invalidated (a host synchronisation).
+  std::string capture(Stream stream, const std::function<void()>& fn, void** graph) const {
+    if (begin_capture(stream, kCaptureGlobal) != 0) return "cudaStreamBeginCapture failed";
+    std::string thrown;
+    try {
+      fn();
+    } catch (const Error& e) {
+      thrown = e.what();
+    }
+    if (end_capture(stream, graph) != 0) {
+      return "capture was invalidated (a host sync?)" + (thrown.empty() ? "" : "; " + thrown);
+    }
+    return thrown;
+  }
+
   static const CudaGraphApi& get() {
     static const CudaGraphApi api;
     return api;
   }
+};
+
+/// A non-blocking stream of one test, destroyed with it; get() is nullptr if creation failed.
+class OwnedStream {
+ public:
+  explicit OwnedStream(const CudaGraphApi& api) : api_(api) {
+    if (api_.stream_create(&stream_, CudaGraphApi::kNonBlocking) != 0) stream_ = nullptr;
+  }
+  ~OwnedStream() {
+    if (stream_) api_.stream_destroy(stream_);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  const CudaGraphApi& api_;
+  void* stream_ = nullptr;
 };
 
 }  // namespace moekit::test
