@@ -20,12 +20,30 @@
 namespace moekit::cuda::sm90 {
 namespace {
 
-// [dtype: 0 bf16, 1 f16][b: 0 K-major, 1 N-major][config]
-const GroupMInstance* const kInstances[2][2][kConfigCount] = {
-    {{&group_m_bf16_kmajor_large, &group_m_bf16_kmajor_small},
-     {&group_m_bf16_nmajor_large, &group_m_bf16_nmajor_small}},
-    {{&group_m_f16_kmajor_large, &group_m_f16_kmajor_small},
-     {&group_m_f16_nmajor_large, &group_m_f16_nmajor_small}},
+// The group-M instances of one tile configuration, one per kind of problem.
+struct GroupMSet {
+  const GroupMInstance* kmajor;   // fprop (b transposed)
+  const GroupMInstance* nmajor;   // dgrad
+  const GroupMInstance* swiglu;   // fprop with SwiGLU in the epilogue (glu_z)
+  const GroupMInstance* dswiglu;  // dgrad with the SwiGLU backward in the epilogue (dglu_dh)
+  const GroupMInstance& pick(const GroupMProblem& p) const {
+    if (p.glu_z) return *swiglu;
+    if (p.dglu_dh) return *dswiglu;
+    return p.b_transposed ? *kmajor : *nmajor;
+  }
+};
+
+// [dtype: 0 bf16, 1 f16][config]. The fused instances share their plain instances' mainloop, so
+// h and dz have the bits of the plain instance.
+const GroupMSet kSets[2][kConfigCount] = {
+    {{&group_m_bf16_kmajor_large, &group_m_bf16_nmajor_large, &group_m_bf16_swiglu_large,
+      &group_m_bf16_dswiglu_large},
+     {&group_m_bf16_kmajor_small, &group_m_bf16_nmajor_small, &group_m_bf16_swiglu_small,
+      &group_m_bf16_dswiglu_small}},
+    {{&group_m_f16_kmajor_large, &group_m_f16_nmajor_large, &group_m_f16_swiglu_large,
+      &group_m_f16_dswiglu_large},
+     {&group_m_f16_kmajor_small, &group_m_f16_nmajor_small, &group_m_f16_swiglu_small,
+      &group_m_f16_dswiglu_small}},
 };
 
 int choose_config(const GroupMProblem& p) {
@@ -58,42 +76,22 @@ StudyTile study_tile() {
 #endif
 }
 
-// [dtype][config]: group-M with the SwiGLU epilogue (b K-major).
-const GroupMInstance* const kSwiGluInstances[2][kConfigCount] = {
-    {&group_m_bf16_swiglu_large, &group_m_bf16_swiglu_small},
-    {&group_m_f16_swiglu_large, &group_m_f16_swiglu_small},
-};
-
-// [dtype][config]: group-M dgrad with the SwiGLU backward epilogue (b N-major).
-const GroupMInstance* const kDSwiGluInstances[2][kConfigCount] = {
-    {&group_m_bf16_dswiglu_large, &group_m_bf16_dswiglu_small},
-    {&group_m_f16_dswiglu_large, &group_m_f16_dswiglu_small},
-};
-
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
 #ifdef MOEKIT_SM90_TILE_STUDY
+  // bf16 problems that would take kLarge, on the study tile (kernels_study*.cu).
+  static const GroupMSet kCoop{&group_m_bf16_kmajor_coop, &group_m_bf16_nmajor_coop,
+                               &group_m_bf16_swiglu_coop, &group_m_bf16_dswiglu_coop};
+  static const GroupMSet kWide{&group_m_bf16_kmajor_wide, &group_m_bf16_nmajor_wide,
+                               &group_m_bf16_swiglu_wide, &group_m_bf16_dswiglu_wide};
   if (config == kLarge && p.dtype == DType::BF16) {
-    switch (study_tile()) {
-      case StudyTile::Coop:
-        if (p.glu_z) return group_m_bf16_swiglu_coop;
-        if (p.dglu_dh) return group_m_bf16_dswiglu_coop;
-        return p.b_transposed ? group_m_bf16_kmajor_coop : group_m_bf16_nmajor_coop;
-      case StudyTile::Wide:
-        if (p.glu_z) return group_m_bf16_swiglu_wide;
-        if (p.dglu_dh) return group_m_bf16_dswiglu_wide;
-        return p.b_transposed ? group_m_bf16_kmajor_wide : group_m_bf16_nmajor_wide;
-      case StudyTile::None: break;
-    }
+    const StudyTile tile = study_tile();
+    if (tile != StudyTile::None) return (tile == StudyTile::Coop ? kCoop : kWide).pick(p);
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
 #endif
-  // The fused SwiGLU instances share their plain instance's mainloop (kLarge, kSmallM, or the
-  // study tile above), so h and dz have the bits of the plain instance run() would pick.
-  if (p.glu_z) return *kSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
-  if (p.dglu_dh) return *kDSwiGluInstances[p.dtype == DType::F16 ? 1 : 0][config];
-  return *kInstances[p.dtype == DType::F16 ? 1 : 0][p.b_transposed ? 0 : 1][config];
+  return kSets[p.dtype == DType::F16 ? 1 : 0][config].pick(p);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
