@@ -18,7 +18,6 @@
 // invalid, writes nothing; the launch reports the reason once in the context's error word.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
 
@@ -93,17 +92,15 @@ __global__ void __launch_bounds__(kThreads)
 template <int V>
 constexpr int kSwapLanes = V > 1 && kGluInterleaveBlock / V < 32 ? static_cast<int>(kGluInterleaveBlock / V) : 0;
 
+// A pack as 32-bit words (the unit of a shuffle), with the pack's size and alignment.
 template <class T, int V>
-__device__ __forceinline__ Pack<T, V> shfl_xor_pack(const Pack<T, V>& x, int mask) {
-  static_assert(sizeof(Pack<T, V>) % 4 == 0, "a pack moves as 32-bit words");
-  constexpr int kWords = sizeof(Pack<T, V>) / 4;
-  uint32_t w[kWords];
-  memcpy(w, &x, sizeof(w));
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) w[i] = __shfl_xor_sync(0xffffffffu, w[i], mask);
-  Pack<T, V> r;
-  memcpy(&r, w, sizeof(w));
-  return r;
+struct alignas(sizeof(T) * V) PackWords {
+  static_assert(sizeof(T) * V % 4 == 0, "a pack moves as 32-bit words");
+  uint32_t w[sizeof(T) * V / 4];
+};
+template <class T, int V>
+__device__ __forceinline__ const PackWords<T, V>& words(const Pack<T, V>& p) {
+  return *reinterpret_cast<const PackWords<T, V>*>(&p);
 }
 
 // dz: [T, F] stride ldz; dh: [T, 2F] stride ldd; dprobs: [T] or nullptr.
@@ -155,12 +152,22 @@ __global__ void __launch_bounds__(kThreads)
           constexpr int kPartner = kSwapLanes<V>;
           constexpr int64_t kBlock = kGluInterleaveBlock;
           const bool even = (lane & kPartner) == 0;  // this lane's block is 2m (else 2m + 1)
-          const Pack<T, V> got = shfl_xor_pack<T, V>(even ? db : da, kPartner);
+          // Word by word (selects, no pack copies): the even lane sends db and keeps da, the odd
+          // lane sends da and keeps db.
+          const PackWords<T, V>& a_w = words(da);
+          const PackWords<T, V>& b_w = words(db);
+          PackWords<T, V> first, second;
+#pragma unroll
+          for (int i = 0; i < static_cast<int>(sizeof(first.w) / 4); ++i) {
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, even ? b_w.w[i] : a_w.w[i], kPartner);
+            first.w[i] = even ? a_w.w[i] : got;
+            second.w[i] = even ? got : b_w.w[i];
+          }
           if (active) {
             // line of block 2m: gate half (even lane, own da), linear half (odd lane, partner's db)
-            store_pack<T, V>(even ? dhr + ia : dhr + ib - 2 * kBlock, even ? da : got);
+            *reinterpret_cast<PackWords<T, V>*>(even ? dhr + ia : dhr + ib - 2 * kBlock) = first;
             // line of block 2m + 1: gate half (even lane, partner's da), linear half (odd lane)
-            store_pack<T, V>(even ? dhr + ia + 2 * kBlock : dhr + ib, even ? got : db);
+            *reinterpret_cast<PackWords<T, V>*>(even ? dhr + ia + 2 * kBlock : dhr + ib) = second;
           }
           continue;
         }
