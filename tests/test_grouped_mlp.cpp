@@ -107,16 +107,19 @@ TEST_P(SwiGLUPrimitive, UnalignedWidthsAndViewsMatchFp64) {
   }
 }
 
+// F: one interleave block; two (the CUDA kernel's whole-line dh stores pair blocks); three (an
+// unpaired block: no pairing); 66 blocks (a second pass over the row that only some lanes take).
 TEST_P(SwiGLUPrimitive, BackwardMatchesFp64WithProbsGradWrittenOrAccumulated) {
   const std::vector<int64_t> counts = {3, 6, 0};
-  const int64_t S = sum(counts), T = S + 3, F = 32;
+  const int64_t S = sum(counts), T = S + 3;
   const Splits splits = Splits::host(counts);
   const Tensor probs_h = make_mlp_data({.T = T}).probs;
   const Tensor start_h = random_normal({T}, DType::F32, 5);
+  for (const int64_t F : {32, 64, 96, 2112})
   for (DType dt : kDtypes) {
     for (GluLayout layout : kLayouts) {
       for (int mode = 0; mode < 3; ++mode) {  // 0: plain, 1: dprobs written, 2: accumulated
-        SCOPED_TRACE(str(label(dt, layout), " mode ", mode));
+        SCOPED_TRACE(str(label(dt, layout), " F ", F, " mode ", mode));
         const Tensor h_h = random_normal({T, 2 * F}, dt, 21, 2.0);
         const Tensor dz_h = random_normal({T, F}, dt, 22);
         const Tensor h = to_device(ctx_, h_h), dz = to_device(ctx_, dz_h);
