@@ -604,6 +604,10 @@ TEST_P(CudaSm90FusedDSwiGlu, EqualsGemmThenSwiGluBackward) {
   const Tensor dp = with_dp ? to_device(ctx, dp0_h) : Tensor();
   const Tensor dp2 = with_dp ? to_device(ctx, dp0_h) : Tensor();
 
+  // The fused epilogue takes 16-byte aligned h and dh only (else the two calls run, and this test
+  // would compare them with themselves): the guard rows keep the view aligned (2F % 64 == 0).
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(dh.view.data()) % 16, 0u);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(h.data()) % 16, 0u);
   grouped_gemm_dswiglu(ctx, dy, w, splits, h, probs, GluLayout::Interleaved32, dh.view, dp,
                        accumulate);
   grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz2);
@@ -733,6 +737,8 @@ void check_fuzz_case(const Context& ctx, const FuzzCase& fc) {
     copy(ctx, dp0, dp);
     copy(ctx, dp0, dp2);
   }
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(dh.view.data()) % 16, 0u);  // the fused path's condition
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(h.view.data()) % 16, 0u);
   grouped_gemm_dswiglu(ctx, dy, w2, splits, h.view, probs, GluLayout::Interleaved32, dh.view, dp,
                        fc.accumulate);
   grouped_gemm_group_m(ctx, dy, w2, BOp::Plain, splits, dz2);

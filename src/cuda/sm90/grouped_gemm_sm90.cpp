@@ -82,8 +82,8 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   // bf16 problems that would take kLarge, on the study tile (kernels_study*.cu).
   static const GroupMSet kCoop{&group_m_bf16_kmajor_coop, &group_m_bf16_nmajor_coop,
                                &group_m_bf16_swiglu_coop, &group_m_bf16_dswiglu_coop};
-  static const GroupMSet kWide{&group_m_bf16_kmajor_wide, &group_m_bf16_nmajor_wide,
-                               &group_m_bf16_swiglu_wide, &group_m_bf16_dswiglu_wide};
+  static const GroupMSet kWide{&group_m_bf16_kmajor_wide, &group_m_bf16_nmajor_large,
+                               &group_m_bf16_swiglu_wide, &group_m_bf16_dswiglu_large};
   if (config == kLarge && p.dtype == DType::BF16) {
     const StudyTile tile = study_tile();
     if (tile != StudyTile::None) return (tile == StudyTile::Coop ? kCoop : kWide).pick(p);
@@ -164,7 +164,7 @@ std::string rejects(const GroupMProblem& p, int device) {
     if (p.b_transposed) return "the SwiGLU backward epilogue is built for dgrad (b plain) only";
     if (p.n % 32 != 0) return str("N = F = ", p.n, " is not a multiple of 32 (Interleaved32)");
     for (const void* ptr : {p.dglu_h, static_cast<const void*>(p.dglu_dh)}) {
-      if (reinterpret_cast<uintptr_t>(ptr) % 4 != 0) return "h or dh is not 4-byte aligned";
+      if (!aligned16(ptr)) return "h or dh is not 16-byte aligned (the epilogue's 16-byte accesses)";
     }
   }
   return rejects_common(device, p.dtype, p.counts, p.k, p.n,

@@ -75,7 +75,8 @@ struct GroupMProblem {
 
 /// Kernel configurations (GroupMProblem::config): tile shape and schedule. Automatic choice:
 /// kSmallM when the mean rows per group (rows / groups) is below 128, else kLarge.
-inline constexpr int kLarge = 0;   // ping-pong, 128x128x64 tile, cluster 1x2 (A multicast)
+inline constexpr int kLarge = 0;   // cluster 1x2 (A multicast); fprop: ping-pong 128x128x64,
+                                   // dgrad: cooperative 128x256x64 (kernel_common.cuh)
 inline constexpr int kSmallM = 1;  // ping-pong, 64x128x64 tile, cluster 1x1 (deep pipeline)
 inline constexpr int kConfigCount = 2;
 

@@ -35,8 +35,9 @@
 
 namespace moekit::cuda::sm90 {
 
-// ---- tile configurations (index = GroupMProblem::config) ----
-// kLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
+// ---- tile configurations (GroupMProblem::config kLarge: ConfigLarge for fprop and wgrad,
+// ConfigWide for dgrad; kSmallM: ConfigSmallM) ----
+// ConfigLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
 // the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
 // Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
 // process (bench/results/2026-11-29-nvidia-h200-bb650c6-backends.md): fprop +2% to +13% on the six
@@ -55,25 +56,30 @@ struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-b
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
-// Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
-// the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
-// third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
-// it against kLarge under sustained load (the dsv3 MLP step: design/PERFORMANCE.md).
-struct ConfigCoop {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-};
-// Tile studies only (env MOEKIT_SM90_TILE=wide; kernels_study_wide.cu): the cooperative 128x256x64
-// tile, each consumer warpgroup 64x256 (128 accumulator registers per thread, as kLarge). What
-// cuBLAS picks for these shapes (nvjet ..._128x256_..._coopA, 128x272, 256x160): alone under ncu
-// its kernels beat kLarge by 7-13% on every pass of the dsv3 step
-// (bench/results/2026-11-30-nvidia-h200-8909a2a-summary.md). Cluster 1x2 as kLarge: N tiles pair.
+// ConfigWide: the cooperative 128x256x64 tile, each consumer warpgroup 64x256 (128 accumulator
+// registers per thread, as ConfigLarge), cluster 1x2 (N tiles pair). What cuBLAS picks for these
+// shapes (nvjet ..._128x256_..._coopA, 128x272, 256x160). kLarge's dgrad tile (plain and with the
+// SwiGLU backward) since the tile study (bench/results/2026-11-30-nvidia-h200-1f91504-tile-study.md,
+// in turns under sustained load): dgrad 1.035x ConfigLarge in the mean over the ten large-shape
+// configurations (0.98-1.08; 1.04-1.08 on dsv3 fc2, mixtral), fprop and wgrad 0.999x (0.93-1.05),
+// so those stay on ConfigLarge; the whole dsv3 step with every pass on it: 14.32 vs 14.54 ms.
+// The study build (MOEKIT_SM90_TILE=wide) puts fprop and wgrad on it too (kernels_study_wide.cu).
 struct ConfigWide {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
+
+// Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
+// the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
+// third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
+// it against kLarge under sustained load: the dsv3 step with every pass on it took 14.90 ms, against
+// 14.54 on kLarge (bench/results/2026-11-30-nvidia-h200-1f91504-tile-study.md).
+struct ConfigCoop {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 

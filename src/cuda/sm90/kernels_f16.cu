@@ -11,8 +11,8 @@ MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_kmajor_large, DType::F16, true, ConfigL
                              "f16 b:k-major pingpong 128x128x64 cluster 1x2")
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_kmajor_small, DType::F16, true, ConfigSmallM, None,
                              "f16 b:k-major pingpong 64x128x64 cluster 1x1")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_nmajor_large, DType::F16, false, ConfigLarge, None,
-                             "f16 b:n-major pingpong 128x128x64 cluster 1x2")
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_nmajor_large, DType::F16, false, ConfigWide, None,
+                             "f16 b:n-major cooperative 128x256x64 cluster 1x2")
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_f16_nmajor_small, DType::F16, false, ConfigSmallM, None,
                              "f16 b:n-major pingpong 64x128x64 cluster 1x1")
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_f16_f32, DType::F16, DType::F32, ConfigLarge,

@@ -1,7 +1,7 @@
 // Tile-study instances with the fused SwiGLU epilogues (built with -DMOEKIT_SM90_TILE_STUDY=ON
 // only): fc1 + SwiGLU and fc2 dgrad + SwiGLU backward, bf16, on the cooperative 256x128 (coop)
-// and 128x256 (wide) tiles, so that a study tile runs the same fused MLP step as kLarge
-// (MOEKIT_SM90_TILE=coop|wide). Cooperative tiles take 128-row epilogue subtiles (group_m_kernel.cuh,
+// tile, and fc1 + SwiGLU on the 128x256 (wide) one (the dgrad is on it in every build), so that a
+// study tile runs the same fused MLP step as kLarge (MOEKIT_SM90_TILE=coop|wide). Cooperative tiles take 128-row epilogue subtiles (group_m_kernel.cuh,
 // kFusedEpiRows). Their own translation unit, beside kernels_study.cu and kernels_study_wide.cu.
 #define MOEKIT_SM90_TILE_STUDY 1
 #include "cuda/sm90/group_m_kernel.cuh"
@@ -13,6 +13,4 @@ MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_dswiglu_coop, DType::BF16, false, Conf
                              "bf16 dgrad+SwiGLU backward cooperative 256x128x64 cluster 1x2 (study)")
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_wide, DType::BF16, true, ConfigWide, SwiGlu,
                              "bf16 fc1+SwiGLU cooperative 128x256x64 cluster 1x2 (study)")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_dswiglu_wide, DType::BF16, false, ConfigWide, DSwiGlu,
-                             "bf16 dgrad+SwiGLU backward cooperative 128x256x64 cluster 1x2 (study)")
 }  // namespace moekit::cuda::sm90
