@@ -4,6 +4,8 @@
 #include "cuda/sm90/sm90_entries.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda/resources.h"
@@ -162,7 +164,20 @@ std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args) {
   return rejects_of(args);
 }
 void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); }
+// The fused backward against the two calls it replaces is close (dsv3 step, ncu, each kernel
+// alone: 1596 µs fused vs 1270 + 197 µs; whole steps under load favour the fused MLP by ~1%,
+// inside their spread: design/PERFORMANCE.md), so environment MOEKIT_SM90_FUSED_BACKWARD=0 lets
+// the automatic choice run the two calls instead, for A/B runs of whole steps (tools/mlp-bench,
+// MLP_BENCH_AB_ENV). Unset or 1: fused. Anything else is an error.
 std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
+  static const std::string setting = [] {
+    const char* v = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
+    return std::string(v ? v : "");
+  }();
+  if (setting == "0") return "MOEKIT_SM90_FUSED_BACKWARD=0";
+  if (!setting.empty() && setting != "1") {
+    throw_invalid("MOEKIT_SM90_FUSED_BACKWARD", "0, 1 or unset", str("'", setting, "'"));
+  }
   return declines_for_cublas_batches(args.splits, args.groups, args.rows);
 }
 
