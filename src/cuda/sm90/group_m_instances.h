@@ -29,9 +29,10 @@ extern const GroupMInstance group_m_bf16_dswiglu_large, group_m_bf16_dswiglu_sma
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;
-extern const GroupMInstance group_m_bf16_kmajor_wide;  // kernels_study_wide.cu (dgrad: nmajor_large)
+extern const GroupMInstance group_m_bf16_kmajor_wide,  // kernels_study_wide.cu (dgrad: nmajor_large)
+    group_m_bf16_nmajor_pingpong;
 extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,  // kernels_study_fused.cu
-    group_m_bf16_swiglu_wide;
+    group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
 #endif
 
 }  // namespace moekit::cuda::sm90

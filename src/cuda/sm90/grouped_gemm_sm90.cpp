@@ -56,20 +56,22 @@ int choose_config(const GroupMProblem& p) {
 
 // Tile studies: MOEKIT_SM90_TILE=coop (cooperative 256x128, kernels_study.cu) or wide
 // (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
-// group-K, on the study instances; any other value is an error, and so is either in a build
-// without them.
-enum class StudyTile { None, Coop, Wide };
+// group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
+// ping-pong 128x128 tile as before 3074b1d. Any other value is an error, and so is any of them
+// in a build without the study instances.
+enum class StudyTile { None, Coop, Wide, PingPong };
 StudyTile study_tile() {
   static const std::string tile = [] {
     const char* v = std::getenv("MOEKIT_SM90_TILE");
     return std::string(v ? v : "");
   }();
   if (tile.empty()) return StudyTile::None;
-  if (tile != "coop" && tile != "wide") {
-    throw_invalid("MOEKIT_SM90_TILE", "coop, wide or unset", str("'", tile, "'"));
+  if (tile != "coop" && tile != "wide" && tile != "pingpong") {
+    throw_invalid("MOEKIT_SM90_TILE", "coop, wide, pingpong or unset", str("'", tile, "'"));
   }
 #ifdef MOEKIT_SM90_TILE_STUDY
-  return tile == "coop" ? StudyTile::Coop : StudyTile::Wide;
+  if (tile == "coop") return StudyTile::Coop;
+  return tile == "wide" ? StudyTile::Wide : StudyTile::PingPong;
 #else
   throw_error(ErrorKind::Unsupported,
               str("MOEKIT_SM90_TILE=", tile, " needs a build with -DMOEKIT_SM90_TILE_STUDY=ON"));
@@ -84,9 +86,15 @@ const GroupMInstance& instance(const GroupMProblem& p) {
                                &group_m_bf16_swiglu_coop, &group_m_bf16_dswiglu_coop};
   static const GroupMSet kWide{&group_m_bf16_kmajor_wide, &group_m_bf16_nmajor_large,
                                &group_m_bf16_swiglu_wide, &group_m_bf16_dswiglu_large};
+  static const GroupMSet kPingPong{&group_m_bf16_kmajor_large, &group_m_bf16_nmajor_pingpong,
+                                   &group_m_bf16_swiglu_large, &group_m_bf16_dswiglu_pingpong};
   if (config == kLarge && p.dtype == DType::BF16) {
-    const StudyTile tile = study_tile();
-    if (tile != StudyTile::None) return (tile == StudyTile::Coop ? kCoop : kWide).pick(p);
+    switch (study_tile()) {
+      case StudyTile::Coop: return kCoop.pick(p);
+      case StudyTile::Wide: return kWide.pick(p);
+      case StudyTile::PingPong: return kPingPong.pick(p);
+      case StudyTile::None: break;
+    }
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
