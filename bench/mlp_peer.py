@@ -78,31 +78,40 @@ def main():
             text = f.read().strip().splitlines()
         runs.append(json.loads(text[-1]))  # the JSON line is the last one
     # One torch measurement per distinct problem (preset, routing, counts). Runs with host splits
-    # or internal buffers are the "two paths" comparisons against the default fused run.
-    problems, variants = {}, []
+    # or internal buffers are the "two paths" comparisons against the default fused run. Several
+    # runs of one kind (tools/mlp-bench runs the kinds in turns) count by their median.
+    problems, variants = {}, {}
     for r in runs:
         key = (r["preset"], r["routing"], tuple(r["counts"]))
         if r.get("host_splits") or not r.get("caller_buffers", True):
-            variants.append((key, r))
+            what = ("device splits / host splits" if r.get("host_splits") else
+                    "caller buffers / internal allocation")
+            variants.setdefault((key, what), []).append(r["step_ms"])
             continue
-        problems.setdefault(key, {"run": r})[("fused" if r["fused"] else "unfused")] = r
+        problems.setdefault(key, {"run": r}).setdefault(
+            "fused" if r["fused"] else "unfused", []).append(r["step_ms"])
+
+    def median_of(key, kind):
+        ms = problems.get(key, {}).get(kind)
+        return (statistics.median(ms), len(ms)) if ms else (None, 0)
     lines = [
         f"# grouped MLP forward + backward: moekit vs torch ops — {torch.cuda.get_device_name()}",
         "",
         f"torch {torch.__version__}; host wall clock per step with a device sync, median of "
         f"{args.steps} steps after {args.warmup_ms:.0f} ms of untimed steps (moekit: `moekit run --steps "
-        f"--warmup-ms`); bf16; GFLOP = 18·S·H·F per step.",
+        f"--warmup-ms`; with several runs of a kind, in turns, the median of their medians; runs per "
+        f"kind: fused/unfused in the last column's parentheses); bf16; GFLOP = 18·S·H·F per step.",
         "",
         "| preset | routing | E | S | H | F | moekit fused ms | moekit unfused ms | torch ms | "
-        "fused TFLOP/s | fused/torch | fused/unfused |",
+        "fused TFLOP/s | fused/torch | fused/unfused (runs) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (preset, routing, counts), p in problems.items():
         r = p["run"]
         H, F = r["hidden"], r["ffn"]
         t_ms = torch_mlp_ms(torch, H, F, list(counts), args.steps, warmup_ms=args.warmup_ms)
-        fused = p.get("fused", {}).get("step_ms")
-        unfused = p.get("unfused", {}).get("step_ms")
+        fused, n_fused = median_of((preset, routing, counts), "fused")
+        unfused, n_unfused = median_of((preset, routing, counts), "unfused")
         gflop = r["gflop_per_step"]
 
         def f(v, fmt="{:.3f}"):
@@ -111,18 +120,18 @@ def main():
         lines.append(
             f"| {preset} | {routing} | {len(counts)} | {sum(counts)} | {H} | {F} | {f(fused)} | "
             f"{f(unfused)} | {t_ms:.3f} | {f(fused and gflop / fused, '{:.1f}')} | "
-            f"{f(fused and t_ms / fused, '{:.2f}')} | {f(fused and unfused and unfused / fused, '{:.2f}')} |")
+            f"{f(fused and t_ms / fused, '{:.2f}')} | "
+            f"{f(fused and unfused and unfused / fused, '{:.2f}')} ({n_fused}/{n_unfused}) |")
     if variants:
         lines += ["", "Same MLP step, two paths (PERFORMANCE.md: both ratios should be 1.00):", "",
                   "| preset | routing | comparison | default fused ms | other ms | default / other |",
                   "|---|---|---|---|---|---|"]
-        for key, r in variants:
-            base = problems.get(key, {}).get("fused")
-            what = ("device splits / host splits" if r.get("host_splits") else
-                    "caller buffers / internal allocation")
+        for (key, what), ms in variants.items():
+            base, _ = median_of(key, "fused")
             if base:
-                lines.append(f"| {key[0]} | {key[1]} | {what} | {base['step_ms']:.3f} | "
-                             f"{r['step_ms']:.3f} | {base['step_ms'] / r['step_ms']:.3f} |")
+                other = statistics.median(ms)
+                lines.append(f"| {key[0]} | {key[1]} | {what} | {base:.3f} | {other:.3f} | "
+                             f"{base / other:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
