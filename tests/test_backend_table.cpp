@@ -4,14 +4,17 @@
 // runs it even when it would decline, takes_first() applies the same rules to one entry, and the
 // errors name every reason. Internal header: this
 // suite includes src/ (the one test that does), because the real tables' choices depend on the
-// machine (a GPU, an sm_90 one) while these rules must hold everywhere.
+// machine (a GPU, an sm_90 one) while these rules must hold everywhere. Also the environment
+// switches' parser (src/core/env.h), which the backends' study and benchmark switches share.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "moekit/moekit.h"
+#include "core/env.h"
 #include "primitives/backend_table.h"
 #include "support/test_util.h"
 
@@ -93,6 +96,28 @@ TEST(BackendTable, ErrorsNameTheReasons) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
   EXPECT_THAT(e->what(), HasSubstr("forced backend 'fake_a' cannot run this call: a cannot"));
+}
+
+// detail::env_choice: the index of the value, -1 when unset or empty, an InvalidArgument error that names
+// the variable, the values allowed and the one seen otherwise.
+TEST(EnvChoice, IndexOfTheValueUnsetOrAnErrorNamingWhatIsAllowed) {
+  constexpr const char* kName = "MOEKIT_TEST_ENV_CHOICE";
+  ::unsetenv(kName);
+  EXPECT_EQ(detail::env_choice(kName, {"coop", "wide"}), -1);
+  ::setenv(kName, "", 1);
+  EXPECT_EQ(detail::env_choice(kName, {"coop", "wide"}), -1);
+  ::setenv(kName, "wide", 1);
+  EXPECT_EQ(detail::env_choice(kName, {"coop", "wide"}), 1);
+  ::setenv(kName, "coop", 1);
+  EXPECT_EQ(detail::env_choice(kName, {"coop", "wide"}), 0);
+  ::setenv(kName, "Wide", 1);
+  const auto e = caught([&] { detail::env_choice(kName, {"coop", "wide"}); });
+  ::unsetenv(kName);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), HasSubstr(kName));
+  EXPECT_THAT(e->what(), HasSubstr("coop, wide or unset"));
+  EXPECT_THAT(e->what(), HasSubstr("'Wide'"));
 }
 
 }  // namespace

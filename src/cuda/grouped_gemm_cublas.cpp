@@ -19,10 +19,9 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
@@ -349,15 +348,11 @@ void run_strided_batches(CudaResources& res, const GemmBatch& batch,
 // MOEKIT_CUBLAS_BATCHING (benchmarks and bisection; read once): "auto" (default: strided-batched
 // calls when the small GEMMs allow them, else the one grouped call), "grouped" (always the one
 // cublasGemmGroupedBatchedEx call: the behaviour before the strided batches), "loop" (never batch).
-enum class Batching { Auto, Grouped, Loop };
+// Any other value is an error.
+enum class Batching { Auto, Grouped, Loop };  // the env values' order
 Batching batching_mode() {
-  static const Batching mode = [] {
-    const char* env = std::getenv("MOEKIT_CUBLAS_BATCHING");
-    if (env && std::strcmp(env, "grouped") == 0) return Batching::Grouped;
-    if (env && std::strcmp(env, "loop") == 0) return Batching::Loop;
-    return Batching::Auto;
-  }();
-  return mode;
+  static const int mode = detail::env_choice("MOEKIT_CUBLAS_BATCHING", {"auto", "grouped", "loop"});
+  return mode < 0 ? Batching::Auto : static_cast<Batching>(mode);
 }
 
 void run_gemms(CudaResources& res, const GemmBatch& batch) {

@@ -15,6 +15,7 @@
 #include "cuda/check.h"
 #include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/group_m_instances.h"
+#include "core/env.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {
@@ -59,22 +60,16 @@ int choose_config(const GroupMProblem& p) {
 // group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
 // ping-pong 128x128 tile as before 3074b1d. Any other value is an error, and so is any of them
 // in a build without the study instances.
-enum class StudyTile { None, Coop, Wide, PingPong };
+enum class StudyTile { None = -1, Coop, Wide, PingPong };  // the env values' order
 StudyTile study_tile() {
-  static const std::string tile = [] {
-    const char* v = std::getenv("MOEKIT_SM90_TILE");
-    return std::string(v ? v : "");
-  }();
-  if (tile.empty()) return StudyTile::None;
-  if (tile != "coop" && tile != "wide" && tile != "pingpong") {
-    throw_invalid("MOEKIT_SM90_TILE", "coop, wide, pingpong or unset", str("'", tile, "'"));
-  }
+  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong"});
+  if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
-  if (tile == "coop") return StudyTile::Coop;
-  return tile == "wide" ? StudyTile::Wide : StudyTile::PingPong;
+  return static_cast<StudyTile>(tile);
 #else
   throw_error(ErrorKind::Unsupported,
-              str("MOEKIT_SM90_TILE=", tile, " needs a build with -DMOEKIT_SM90_TILE_STUDY=ON"));
+              str("MOEKIT_SM90_TILE=", std::getenv("MOEKIT_SM90_TILE"),
+                  " needs a build with -DMOEKIT_SM90_TILE_STUDY=ON"));
 #endif
 }
 
@@ -136,23 +131,34 @@ std::string rejects_common(int device, DType dtype, const DeviceCounts& counts, 
   return "";
 }
 
+// The group-K instances of one tile configuration and input dtype, one per dw dtype.
+struct GroupKPair {
+  const GroupKInstance* f32;   // dw in f32 (main_grad)
+  const GroupKInstance* same;  // dw in the input dtype
+  const GroupKInstance& pick(const GroupKProblem& p) const {
+    return p.dw_dtype == DType::F32 ? *f32 : *same;
+  }
+};
+const GroupKPair kGroupK[2] = {{&group_k_bf16_f32, &group_k_bf16_bf16},  // [dtype: 0 bf16, 1 f16]
+                               {&group_k_f16_f32, &group_k_f16_f16}};
+
 const GroupKInstance& instance(const GroupKProblem& p) {
   const bool f16 = p.dtype == DType::F16;
 #ifdef MOEKIT_SM90_TILE_STUDY
+  static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
+  static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
   if (!f16) {
-    const StudyTile tile = study_tile();
-    if (tile == StudyTile::Coop) {
-      return p.dw_dtype == DType::F32 ? group_k_bf16_f32_coop : group_k_bf16_bf16_coop;
-    }
-    if (tile == StudyTile::Wide) {
-      return p.dw_dtype == DType::F32 ? group_k_bf16_f32_wide : group_k_bf16_bf16_wide;
+    switch (study_tile()) {
+      case StudyTile::Coop: return kCoop.pick(p);
+      case StudyTile::Wide: return kWide.pick(p);
+      case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
+      case StudyTile::None: break;
     }
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
 #endif
-  if (p.dw_dtype == DType::F32) return f16 ? group_k_f16_f32 : group_k_bf16_f32;
-  return f16 ? group_k_f16_f16 : group_k_bf16_bf16;
+  return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
 }  // namespace

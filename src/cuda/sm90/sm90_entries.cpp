@@ -4,10 +4,9 @@
 #include "cuda/sm90/sm90_entries.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/resources.h"
 #include "cuda/sm90/grouped_gemm_sm90.h"
 #include "moekit/core/error.h"
@@ -170,14 +169,8 @@ void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); 
 // the automatic choice run the two calls instead, for A/B runs of whole steps (tools/mlp-bench,
 // MLP_BENCH_AB_ENV). Unset or 1: fused. Anything else is an error.
 std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
-  static const std::string setting = [] {
-    const char* v = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
-    return std::string(v ? v : "");
-  }();
-  if (setting == "0") return "MOEKIT_SM90_FUSED_BACKWARD=0";
-  if (!setting.empty() && setting != "1") {
-    throw_invalid("MOEKIT_SM90_FUSED_BACKWARD", "0, 1 or unset", str("'", setting, "'"));
-  }
+  static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_BACKWARD", {"0", "1"});
+  if (fused == 0) return "MOEKIT_SM90_FUSED_BACKWARD=0";
   return declines_for_cublas_batches(args.splits, args.groups, args.rows);
 }
 
