@@ -14,6 +14,7 @@
 // uninitialised with zero K tiles); the zero-fill kernel writes its exact zeros instead.
 #pragma once
 
+#include "cuda/sm90/blocked_scheduler.cuh"
 #include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/kernel_common.cuh"
 
@@ -23,6 +24,9 @@ namespace moekit::cuda::sm90 {
 template <DType kDType, DType kOut, class Config_>
 struct GroupKParts {
   using Config = Config_;
+  // Few tiles per group (small experts): each cluster takes a contiguous range of tiles
+  // (blocked_scheduler.cuh), decided per call in make_arguments.
+  using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   using Element = typename CutlassElement<kDType>::type;
   using ElementD = typename CutlassElement<kOut>::type;
   // C (the accumulate source) exists only for an fp32 dw: main_grad.
@@ -121,7 +125,18 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
                                            const cutlass::KernelHardwareInfo& hw) {
   typename G::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-  args.problem_shape = {static_cast<int>(p.counts.groups), arr.shapes, nullptr};
+  args.problem_shape.num_groups = static_cast<int>(p.counts.groups);
+  args.problem_shape.problem_shapes = arr.shapes;
+  args.problem_shape.host_problem_shapes = nullptr;
+  // A non-empty group has ⌈n/tileM⌉·⌈k/tileN⌉ tiles (N rounded up to the cluster), whatever its
+  // rows; fewer than the persistent grid's CTAs: the blocked tile order (CUTLASS's defaults here:
+  // AlongM raster, no swizzle, as that order needs).
+  constexpr int64_t kTileM = decltype(cute::size<0>(typename G::Config::Tile{}))::value;
+  constexpr int64_t kTileN = decltype(cute::size<1>(typename G::Config::Tile{}))::value;
+  constexpr int64_t kClusterN = decltype(cute::size<1>(typename G::Config::Cluster{}))::value;
+  const int64_t tiles = (p.n + kTileM - 1) / kTileM *
+                        (((p.k + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
+  args.problem_shape.blocked = tiles < hw.sm_count ? 1 : 0;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;

@@ -31,6 +31,7 @@ enum class Fusion { None, SwiGlu, DSwiGlu };
 template <DType kDType, bool kBKMajor, class Config_, Fusion kFusion>
 struct GroupMParts {
   using Config = Config_;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
   static constexpr bool kFusedSwiGlu = kFusion == Fusion::SwiGlu;

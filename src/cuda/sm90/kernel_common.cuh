@@ -85,14 +85,14 @@ struct ConfigCoop {
 };
 
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
-// group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config and its
-// CollectiveEpilogue; this
+// group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config, its
+// CollectiveEpilogue and its ProblemShape; this
 // adds what both kernels build the same way around them — the warp-specialised mainloop (its
 // stages take what the epilogue leaves of shared memory), the kernel, and the per-group shape and
 // stride types the setup kernels fill.
 template <class P>
 struct GroupedGemm : P {
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (group-K: blocked_scheduler.cuh)
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
       typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
