@@ -120,6 +120,21 @@ __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* z
 }  // namespace
 
 // ---- host side ----
+// The tile order (GroupKProblem::order): automatic = blocked when a non-empty group's tiles —
+// ⌈n/tileM⌉·⌈k/tileN⌉ (N rounded up to the cluster), whatever its rows — are fewer than the
+// persistent grid's CTAs. (CUTLASS's defaults here, AlongM raster and no swizzle, are what the
+// blocked order needs.)
+template <class G>
+bool group_k_blocked(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  if (p.order >= 0) return p.order == 1;
+  constexpr int64_t kTileM = decltype(cute::size<0>(typename G::Config::Tile{}))::value;
+  constexpr int64_t kTileN = decltype(cute::size<1>(typename G::Config::Tile{}))::value;
+  constexpr int64_t kClusterN = decltype(cute::size<1>(typename G::Config::Cluster{}))::value;
+  const int64_t tiles = (p.n + kTileM - 1) / kTileM *
+                        (((p.k + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
+  return tiles < hw.sm_count;
+}
+
 template <class G>
 typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKArrays<G>& arr,
                                            const cutlass::KernelHardwareInfo& hw) {
@@ -128,15 +143,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.num_groups = static_cast<int>(p.counts.groups);
   args.problem_shape.problem_shapes = arr.shapes;
   args.problem_shape.host_problem_shapes = nullptr;
-  // A non-empty group has ⌈n/tileM⌉·⌈k/tileN⌉ tiles (N rounded up to the cluster), whatever its
-  // rows; fewer than the persistent grid's CTAs: the blocked tile order (CUTLASS's defaults here:
-  // AlongM raster, no swizzle, as that order needs).
-  constexpr int64_t kTileM = decltype(cute::size<0>(typename G::Config::Tile{}))::value;
-  constexpr int64_t kTileN = decltype(cute::size<1>(typename G::Config::Tile{}))::value;
-  constexpr int64_t kClusterN = decltype(cute::size<1>(typename G::Config::Cluster{}))::value;
-  const int64_t tiles = (p.n + kTileM - 1) / kTileM *
-                        (((p.k + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
-  args.problem_shape.blocked = tiles < hw.sm_count ? 1 : 0;
+  args.problem_shape.blocked = group_k_blocked<G>(p, hw) ? 1 : 0;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
@@ -173,7 +180,8 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
                           kZeroThreads, 0, stream>>>(call.arrays.zero, p.dw, group_bytes);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
-  call.run_gemm(p, workspace, stream, name, p.accumulate ? 1 : 0);
+  // The cached Params bake in beta and the tile order.
+  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_blocked<G>(p, call.hw) ? 2 : 0));
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

@@ -211,9 +211,27 @@ size_t workspace_bytes(const GroupKProblem& p) {
   return instance(p).workspace_bytes(p);
 }
 
+namespace {
+// MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked (unset: auto) for A/B runs of the group-K tile
+// order; a problem that names its order keeps it.
+int tile_order_setting() {
+  static const int order = [] {
+    const char* v = std::getenv("MOEKIT_SM90_TILE_ORDER");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto") return -1;
+    if (s == "cutlass") return 0;
+    if (s == "blocked") return 1;
+    throw_invalid("MOEKIT_SM90_TILE_ORDER", "auto, cutlass, blocked or unset", str("'", s, "'"));
+  }();
+  return order;
+}
+}  // namespace
+
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
-  instance(p).run(p, workspace, stream);
+  GroupKProblem q = p;
+  if (q.order < 0) q.order = tile_order_setting();
+  instance(q).run(q, workspace, stream);
 }
 
 std::string config_name(const GroupKProblem& p) { return instance(p).name; }

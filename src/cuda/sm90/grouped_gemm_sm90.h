@@ -120,6 +120,10 @@ struct GroupKProblem {
   DType dtype = DType::BF16;   // of dy and x: BF16 or F16
   DType dw_dtype = DType::F32; // F32, or = dtype
   bool accumulate = false;     // dw += (needs dw_dtype F32)
+  // Tile order (blocked_scheduler.cuh): -1 automatic (blocked when a group has fewer tiles than
+  // the device has SMs), 0 CUTLASS's, 1 blocked. run() takes env MOEKIT_SM90_TILE_ORDER
+  // (auto, cutlass, blocked) for A/B runs; ctest runs the wgrad cases under each.
+  int order = -1;
 };
 
 std::string rejects(const GroupKProblem& p, int device);
