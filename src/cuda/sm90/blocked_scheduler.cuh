@@ -28,6 +28,23 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t blocked = 0;  // 1: each cluster takes a contiguous range of the tile sequence
 };
 
+// Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
+// tiles rounded up to the cluster), and whether a call takes the blocked order: `order` 1 / 0
+// forces it / CUTLASS's (GroupMProblem::order, GroupKProblem::order), -1 chooses it when a group
+// has fewer tiles than the persistent grid has CTAs. The blocked order needs CUTLASS's default
+// tile order around it (AlongM raster, no swizzle: `default_raster`).
+template <class Config>
+int64_t tiles_per_group(int64_t m, int64_t n) {
+  constexpr int64_t kTileM = decltype(cute::size<0>(typename Config::Tile{}))::value;
+  constexpr int64_t kTileN = decltype(cute::size<1>(typename Config::Tile{}))::value;
+  constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
+  return (m + kTileM - 1) / kTileM * (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
+}
+inline bool blocked_order(int order, bool default_raster, int64_t tiles, int sm_count) {
+  if (!default_raster) return false;
+  return order >= 0 ? order == 1 : tiles < sm_count;
+}
+
 template <class Shape, int kStages>
 class BlockedGroupScheduler
     : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<Shape, kStages> {

@@ -120,19 +120,11 @@ __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* z
 }  // namespace
 
 // ---- host side ----
-// The tile order (GroupKProblem::order): automatic = blocked when a non-empty group's tiles —
-// ⌈n/tileM⌉·⌈k/tileN⌉ (N rounded up to the cluster), whatever its rows — are fewer than the
-// persistent grid's CTAs. (CUTLASS's defaults here, AlongM raster and no swizzle, are what the
-// blocked order needs.)
+// The tile order (GroupKProblem::order; blocked_order): a non-empty group's tiles are
+// ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. (The group-K arguments keep CUTLASS's default raster.)
 template <class G>
 bool group_k_blocked(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
-  if (p.order >= 0) return p.order == 1;
-  constexpr int64_t kTileM = decltype(cute::size<0>(typename G::Config::Tile{}))::value;
-  constexpr int64_t kTileN = decltype(cute::size<1>(typename G::Config::Tile{}))::value;
-  constexpr int64_t kClusterN = decltype(cute::size<1>(typename G::Config::Cluster{}))::value;
-  const int64_t tiles = (p.n + kTileM - 1) / kTileM *
-                        (((p.k + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
-  return tiles < hw.sm_count;
+  return blocked_order(p.order, true, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
 }
 
 template <class G>

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "cuda/sm90/group_m_instances.h"
+#include "cuda/sm90/blocked_scheduler.cuh"
 #include "cuda/sm90/kernel_common.cuh"
 #include "cuda/sm90/swiglu_epilogue.cuh"
 
@@ -31,7 +32,8 @@ enum class Fusion { None, SwiGlu, DSwiGlu };
 template <DType kDType, bool kBKMajor, class Config_, Fusion kFusion>
 struct GroupMParts {
   using Config = Config_;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  // Small groups: each cluster takes a contiguous range of tiles (blocked_scheduler.cuh).
+  using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
   static constexpr bool kFusedSwiGlu = kFusion == Fusion::SwiGlu;
@@ -194,13 +196,25 @@ static __global__ void __launch_bounds__(256)
 }
 
 // ---- host side ----
+// The tile order (GroupMProblem::order; blocked_order): the host knows only the mean rows per
+// group (the counts are on the device), which sets the estimate of a group's tiles.
+template <class G>
+bool group_m_blocked(const GroupMProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  const int64_t mean_rows = (p.counts.rows + p.counts.groups - 1) / std::max<int64_t>(p.counts.groups, 1);
+  return blocked_order(p.order, p.raster == 0 && p.swizzle == 1,
+                       tiles_per_group<typename G::Config>(mean_rows, p.n), hw.sm_count);
+}
+
 template <class G>
 typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupArrays<G>& arr,
                                            const cutlass::KernelHardwareInfo& hw) {
   typename G::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   // Host problem shapes: none (nullptr) — the counts live on the device only.
-  args.problem_shape = {static_cast<int>(p.counts.groups), arr.shapes, nullptr};
+  args.problem_shape.num_groups = static_cast<int>(p.counts.groups);
+  args.problem_shape.problem_shapes = arr.shapes;
+  args.problem_shape.host_problem_shapes = nullptr;
+  args.problem_shape.blocked = group_m_blocked<G>(p, hw) ? 1 : 0;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
   typename G::HNode::Arguments h{
@@ -246,7 +260,7 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
-                      (p.dglu_dprobs != nullptr ? 4 : 0);
+                      (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_blocked<G>(p, call.hw) ? 8 : 0);
   call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {

@@ -73,6 +73,20 @@ StudyTile study_tile() {
 #endif
 }
 
+// MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked (unset: auto) for A/B runs of the tile
+// order (group-M and group-K); a problem that names its order keeps it.
+int tile_order_setting() {
+  static const int order = [] {
+    const char* v = std::getenv("MOEKIT_SM90_TILE_ORDER");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto") return -1;
+    if (s == "cutlass") return 0;
+    if (s == "blocked") return 1;
+    throw_invalid("MOEKIT_SM90_TILE_ORDER", "auto, cutlass, blocked or unset", str("'", s, "'"));
+  }();
+  return order;
+}
+
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
 #ifdef MOEKIT_SM90_TILE_STUDY
@@ -192,7 +206,9 @@ size_t workspace_bytes(const GroupMProblem& p) {
 
 void run(const GroupMProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
-  instance(p).run(p, workspace, stream);
+  GroupMProblem q = p;
+  if (q.order < 0) q.order = tile_order_setting();
+  instance(q).run(q, workspace, stream);
 }
 
 std::string config_name(const GroupMProblem& p) { return instance(p).name; }
@@ -211,21 +227,6 @@ size_t workspace_bytes(const GroupKProblem& p) {
   return instance(p).workspace_bytes(p);
 }
 
-namespace {
-// MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked (unset: auto) for A/B runs of the group-K tile
-// order; a problem that names its order keeps it.
-int tile_order_setting() {
-  static const int order = [] {
-    const char* v = std::getenv("MOEKIT_SM90_TILE_ORDER");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "auto") return -1;
-    if (s == "cutlass") return 0;
-    if (s == "blocked") return 1;
-    throw_invalid("MOEKIT_SM90_TILE_ORDER", "auto, cutlass, blocked or unset", str("'", s, "'"));
-  }();
-  return order;
-}
-}  // namespace
 
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]

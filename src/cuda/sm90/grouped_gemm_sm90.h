@@ -57,6 +57,10 @@ struct GroupMProblem {
   // bb650c6-backends.md.)
   int raster = 0;
   int swizzle = 1;
+  // Tile order (blocked_scheduler.cuh): -1 automatic (blocked when a group of the mean rows has
+  // fewer tiles than the device has SMs; only with raster 0 and swizzle 1), 0 CUTLASS's,
+  // 1 blocked. run() takes env MOEKIT_SM90_TILE_ORDER as for GroupKProblem.
+  int order = -1;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
   // p_t = glu_probs[t] (nullptr: 1). Needs b_transposed and n % 64 == 0; bit-identical to running
@@ -122,7 +126,7 @@ struct GroupKProblem {
   bool accumulate = false;     // dw += (needs dw_dtype F32)
   // Tile order (blocked_scheduler.cuh): -1 automatic (blocked when a group has fewer tiles than
   // the device has SMs), 0 CUTLASS's, 1 blocked. run() takes env MOEKIT_SM90_TILE_ORDER
-  // (auto, cutlass, blocked) for A/B runs; ctest runs the wgrad cases under each.
+  // (auto, cutlass, blocked) for A/B runs; ctest runs the sm90 GEMM cases under each.
   int order = -1;
 };
 
