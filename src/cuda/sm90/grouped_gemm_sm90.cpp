@@ -76,15 +76,8 @@ StudyTile study_tile() {
 // MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked (unset: auto) for A/B runs of the tile
 // order (group-M and group-K); a problem that names its order keeps it.
 int tile_order_setting() {
-  static const int order = [] {
-    const char* v = std::getenv("MOEKIT_SM90_TILE_ORDER");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "auto") return -1;
-    if (s == "cutlass") return 0;
-    if (s == "blocked") return 1;
-    throw_invalid("MOEKIT_SM90_TILE_ORDER", "auto, cutlass, blocked or unset", str("'", s, "'"));
-  }();
-  return order;
+  static const int order = detail::env_choice("MOEKIT_SM90_TILE_ORDER", {"cutlass", "blocked", "auto"});
+  return order == 2 ? -1 : order;  // unset or auto: -1
 }
 
 const GroupMInstance& instance(const GroupMProblem& p) {
