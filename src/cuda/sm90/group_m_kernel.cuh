@@ -196,10 +196,16 @@ static __global__ void __launch_bounds__(256)
 }
 
 // ---- host side ----
-// The tile order (GroupMProblem::order; blocked_order): the host knows only the mean rows per
-// group (the counts are on the device), which sets the estimate of a group's tiles.
+// The tile order (GroupMProblem::order; blocked_order). Automatic: CUTLASS's. The blocked order
+// was slower on every group-M problem it would have taken on the H200 (e402162, in turns:
+// small_E64 fprop 0.80x, dgrad 0.81x; qwen3 dgrad on the 128x256 tile 0.72-0.83x;
+// bench/results/2026-11-30-nvidia-h200-e402162-gpu-check.md): the CTAs in flight then work on
+// tiles far apart in the sequence and stop sharing operand tiles in L2. Forced (order 1) it
+// stays for studies; the host knows only the mean rows per group (the counts are on the
+// device), which sets the estimate of a group's tiles.
 template <class G>
 bool group_m_blocked(const GroupMProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  if (p.order < 0) return false;
   const int64_t mean_rows = (p.counts.rows + p.counts.groups - 1) / std::max<int64_t>(p.counts.groups, 1);
   return blocked_order(p.order, p.raster == 0 && p.swizzle == 1,
                        tiles_per_group<typename G::Config>(mean_rows, p.n), hw.sm_count);

@@ -57,9 +57,9 @@ struct GroupMProblem {
   // bb650c6-backends.md.)
   int raster = 0;
   int swizzle = 1;
-  // Tile order (blocked_scheduler.cuh): -1 automatic (blocked when a group of the mean rows has
-  // fewer tiles than the device has SMs; only with raster 0 and swizzle 1), 0 CUTLASS's,
-  // 1 blocked. run() takes env MOEKIT_SM90_TILE_ORDER as for GroupKProblem.
+  // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
+  // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked (only with raster 0
+  // and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for GroupKProblem.
   int order = -1;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
