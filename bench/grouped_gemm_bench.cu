@@ -29,6 +29,9 @@
 //                        Splits::host (PERFORMANCE.md: device splits cost nothing extra)
 //   caller/internal out  GroupedLinear::forward with {.output = y} vs an internally allocated
 //                        output (PERFORMANCE.md: caller buffers cost nothing)
+//   alone/back-to-back   the device-split call timed alone (events around it, as every time in
+//                        the suite and in bench/peers.py) vs per call of back-to-back calls:
+//                        the host and launch latency a call pays alone (not a target)
 // Routing: uniform (T/E rows each) or skewed (Dirichlet(1) split of T, seeded; some experts get
 // few or no rows). The JSON (--json) holds the splits of every configuration so bench/peers.py
 // times torch on exactly the same problems, and every backend's numbers.
@@ -417,7 +420,7 @@ bool identical_bf16(const Context& ctx, const void* a, const void* b, size_t n) 
   return host == 0;
 }
 
-// PERFORMANCE.md's two "cost nothing" targets on one shape (uniform routing, fprop, the first
+// PERFORMANCE.md's two "cost nothing" targets on one shape, and the per-call latency (uniform routing, fprop, the first
 // backend of --backends, forced: the automatic choice may differ between host and device splits,
 // e.g. cuBLAS batches for small uniform host splits): device vs host splits, and a caller output
 // buffer vs an internally allocated one.
@@ -450,6 +453,32 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
         time_in_turns({on_device, on_host}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
     c.a_ms = median(ms[0]);
     c.b_ms = median(ms[1]);
+    out.push_back(c);
+  }
+  {  // one call alone (as every timing above: events around the call, host enqueue included)
+     // vs back-to-back calls (the host runs ahead: what a training step's stream sees); the
+     // difference is the per-call host and launch latency. Outputs: the first call's against the
+     // last's (repeated calls must be bit-identical).
+    auto call = [&] { moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, device, y); };
+    call();
+    CK(cudaMemcpyAsync(y2.data(), y.data(), valid * 2, cudaMemcpyDeviceToDevice, stream));
+    const auto alone = time_in_turns({call}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
+    const int calls = std::max(8, o.iters);
+    std::vector<double> per_call;
+    for (int r = 0; r < 5; ++r) {
+      CK(cudaEventRecord(start, stream));
+      for (int i = 0; i < calls; ++i) call();
+      CK(cudaEventRecord(stop, stream));
+      CK(cudaEventSynchronize(stop));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, start, stop));
+      per_call.push_back(t / calls);
+    }
+    Comparison c{s.name, "uniform", "fprop", "alone/back-to-back", "one call alone",
+                 "back-to-back calls"};
+    c.identical = identical_bf16(ctx, y.data(), y2.data(), valid);
+    c.a_ms = median(alone[0]);
+    c.b_ms = median(per_call);
     out.push_back(c);
   }
   {  // caller buffer vs internal allocation (GroupedLinear::forward, inference)

@@ -267,7 +267,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     comp_lines = []
     if comps:
         comp_lines = ["", "Same computation, two paths (the first backend, forced; medians in turns; "
-                      "PERFORMANCE.md: both ratios should be 1.00):", "",
+                      "PERFORMANCE.md: device/host and caller/internal should be 1.00; alone/back-to-back shows "
+                      "the per-call host and launch latency of a call timed alone):", "",
                       "| shape | routing | pass | comparison | first ms | second ms | ratio | outputs |",
                       "|---|---|---|---|---|---|---|---|"]
         for c in comps:

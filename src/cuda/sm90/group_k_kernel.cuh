@@ -38,9 +38,28 @@ struct GroupKParts {
   static constexpr int kAlign = 8;                           // 16-bit elements per 16 bytes
   static constexpr int kAlignD = 16 / sizeof(ElementD);      // TMA: 16 bytes
 
+  // The epilogue's subtile (what one pass of its loop converts, stages in shared memory and
+  // stores by TMA). On the ping-pong tile with a 16-bit dw and no C: 64x128, two passes per
+  // tile, against eight of CUTLASS's automatic 64x32. The epilogues of the two consumer
+  // warpgroups take turns, and a group with few rows (small_E64: K = 64, one K block) spends
+  // nearly all its time there: each pass ends in a named barrier and a TMA store issue, so
+  // passes, not bytes, set the time. The same number of mainloop stages fit (6: 32 KB of D
+  // staging instead of 8 KB). A study config may set its own (Config::EpilogueTile).
+  static constexpr auto epilogue_tile() {
+    if constexpr (requires { typename Config::EpilogueTile; }) {
+      return typename Config::EpilogueTile{};
+    } else if constexpr (std::is_same_v<typename Config::EpilogueSchedule,
+                                        cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong> &&
+                         std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
+      return cute::Shape<cute::_64, cute::_128>{};
+    } else {
+      return cutlass::epilogue::collective::EpilogueTileAuto{};
+    }
+  }
+  using EpilogueTile = decltype(epilogue_tile());
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
-      typename Config::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      typename Config::Cluster, EpilogueTile, float, float,
       ElementC, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
       typename Config::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;

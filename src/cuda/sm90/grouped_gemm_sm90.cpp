@@ -58,11 +58,12 @@ int choose_config(const GroupMProblem& p) {
 // Tile studies: MOEKIT_SM90_TILE=coop (cooperative 256x128, kernels_study.cu) or wide
 // (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
 // group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
-// ping-pong 128x128 tile as before 3074b1d. Any other value is an error, and so is any of them
-// in a build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong };  // the env values' order
+// ping-pong 128x128 tile as before 3074b1d; epi32 runs the bf16 -> bf16 group-K on CUTLASS's
+// automatic 64x32 epilogue subtile. Any other value is an error, and so is any of them in a
+// build without the study instances.
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32 };  // the env values' order
 StudyTile study_tile() {
-  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong"});
+  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -95,6 +96,7 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::PingPong: return kPingPong.pick(p);
+      case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::None: break;
     }
   }
@@ -154,10 +156,12 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 #ifdef MOEKIT_SM90_TILE_STUDY
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
   static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
+  static const GroupKPair kEpi32{&group_k_bf16_f32, &group_k_bf16_bf16_epi32};
   if (!f16) {
     switch (study_tile()) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
+      case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
     }

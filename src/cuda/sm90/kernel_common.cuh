@@ -84,6 +84,13 @@ struct ConfigCoop {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=epi32; kernels_study.cu): kLarge with CUTLASS's automatic
+// epilogue subtile (64x32 on ping-pong) for the bf16 -> bf16 group-K, which takes 64x128 by
+// default (GroupKParts::epilogue_tile, group_k_kernel.cuh).
+struct ConfigLargeEpi32 : ConfigLarge {
+  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;
+};
+
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
 // group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config, its
 // CollectiveEpilogue and its ProblemShape; this
