@@ -33,6 +33,8 @@ extern const GroupMInstance group_m_bf16_kmajor_wide,  // kernels_study_wide.cu 
     group_m_bf16_nmajor_pingpong;
 extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,  // kernels_study_fused.cu
     group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
+extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
+    group_m_bf16_nmajor_small256;
 #endif
 
 }  // namespace moekit::cuda::sm90

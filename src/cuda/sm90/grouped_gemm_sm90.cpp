@@ -59,11 +59,12 @@ int choose_config(const GroupMProblem& p) {
 // (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
 // group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
 // ping-pong 128x128 tile as before 3074b1d; epi32 runs the bf16 -> bf16 group-K on CUTLASS's
-// automatic 64x32 epilogue subtile. Any other value is an error, and so is any of them in a
+// automatic 64x32 epilogue subtile; small256 runs kSmallM's plain bf16 fprop and dgrad on the
+// ping-pong 64x256 tile. Any other value is an error, and so is any of them in a
 // build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32 };  // the env values' order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256 };  // the env values' order
 StudyTile study_tile() {
-  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32"});
+  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -97,8 +98,14 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::PingPong: return kPingPong.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
+      case StudyTile::Small256:
       case StudyTile::None: break;
     }
+  }
+  static const GroupMSet kSmall256{&group_m_bf16_kmajor_small256, &group_m_bf16_nmajor_small256,
+                                   &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
+  if (config == kSmallM && p.dtype == DType::BF16 && study_tile() == StudyTile::Small256) {
+    return kSmall256.pick(p);
   }
 #else
   (void)study_tile();  // reports a setting this build cannot honour
@@ -162,6 +169,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::Epi32: return kEpi32.pick(p);
+      case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
     }

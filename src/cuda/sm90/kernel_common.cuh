@@ -56,6 +56,19 @@ struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-b
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=small256; kernels_study_small.cu): kSmallM's plain fprop
+// and dgrad on a 64x256 ping-pong tile. small_E64 fprop (64 rows per group, 16 N tiles of 128
+// per group) sits at 76% of DRAM peak under ncu with ConfigSmallM; in CUTLASS's tile order every
+// tile a CTA takes starts a new group, whose descriptor rewrite and fence pause the producer.
+// Twice the weight bytes per tile halves those pauses per byte (5 stages of 40 KB in flight
+// against 9 of 24 KB).
+struct ConfigSmallWide {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+};
+
 // ConfigWide: the cooperative 128x256x64 tile, each consumer warpgroup 64x256 (128 accumulator
 // registers per thread, as ConfigLarge), cluster 1x2 (N tiles pair). What cuBLAS picks for these
 // shapes (nvjet ..._128x256_..._coopA, 128x272, 256x160). kLarge's dgrad tile (plain and with the
