@@ -274,7 +274,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         for c in comps:
             comp_lines.append(f"| {c['shape']} | {c['routing']} | {c['pass']} | {c['a']} / {c['b']} | "
                               f"{c['a_ms']:.4f} | {c['b_ms']:.4f} | {c['ratio']:.3f} | "
-                              f"{'bit-identical' if c['identical'] else 'DIFFER'} |")
+                              f"{'bit-identical' if c['identical'] else 'DIFFER'}"
+                              f"{'; ' + c['note'] if c.get('note') else ''} |")
     batching = mk.get("cublas_batching")
     md = [f"# moekit grouped GEMM vs peers — {mk['gpu']}", "",
           f"- date: {mk['date']} (moekit), {pe['date']} (peers)",

@@ -6,6 +6,10 @@
 // cluster takes one contiguous range of the tile sequence instead (the same sequence: groups in
 // order, a group's tiles as CUTLASS's AlongM raster orders them), so a CTA changes group about
 // once per range. Ranges are balanced to ±1 cluster unit.
+// Measured on the H200 (bench/results/2026-11-30-nvidia-h200-d0b4c76-summary.md): group-K with
+// one K block per tile (small_E64 wgrad) 168 -> 135.5 µs; but group-M 0.64-0.83x, since the CTAs
+// in flight then work far apart in the sequence and stop sharing operand tiles in L2. So it is
+// automatic for group-K only (group_k_blocked); group-M takes it only when forced.
 //
 // How it plugs in (CUTLASS 4.2): the ptr-array kernels run their scheduler warp only for the
 // `GroupScheduler` tag and pick the scheduler class through `TileSchedulerSelector<GroupScheduler,

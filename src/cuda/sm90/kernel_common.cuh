@@ -112,7 +112,7 @@ struct ConfigLargeEpi32 : ConfigLarge {
 // stride types the setup kernels fill.
 template <class P>
 struct GroupedGemm : P {
-  using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (group-K: blocked_scheduler.cuh)
+  using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
       typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
