@@ -2,7 +2,7 @@
 // moekit backend side by side.
 //
 // How to run (GPU machine):
-//   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad]
+//   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
 //                [--json out.json] [--commit id] [--compare shapes|none]
 // Backends: each configuration is run through every backend of --backends that has an entry in
@@ -40,6 +40,9 @@
 //   fprop  y  = x_g · W_gᵀ     grouped_gemm_group_m(..., BOp::Transposed, ...)
 //   dgrad  dx = dy_g · W_g     grouped_gemm_group_m(..., BOp::Plain, ...)
 //   wgrad  dW_g = dy_gᵀ · x_g  grouped_gemm_group_k(..., accumulate = false), bf16 out
+//   wgrad_f32  main_grad_g += dy_gᵀ · x_g  grouped_gemm_group_k(..., accumulate = true) into an
+//              fp32 main_grad [E, N, K] (the training path with fused weight-gradient
+//              accumulation); checked against its starting values plus the fp64 sum
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -118,13 +121,22 @@ __global__ void randn_bf16(__nv_bfloat16* p, size_t n, uint64_t seed) {
   }
 }
 
-__global__ void count_nonfinite_bf16(const __nv_bfloat16* p, size_t n, unsigned long long* count) {
+template <class T>
+__global__ void count_nonfinite(const T* p, size_t n, unsigned long long* count) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   unsigned long long local = 0;
   for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (!isfinite(__bfloat162float(p[i]))) ++local;
+    if (!isfinite(static_cast<float>(p[i]))) ++local;
   }
   if (local) atomicAdd(count, local);
+}
+
+// Standard normal fp32 (a main_grad's starting values): the bf16 generator's draws, widened.
+__global__ void bf16_to_f32(const __nv_bfloat16* src, float* dst, size_t n) {
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    dst[i] = __bfloat162float(src[i]);
+  }
 }
 
 void fill_randn(const Context& ctx, const Tensor& t, uint64_t seed) {
@@ -133,13 +145,18 @@ void fill_randn(const Context& ctx, const Tensor& t, uint64_t seed) {
   CK(cudaGetLastError());
 }
 
-unsigned long long nonfinite(const Context& ctx, const void* p, size_t n) {
+// Non-finite elements among the first n of p (bf16, or f32 when `f32`).
+unsigned long long nonfinite(const Context& ctx, const void* p, size_t n, bool f32 = false) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   Tensor counter = Tensor::empty({1}, DType::I64, ctx);
   CK(cudaMemsetAsync(counter.data(), 0, 8, stream));
-  if (n) {
-    count_nonfinite_bf16<<<1024, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p), n,
-                                                   counter.data_as<unsigned long long>());
+  if (n && f32) {
+    count_nonfinite<<<1024, 256, 0, stream>>>(static_cast<const float*>(p), n,
+                                              counter.data_as<unsigned long long>());
+    CK(cudaGetLastError());
+  } else if (n) {
+    count_nonfinite<<<1024, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p), n,
+                                              counter.data_as<unsigned long long>());
     CK(cudaGetLastError());
   }
   unsigned long long host = 0;
@@ -181,6 +198,11 @@ std::vector<double> fetch(const void* base, int64_t first, int64_t count, int64_
 }
 
 double fetch_one(const void* base, int64_t index) { return fetch(base, index, 1, 1)[0]; }
+double fetch_one_f32(const void* base, int64_t index) {
+  float v = 0;
+  CK(cudaMemcpy(&v, static_cast<const float*>(base) + index, 4, cudaMemcpyDeviceToHost));
+  return v;
+}
 
 // ---------------------------------------------------------------- routing
 
@@ -276,7 +298,8 @@ std::string shell_line(const char* cmd) {
 // ---------------------------------------------------------------- the runner
 
 struct Options {
-  std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes{"fprop", "dgrad", "wgrad"};
+  std::vector<std::string> shapes, routings{"uniform", "skewed"},
+      passes{"fprop", "dgrad", "wgrad", "wgrad_f32"};
   std::vector<std::string> backends{"sm90", "cublas"};
   std::vector<std::string> compare{"qwen3_fc2_E16", "small_E64"};
   int iters = 20, warmup = 5, samples = 96;
@@ -299,20 +322,24 @@ bool wanted(const std::vector<std::string>& list, const std::string& x) {
 }
 
 // Sampled fp64 check of one pass. Tolerance per element: eps(bf16)·|ref| + eps(f32)·L·Σ|term|.
+// wgrad_f32: `out` is the fp32 main_grad after one accumulating call, `init` its values before.
 Check check_pass(const Context& ctx, const std::string& pass, const Shape& s,
                  const std::vector<int64_t>& counts, const Tensor& x, const Tensor& w,
-                 const Tensor& dy, const Tensor& out, int samples, uint64_t seed) {
+                 const Tensor& dy, const Tensor& out, const Tensor& init, int samples,
+                 uint64_t seed) {
   Check c;
   const int64_t K = s.K, N = s.N;
   const std::vector<int64_t> off = moekit::offsets_of(counts);
   const int64_t S = off.back();
-  c.nonfinite = nonfinite(ctx, out.data(), static_cast<size_t>(pass == "wgrad" ? s.E * N * K : S * (pass == "fprop" ? N : K)));
+  const bool f32 = pass == "wgrad_f32", weight = pass == "wgrad" || f32;
+  c.nonfinite = nonfinite(ctx, out.data(), static_cast<size_t>(weight ? s.E * N * K : S * (pass == "fprop" ? N : K)), f32);
   std::vector<int64_t> groups;
   for (int64_t g = 0; g < s.E; ++g) {
     if (counts[static_cast<size_t>(g)] > 0) groups.push_back(g);
   }
   std::mt19937_64 rng(seed);
-  const double eps_out = 1.0 / 128, eps_acc = 1.0 / 8388608;
+  // The output's rounding (bf16, or fp32 for main_grad) and fp32 accumulation.
+  const double eps_out = f32 ? 1.0 / 8388608 : 1.0 / 128, eps_acc = 1.0 / 8388608;
   for (int i = 0; i < samples; ++i) {
     const int64_t g = groups[static_cast<size_t>(i) % groups.size()];
     const int64_t m = counts[static_cast<size_t>(g)];
@@ -321,7 +348,7 @@ Check check_pass(const Context& ctx, const std::string& pass, const Shape& s,
     const int64_t r = off[static_cast<size_t>(g)] +
                       (round == 0 ? 0 : round == 1 ? m - 1 : static_cast<int64_t>(rng() % static_cast<uint64_t>(m)));
     std::vector<double> u, v;
-    double got;
+    double got, start = 0;
     if (pass == "fprop") {  // y[r, n] = Σ_k x[r, k] · W[g, n, k]
       const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(N));
       u = fetch(x.data(), r * K, K, 1);
@@ -337,9 +364,14 @@ Check check_pass(const Context& ctx, const std::string& pass, const Shape& s,
       const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(K));
       u = fetch(dy.data(), off[static_cast<size_t>(g)] * N + n, m, N);
       v = fetch(x.data(), off[static_cast<size_t>(g)] * K + k, m, K);
-      got = fetch_one(out.data(), (g * N + n) * K + k);
+      if (f32) {
+        start = fetch_one_f32(init.data(), (g * N + n) * K + k);
+        got = fetch_one_f32(out.data(), (g * N + n) * K + k);
+      } else {
+        got = fetch_one(out.data(), (g * N + n) * K + k);
+      }
     }
-    double ref = 0, mag = 0;
+    double ref = start, mag = std::abs(start);
     for (size_t j = 0; j < u.size(); ++j) {
       ref += u[j] * v[j];
       mag += std::abs(u[j] * v[j]);
@@ -541,9 +573,9 @@ int run(const Options& o) {
               env_batching ? "  MOEKIT_CUBLAS_BATCHING=" : "", env_batching ? env_batching : "",
               prop.name, prop.multiProcessorCount, clocks_before.c_str());
   std::printf("warm-up %d calls and >= %.0f ms, median of %d runs per backend (CUDA events, "
-              "backends in turns), bf16 in/out, fp32 accumulation\n\n",
+              "backends in turns), bf16 in, bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 accumulation\n\n",
               o.warmup, o.warmup_ms, o.iters);
-  std::printf("%-15s %-8s %-6s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
+  std::printf("%-15s %-8s %-9s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
   for (const auto& b : o.backends) std::printf(" | %-6s %8s %7s %-4s", b.c_str(), "ms", "TFLOP/s", "chk");
   std::printf(" | best\n");
 
@@ -565,6 +597,16 @@ int run(const Options& o) {
     fill_randn(base, x, ++data_seed);
     fill_randn(base, w, ++data_seed);
     fill_randn(base, dy, ++data_seed);
+    // wgrad_f32: main_grad and its starting values (standard normal), only when that pass runs.
+    Tensor main_grad, main_grad_init;
+    if (wanted(o.passes, "wgrad_f32")) {
+      main_grad = Tensor::empty({s.E, s.N, s.K}, DType::F32, base);
+      main_grad_init = Tensor::empty({s.E, s.N, s.K}, DType::F32, base);
+      fill_randn(base, dw, ++data_seed);
+      bf16_to_f32<<<1024, 256, 0, stream>>>(dw.data_as<__nv_bfloat16>(), main_grad_init.data_as<float>(),
+                                            static_cast<size_t>(dw.numel()));
+      CK(cudaGetLastError());
+    }
     for (const std::string routing : {"uniform", "skewed"}) {
       if (!wanted(o.routings, routing)) continue;
       const std::vector<int64_t> counts =
@@ -574,16 +616,17 @@ int run(const Options& o) {
       int64_t S = 0;
       for (int64_t c : counts) S += c;
       const double flops = 2.0 * static_cast<double>(S) * static_cast<double>(s.N) * static_cast<double>(s.K);
-      for (const std::string pass : {"fprop", "dgrad", "wgrad"}) {
+      for (const std::string pass : {"fprop", "dgrad", "wgrad", "wgrad_f32"}) {
         if (!wanted(o.passes, pass)) continue;
-        const Tensor& out = pass == "fprop" ? y : pass == "dgrad" ? dx : dw;
+        const bool accumulate = pass == "wgrad_f32";
+        const Tensor& out = pass == "fprop" ? y : pass == "dgrad" ? dx : accumulate ? main_grad : dw;
         auto step = [&](const Context& ctx) {
           if (pass == "fprop") {
             moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, y);
           } else if (pass == "dgrad") {
             moekit::grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dx);
           } else {
-            moekit::grouped_gemm_group_k(ctx, dy, x, splits, dw, false);
+            moekit::grouped_gemm_group_k(ctx, dy, x, splits, accumulate ? main_grad : dw, accumulate);
           }
         };
         Result r{&s, routing, pass, counts, {}, -1};
@@ -594,8 +637,14 @@ int run(const Options& o) {
           BackendRun b;
           b.name = name;
           const Context ctx = base.with_backend(name);
-          // Poison, one run, check that run's output: each backend is checked on its own.
-          CK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
+          // Poison (main_grad: its starting values), one run, check that run's output: each
+          // backend is checked on its own.
+          if (accumulate) {
+            CK(cudaMemcpyAsync(out.data(), main_grad_init.data(), out.nbytes(),
+                               cudaMemcpyDeviceToDevice, stream));
+          } else {
+            CK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
+          }
           try {
             step(ctx);
           } catch (const moekit::Error& e) {
@@ -609,7 +658,7 @@ int run(const Options& o) {
           }
           if (b.ran()) {
             CK(cudaStreamSynchronize(stream));
-            b.check = check_pass(base, pass, s, counts, x, w, dy, out, o.samples,
+            b.check = check_pass(base, pass, s, counts, x, w, dy, out, main_grad_init, o.samples,
                                  o.seed + si * 7 + pass.size());
             all_pass = all_pass && b.check.pass();
             ran.push_back(r.backends.size());
@@ -630,7 +679,7 @@ int run(const Options& o) {
             r.best = static_cast<int>(ran[i]);
           }
         }
-        std::printf("%-15s %-8s %-6s %4lld %6lld %6lld %6lld", s.name, routing.c_str(),
+        std::printf("%-15s %-8s %-9s %4lld %6lld %6lld %6lld", s.name, routing.c_str(),
                     pass.c_str(), static_cast<long long>(s.E), static_cast<long long>(s.T),
                     static_cast<long long>(s.K), static_cast<long long>(s.N));
         for (const std::string& name : o.backends) {
@@ -752,7 +801,7 @@ int run(const Options& o) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
-               "[--passes fprop,dgrad,wgrad] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
+               "[--passes fprop,dgrad,wgrad,wgrad_f32] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
                "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
@@ -798,6 +847,9 @@ int main(int argc, char** argv) {
     if (std::none_of(std::begin(kSuite), std::end(kSuite), [&](const Shape& k) { return s == k.name; })) {
       usage(("unknown shape " + s).c_str());
     }
+  }
+  for (const std::string& p : o.passes) {
+    if (p != "fprop" && p != "dgrad" && p != "wgrad" && p != "wgrad_f32") usage(("unknown pass " + p).c_str());
   }
   try {
     return run(o);

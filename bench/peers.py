@@ -10,8 +10,11 @@ or both peer steps at once:
 
 Peers, per configuration (shape x routing x pass, bf16 in/out, fp32 accumulation):
   grouped_mm  torch._grouped_mm (fprop: x [T,K] with W^T [G,K,N]; dgrad: dy with W [G,N,K];
-              wgrad: dy^T [N,T] with x [T,K], offsets along T)
+              wgrad: dy^T [N,T] with x [T,K], offsets along T; wgrad_f32: the same with
+              out_dtype=float32 — or, where torch lacks it, a bf16 result widened — added into
+              an fp32 main_grad [G,N,K]: main_grad.add_(...), two kernels)
   loop        one torch.mm per non-empty expert (cuBLAS per group), writing into row slices
+              (wgrad_f32: each expert's fp32 product added into its main_grad slice)
   dense       one torch.mm with the same total FLOPs (S rows, or reduction length S for wgrad)
 Timing: CUDA events around each run, warm-up, median of --iters runs, random normal inputs.
 Each peer's result is checked against the loop peer (fp32-accumulated cuBLAS) on a few rows.
@@ -34,6 +37,27 @@ def _torch():
     import torch  # imported lazily: `merge` needs no GPU
 
     return torch
+
+
+def f32_products(torch, dev):
+    """bf16 x bf16 -> fp32 products as this torch offers them: (grouped(a, b, offs), mm(a, b),
+    label). out_dtype=float32 where supported, else the bf16 result widened (rounded once to bf16
+    first: what a user of that torch gets)."""
+    dy = torch.randn(32, 16, device=dev, dtype=torch.bfloat16)  # the wgrad call's layout:
+    x = torch.randn(32, 16, device=dev, dtype=torch.bfloat16)   # dy^T [N, T], x [T, K], offs on T
+    offs = torch.tensor([16, 32], device=dev, dtype=torch.int32)
+    a, b = dy.t()[:, :16], x[:16]
+    try:
+        torch._grouped_mm(dy.t(), x, offs=offs, out_dtype=torch.float32)
+        grouped, g_label = (lambda x, y, o: torch._grouped_mm(x, y, offs=o, out_dtype=torch.float32)), "out_dtype=float32"
+    except (TypeError, RuntimeError):
+        grouped, g_label = (lambda x, y, o: torch._grouped_mm(x, y, offs=o).float()), "bf16 out widened"
+    try:
+        torch.mm(a, b, out_dtype=torch.float32)
+        mm, m_label = (lambda x, y: torch.mm(x, y, out_dtype=torch.float32)), "out_dtype=float32"
+    except (TypeError, RuntimeError):
+        mm, m_label = (lambda x, y: torch.mm(x, y).float()), "bf16 out widened"
+    return grouped, mm, f"grouped_mm {g_label}, mm {m_label}"
 
 
 def time_ms(fn, iters, warmup, warmup_ms):
@@ -83,6 +107,10 @@ def run_peers(args):
         "results": [],
     }
     print(f"peers: torch {torch.__version__} CUDA {torch.version.cuda} on {out['gpu']}")
+    grouped_f32 = mm_f32 = None
+    if any(c["pass"] == "wgrad_f32" for c in configs):
+        grouped_f32, mm_f32, out["wgrad_f32_products"] = f32_products(torch, dev)
+        print(f"wgrad_f32 peers: {out['wgrad_f32_products']}")
     print(f"{'shape':15} {'routing':8} {'pass':6} {'grouped_mm':>11} {'loop':>9} {'dense':>9}  (TFLOP/s)")
     for name, first in shapes.items():
         E, T, K, N = first["E"], first["T"], first["K"], first["N"]
@@ -92,6 +120,7 @@ def run_peers(args):
         y = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
         dx = torch.empty(T, K, device=dev, dtype=torch.bfloat16)
         dw = torch.empty(E, N, K, device=dev, dtype=torch.bfloat16)
+        main_grad = None  # wgrad_f32: fp32 [E, N, K], allocated when that pass runs
         for r in [c for c in configs if c["shape"] == name]:
             counts = r["counts"]
             S = sum(counts)
@@ -127,6 +156,30 @@ def run_peers(args):
 
                 def dense():
                     return torch.mm(dy[:S], w[0])
+            elif p == "wgrad_f32":
+                dyt = dy.t()  # [N, T]
+                if main_grad is None:
+                    main_grad = torch.randn(E, N, K, device=dev, dtype=torch.float32)
+
+                def gmm_delta():
+                    return grouped_f32(dyt, x, offs)
+
+                def gmm():
+                    return main_grad.add_(gmm_delta())
+
+                def loop_delta():
+                    d = torch.zeros(E, N, K, device=dev, dtype=torch.float32)
+                    for g, a, b in bounds:
+                        d[g] = mm_f32(dyt[:, a:b], x[a:b])
+                    return d
+
+                def loop():
+                    for g, a, b in bounds:
+                        main_grad[g].add_(mm_f32(dyt[:, a:b], x[a:b]))
+                    return main_grad
+
+                def dense():
+                    return torch.mm(dyt[:, :S], x[:S])
             else:
                 dyt = dy.t()  # [N, T]
 
@@ -142,14 +195,17 @@ def run_peers(args):
                     return torch.mm(dyt[:, :S], x[:S])
 
             row = {k: r[k] for k in ("shape", "E", "T", "K", "N", "routing", "pass")}
-            ref = loop().float()
+            # What the grouped_mm peer is checked on: its output, or (wgrad_f32) the product it
+            # adds, against the loop's.
+            accumulating = p == "wgrad_f32"
+            ref = (loop_delta() if accumulating else loop()).float()
             for label, fn in (("grouped_mm", gmm), ("loop", loop), ("dense", dense)):
                 try:
                     med, mn = time_ms(fn, args.iters, args.warmup, args.warmup_ms)
                     entry = {"median_ms": med, "min_ms": mn, "tflops": flops / (med * 1e-3) / 1e12}
                     if label == "grouped_mm":
-                        got = fn().float()
-                        if p == "wgrad":
+                        got = (gmm_delta() if accumulating else fn()).float()
+                        if p in ("wgrad", "wgrad_f32"):
                             idx = [g for g, _, _ in bounds]
                             err = (got[idx] - ref[idx]).norm() / ref[idx].norm()
                         else:
@@ -165,7 +221,7 @@ def run_peers(args):
 
             print(f"{name:15} {r['routing']:8} {p:6} {fmt(row['grouped_mm']):>11} {fmt(row['loop'])} {fmt(row['dense'])}")
             sys.stdout.flush()
-        del x, w, dy, y, dx, dw
+        del x, w, dy, y, dx, dw, main_grad
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
@@ -199,7 +255,7 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
             for b in _backend_runs(mk, r):
                 if b not in names:
                     names.append(b)
-    passes = ("fprop", "dgrad", "wgrad")
+    passes = ("fprop", "dgrad", "wgrad", "wgrad_f32")
     rows = []
     ratios = {p: [] for p in passes}                       # best moekit backend / grouped_mm
     per_backend = {b: {p: [] for p in passes} for b in names}  # each backend / grouped_mm
@@ -282,7 +338,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
           f"- moekit commit: {mk['commit']}",
           f"- GPU: {mk['gpu']} ({mk.get('sm_count', '?')} SMs); clocks before [sm, mem, max sm, power, temp, driver]: "
           f"{mk.get('clocks_before', '')}; after: {mk.get('clocks_after', '')}",
-          f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out, fp32 accumulation, "
+          f"- torch {pe.get('torch')} (CUDA {pe.get('cuda')}); bf16 in/out (wgrad_f32: bf16 in, added "
+          f"into an fp32 main_grad; torch peers: {pe.get('wgrad_f32_products', 'not run')}), fp32 accumulation, "
           f"median of {mk['iters']} runs after {mk['warmup']} warm-up calls and "
           f"{mk.get('warmup_ms', 0):.0f} ms of warm-up load (peers: {pe.get('warmup_ms', 0):.0f} ms), CUDA events",
           f"- moekit backends, each forced with Context::with_backend and timed in the same process "
