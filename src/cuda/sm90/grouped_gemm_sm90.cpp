@@ -60,11 +60,11 @@ int choose_config(const GroupMProblem& p) {
 // group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
 // ping-pong 128x128 tile as before 3074b1d; epi32 runs the bf16 -> bf16 group-K on CUTLASS's
 // automatic 64x32 epilogue subtile; small256 runs kSmallM's plain bf16 fprop and dgrad on the
-// ping-pong 64x256 tile. Any other value is an error, and so is any of them in a
+// ping-pong 64x256 tile; f32epi64 the bf16 -> f32 group-K on a 64x64 epilogue subtile. Any other value is an error, and so is any of them in a
 // build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256 };  // the env values' order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, F32Epi64 };  // the env values' order
 StudyTile study_tile() {
-  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256"});
+  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "f32epi64"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -99,6 +99,7 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::PingPong: return kPingPong.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::Small256:
+      case StudyTile::F32Epi64:
       case StudyTile::None: break;
     }
   }
@@ -164,11 +165,13 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
   static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
   static const GroupKPair kEpi32{&group_k_bf16_f32, &group_k_bf16_bf16_epi32};
+  static const GroupKPair kF32Epi64{&group_k_bf16_f32_epi64, &group_k_bf16_bf16};
   if (!f16) {
     switch (study_tile()) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::Epi32: return kEpi32.pick(p);
+      case StudyTile::F32Epi64: return kF32Epi64.pick(p);
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
