@@ -297,9 +297,11 @@ std::string shell_line(const char* cmd) {
 
 // ---------------------------------------------------------------- the runner
 
+// The passes, in the order they run (the header comment says what each computes).
+const std::vector<std::string> kPasses{"fprop", "dgrad", "wgrad", "wgrad_f32"};
+
 struct Options {
-  std::vector<std::string> shapes, routings{"uniform", "skewed"},
-      passes{"fprop", "dgrad", "wgrad", "wgrad_f32"};
+  std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes = kPasses;
   std::vector<std::string> backends{"sm90", "cublas"};
   std::vector<std::string> compare{"qwen3_fc2_E16", "small_E64"};
   int iters = 20, warmup = 5, samples = 96;
@@ -453,10 +455,10 @@ bool identical_bf16(const Context& ctx, const void* a, const void* b, size_t n) 
   return host == 0;
 }
 
-// PERFORMANCE.md's two "cost nothing" targets on one shape, and the per-call latency (uniform routing, fprop, the first
-// backend of --backends, forced: the automatic choice may differ between host and device splits,
-// e.g. cuBLAS batches for small uniform host splits): device vs host splits, and a caller output
-// buffer vs an internally allocated one.
+// PERFORMANCE.md's two "cost nothing" targets on one shape — device vs host splits, and a caller
+// output buffer vs an internally allocated one — and the per-call latency (uniform routing,
+// fprop, the first backend of --backends, forced: the automatic choice may differ between host
+// and device splits, e.g. cuBLAS batches for small uniform host splits).
 std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, const Shape& s,
                                       cudaEvent_t start, cudaEvent_t stop, uint64_t seed) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
@@ -616,7 +618,7 @@ int run(const Options& o) {
       int64_t S = 0;
       for (int64_t c : counts) S += c;
       const double flops = 2.0 * static_cast<double>(S) * static_cast<double>(s.N) * static_cast<double>(s.K);
-      for (const std::string pass : {"fprop", "dgrad", "wgrad", "wgrad_f32"}) {
+      for (const std::string& pass : kPasses) {
         if (!wanted(o.passes, pass)) continue;
         const bool accumulate = pass == "wgrad_f32";
         const Tensor& out = pass == "fprop" ? y : pass == "dgrad" ? dx : accumulate ? main_grad : dw;
@@ -849,7 +851,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const std::string& p : o.passes) {
-    if (p != "fprop" && p != "dgrad" && p != "wgrad" && p != "wgrad_f32") usage(("unknown pass " + p).c_str());
+    if (!wanted(kPasses, p)) usage(("unknown pass " + p).c_str());
   }
   try {
     return run(o);

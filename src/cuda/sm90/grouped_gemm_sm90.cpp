@@ -55,16 +55,18 @@ int choose_config(const GroupMProblem& p) {
   return p.counts.rows < 128 * p.counts.groups ? kSmallM : kLarge;
 }
 
-// Tile studies: MOEKIT_SM90_TILE=coop (cooperative 256x128, kernels_study.cu) or wide
-// (cooperative 128x256, kernels_study_wide.cu) runs bf16 problems that would take kLarge, and bf16
-// group-K, on the study instances; pingpong runs kLarge's bf16 dgrad (plain and fused) on the
-// ping-pong 128x128 tile as before 3074b1d; epi32 runs the bf16 -> bf16 group-K on CUTLASS's
-// automatic 64x32 epilogue subtile; small256 runs kSmallM's plain bf16 fprop and dgrad on the
-// ping-pong 64x256 tile; f32epi64 the bf16 -> f32 group-K on a 64x64 epilogue subtile. Any other value is an error, and so is any of them in a
-// build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, F32Epi64 };  // the env values' order
+// Tile studies (MOEKIT_SM90_TILE), each on its study instances (kernels_study*.cu):
+//   coop      cooperative 256x128 for bf16 problems that would take kLarge, and bf16 group-K
+//   wide      cooperative 128x256 likewise
+//   pingpong  kLarge's bf16 dgrad (plain and fused) on ping-pong 128x128, as before 3074b1d
+//   epi32     the bf16 -> bf16 group-K on CUTLASS's automatic 64x32 epilogue subtile
+//   small256  kSmallM's plain bf16 fprop and dgrad on ping-pong 64x256
+//   f32epi64  the bf16 -> f32 group-K on a 64x64 epilogue subtile
+// Any other value is an error, and so is any of them in a build without the study instances.
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, F32Epi64 };  // env order
 StudyTile study_tile() {
-  static const int tile = detail::env_choice("MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "f32epi64"});
+  static const int tile = detail::env_choice(
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "f32epi64"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -234,7 +236,6 @@ size_t workspace_bytes(const GroupKProblem& p) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return 0;
   return instance(p).workspace_bytes(p);
 }
-
 
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
