@@ -9,14 +9,15 @@
 // Measured on the H200 (bench/results/2026-11-30-nvidia-h200-d0b4c76-summary.md): group-K with
 // one K block per tile (small_E64 wgrad) 168 -> 135.5 µs; but group-M 0.64-0.83x, since the CTAs
 // in flight then work far apart in the sequence and stop sharing operand tiles in L2. So it is
-// automatic for group-K only (group_k_blocked); group-M takes it only when forced.
+// automatic for group-K only (group_k_order); group-M takes it only when forced. The chunked
+// orders (below) are a middle way, for studies: MOEKIT_SM90_TILE_ORDER=chunk2|chunk4|chunk8.
 //
 // How it plugs in (CUTLASS 4.2): the ptr-array kernels run their scheduler warp only for the
 // `GroupScheduler` tag and pick the scheduler class through `TileSchedulerSelector<GroupScheduler,
 // Sm90, Tile, Cluster, Stages, ProblemShape>`. The kernels built with `BlockedGroupProblemShape`
 // (a GroupProblemShape with one more field) get `BlockedGroupScheduler` from the specialisation
-// below; `blocked = 0` leaves every decision to CUTLASS's scheduler (its base class).
-// Blocked mode needs the AlongM raster, no swizzle and a cluster of 1 along M (checked on the
+// below; `order = 0` leaves every decision to CUTLASS's scheduler (its base class).
+// The other orders need the AlongM raster, no swizzle and a cluster of 1 along M (checked on the
 // host, run_gemm; the device falls back to the base order otherwise).
 #pragma once
 
@@ -27,16 +28,23 @@
 
 namespace moekit::cuda::sm90 {
 
+// The tile order of a call (the resolved GroupMProblem::order / GroupKProblem::order):
+//   0       CUTLASS's: cluster i takes units i, i + grid, i + 2·grid, ...
+//   1       blocked: cluster i takes one contiguous range of the unit sequence
+//   c >= 2  chunked: cluster i takes c consecutive units, then skips the other clusters' chunks
+//           (units i·c .. i·c + c - 1, then (i + grid)·c ..): a CTA changes group about once per
+//           c units, while the clusters in flight still work on neighbouring tiles (the L2
+//           sharing that the blocked order loses on group-M problems).
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
-  int32_t blocked = 0;  // 1: each cluster takes a contiguous range of the tile sequence
+  int32_t order = 0;
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
-// tiles rounded up to the cluster), and whether a call takes the blocked order: `order` 1 / 0
-// forces it / CUTLASS's (GroupMProblem::order, GroupKProblem::order), -1 chooses it when a group
-// has fewer tiles than the persistent grid has CTAs. The blocked order needs CUTLASS's default
-// tile order around it (AlongM raster, no swizzle: `default_raster`).
+// tiles rounded up to the cluster), and the order a call takes (above): `order` >= 0 forces one
+// (GroupMProblem::order, GroupKProblem::order), -1 takes the blocked order when a group has fewer
+// tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than CUTLASS's need its
+// default tile order around them (AlongM raster, no swizzle: `default_raster`).
 template <class Config>
 int64_t tiles_per_group(int64_t m, int64_t n) {
   constexpr int64_t kTileM = decltype(cute::size<0>(typename Config::Tile{}))::value;
@@ -44,9 +52,9 @@ int64_t tiles_per_group(int64_t m, int64_t n) {
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
   return (m + kTileM - 1) / kTileM * (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
 }
-inline bool blocked_order(int order, bool default_raster, int64_t tiles, int sm_count) {
-  if (!default_raster) return false;
-  return order >= 0 ? order == 1 : tiles < sm_count;
+inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
+  if (!default_raster) return 0;
+  return order >= 0 ? order : tiles < sm_count ? 1 : 0;
 }
 
 template <class Shape, int kStages>
@@ -64,7 +72,8 @@ class BlockedGroupScheduler
   CUTLASS_DEVICE BlockedGroupScheduler(Params const& params, SchedulerResponse* response)
       : Base(params, response) {
 #if defined(__CUDA_ARCH__)
-    blocked_ = params.problem_shapes_.blocked != 0 && params.log_swizzle_size_ == 0 &&
+    const int32_t order = params.problem_shapes_.order;
+    blocked_ = order != 0 && params.log_swizzle_size_ == 0 &&
                params.raster_order_ == Base::RasterOrder::AlongM && params.cluster_shape_.m() == 1;
     if (!blocked_) return;
     cluster_n_ = static_cast<uint32_t>(params.cluster_shape_.n());
@@ -74,8 +83,19 @@ class BlockedGroupScheduler
     const uint64_t cluster = linear / cluster_n_;
     n_offset_ = linear % cluster_n_;
     const uint64_t total = total_units();
-    unit_ = static_cast<uint32_t>(cluster * total / clusters);
-    end_ = static_cast<uint32_t>((cluster + 1) * total / clusters);
+    if (order == 1) {  // one range: past its end, the jump leaves the sequence
+      unit_ = static_cast<uint32_t>(cluster * total / clusters);
+      end_ = static_cast<uint32_t>((cluster + 1) * total / clusters);
+      chunk_ = end_ - unit_;
+      chunk_end_ = end_;
+      jump_ = static_cast<uint32_t>(total);
+    } else {  // chunks of `order` units, strided by the grid
+      chunk_ = static_cast<uint32_t>(order);
+      unit_ = static_cast<uint32_t>(cluster) * chunk_;
+      end_ = static_cast<uint32_t>(total);
+      chunk_end_ = unit_ + chunk_;
+      jump_ = static_cast<uint32_t>(clusters - 1) * chunk_;
+    }
     group_units(0, group_size_, group_blocks_m_);
 #endif
   }
@@ -90,7 +110,12 @@ class BlockedGroupScheduler
   CUTLASS_DEVICE auto advance_to_next_work(Pipeline& pipeline, PipelineState state,
                                            uint32_t advance_count = 1) {
     if (!blocked_) return Base::advance_to_next_work(pipeline, state, advance_count);
-    unit_ += advance_count;
+    for (uint32_t i = 0; i < advance_count; ++i) {
+      if (++unit_ == chunk_end_) {  // on to this cluster's next chunk
+        unit_ += jump_;
+        chunk_end_ = unit_ + chunk_;
+      }
+    }
     const WorkTileInfo work = work_for_unit();
     // As CUTLASS's scheduler: one lane publishes the tile to the consumers' pipeline.
     pipeline.producer_acquire(state);
@@ -149,9 +174,11 @@ class BlockedGroupScheduler
     return {m, n, group_, 1};
   }
 
-  bool blocked_ = false;
+  bool blocked_ = false;  // an order other than CUTLASS's
   uint32_t cluster_n_ = 1, n_offset_ = 0;
-  uint32_t unit_ = 0, end_ = 0;                                // this cluster's range of units
+  uint32_t unit_ = 0, end_ = 0;      // this cluster's next unit; units from end_ on are not its
+  uint32_t chunk_ = 0, chunk_end_ = 0, jump_ = 0;  // its chunk size, current chunk's end, stride
+  // (32-bit: the sequence has < 2^31 units, so unit_ + jump_ cannot wrap.)
   int group_ = 0;                                              // the group of unit_ (or before it)
   uint32_t group_start_ = 0, group_size_ = 0, group_blocks_m_ = 1;
 };

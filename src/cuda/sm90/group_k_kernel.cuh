@@ -139,11 +139,11 @@ __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* z
 }  // namespace
 
 // ---- host side ----
-// The tile order (GroupKProblem::order; blocked_order): a non-empty group's tiles are
+// The tile order (GroupKProblem::order; tile_order): a non-empty group's tiles are
 // ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. (The group-K arguments keep CUTLASS's default raster.)
 template <class G>
-bool group_k_blocked(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
-  return blocked_order(p.order, true, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
+int group_k_order(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  return tile_order(p.order, true, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
 }
 
 template <class G>
@@ -154,7 +154,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.num_groups = static_cast<int>(p.counts.groups);
   args.problem_shape.problem_shapes = arr.shapes;
   args.problem_shape.host_problem_shapes = nullptr;
-  args.problem_shape.blocked = group_k_blocked<G>(p, hw) ? 1 : 0;
+  args.problem_shape.order = group_k_order<G>(p, hw);
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
@@ -192,7 +192,7 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   // The cached Params bake in beta and the tile order.
-  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_blocked<G>(p, call.hw) ? 2 : 0));
+  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1));
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

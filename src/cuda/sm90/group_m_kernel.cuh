@@ -196,14 +196,14 @@ static __global__ void __launch_bounds__(256)
 }
 
 // ---- host side ----
-// The tile order (GroupMProblem::order; blocked_order). Automatic: CUTLASS's. The blocked order
-// was slower on every group-M problem it would have taken on the H200 (e402162, in turns:
+// The tile order (GroupMProblem::order; blocked_scheduler.cuh). Automatic: CUTLASS's. The blocked
+// order was slower on every group-M problem it would have taken on the H200 (e402162, in turns:
 // small_E64 fprop 0.80x, dgrad 0.81x; qwen3 dgrad on the 128x256 tile 0.72-0.83x;
 // bench/results/2026-11-30-nvidia-h200-e402162-gpu-check.md): the CTAs in flight then work on
-// tiles far apart in the sequence and stop sharing operand tiles in L2. Forced (order 1) it
-// stays for studies, with CUTLASS's default raster and swizzle only.
-inline bool group_m_blocked(const GroupMProblem& p) {
-  return p.order == 1 && p.raster == 0 && p.swizzle == 1;
+// tiles far apart in the sequence and stop sharing operand tiles in L2. Forced orders (blocked,
+// chunked) stay for studies, with CUTLASS's default raster and swizzle only.
+inline int group_m_order(const GroupMProblem& p) {
+  return p.order > 0 && p.raster == 0 && p.swizzle == 1 ? p.order : 0;
 }
 
 template <class G>
@@ -215,7 +215,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
   args.problem_shape.num_groups = static_cast<int>(p.counts.groups);
   args.problem_shape.problem_shapes = arr.shapes;
   args.problem_shape.host_problem_shapes = nullptr;
-  args.problem_shape.blocked = group_m_blocked(p) ? 1 : 0;
+  args.problem_shape.order = group_m_order(p);
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
   typename G::HNode::Arguments h{
@@ -261,7 +261,7 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
-                      (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_blocked(p) ? 8 : 0);
+                      (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
   call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {

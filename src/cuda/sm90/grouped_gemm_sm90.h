@@ -58,8 +58,9 @@ struct GroupMProblem {
   int raster = 0;
   int swizzle = 1;
   // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
-  // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked (only with raster 0
-  // and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for GroupKProblem.
+  // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c
+  // (1 and c only with raster 0 and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for
+  // GroupKProblem.
   int order = -1;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
@@ -125,8 +126,9 @@ struct GroupKProblem {
   DType dw_dtype = DType::F32; // F32, or = dtype
   bool accumulate = false;     // dw += (needs dw_dtype F32)
   // Tile order (blocked_scheduler.cuh): -1 automatic (blocked when a group has fewer tiles than
-  // the device has SMs), 0 CUTLASS's, 1 blocked. run() takes env MOEKIT_SM90_TILE_ORDER
-  // (auto, cutlass, blocked) for A/B runs; ctest runs the sm90 GEMM cases under each.
+  // the device has SMs), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c. run() takes env
+  // MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B runs; ctest
+  // runs the sm90 GEMM cases under cutlass, blocked and chunk4.
   int order = -1;
 };
 
