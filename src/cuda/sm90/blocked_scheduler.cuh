@@ -57,9 +57,25 @@ inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_coun
   return order >= 0 ? order : tiles < sm_count ? 1 : 0;
 }
 
+// The first thing every thread of the grouped kernels does is construct the tile scheduler
+// (CUTLASS 4.2, sm90_gemm_array_tma_warpspecialized_{pingpong,cooperative}.hpp), and CUTLASS's
+// group scheduler reads the per-group shapes the setup kernel wrote. A base class constructed
+// before it waits for the grid this one depends on (griddepcontrol.wait: a no-op unless the
+// kernel was launched with programmatic dependent launch, run_gemm), so the setup kernel's
+// writes are visible before anything reads them. (The ptr-array kernels of CUTLASS 4.2 do not
+// wait themselves.)
+struct GridDependencyWait {
+  CUTLASS_HOST_DEVICE GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  }
+};
+
 template <class Shape, int kStages>
 class BlockedGroupScheduler
-    : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<Shape, kStages> {
+    : private GridDependencyWait,  // first: before the base reads the group shapes
+      public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<Shape, kStages> {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<Shape, kStages>;
 
  public:

@@ -106,6 +106,7 @@ struct GroupKSetupInputs {
 
 template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out) {
+  allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   for_each_group(in.counts, [&](int64_t g, int64_t m, int64_t off, bool valid) {
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
 constexpr int kZeroThreads = 256;
 namespace {
 __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* zero, void* dw, int64_t group_bytes) {
+  allow_dependent_launch();
   if (!zero[blockIdx.y]) return;
   uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + blockIdx.y * group_bytes);
   const int64_t vectors = group_bytes / 16;

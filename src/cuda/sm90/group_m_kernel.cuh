@@ -155,6 +155,7 @@ struct GroupMSetupInputs {
 // One block (for_each_group: validation, then a scan of the counts into row offsets).
 template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs in, GroupArrays<G> out) {
+  allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   for_each_group(in.counts, [&](int64_t g, int64_t m, int64_t off, bool) {

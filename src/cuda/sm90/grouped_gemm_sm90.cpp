@@ -87,6 +87,13 @@ int tile_order_setting() {
   return order < 0 ? -1 : kOrder[order];
 }
 
+// MOEKIT_SM90_PDL=0|1 (unset: 1): launch the GEMM with programmatic dependent launch after its
+// setup kernel, for A/B runs of the per-call latency; a problem that names it keeps it.
+int pdl_setting() {
+  static const int pdl = detail::env_choice("MOEKIT_SM90_PDL", {"0", "1"});
+  return pdl == 0 ? 0 : 1;
+}
+
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
 #ifdef MOEKIT_SM90_TILE_STUDY
@@ -221,6 +228,7 @@ void run(const GroupMProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
   GroupMProblem q = p;
   if (q.order < 0) q.order = tile_order_setting();
+  if (q.pdl < 0) q.pdl = pdl_setting();
   instance(q).run(q, workspace, stream);
 }
 
@@ -244,6 +252,7 @@ void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
   GroupKProblem q = p;
   if (q.order < 0) q.order = tile_order_setting();
+  if (q.pdl < 0) q.pdl = pdl_setting();
   instance(q).run(q, workspace, stream);
 }
 

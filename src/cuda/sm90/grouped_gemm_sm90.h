@@ -62,6 +62,9 @@ struct GroupMProblem {
   // (1 and c only with raster 0 and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for
   // GroupKProblem.
   int order = -1;
+  // Programmatic dependent launch of the GEMM after its setup kernel (kernel_common.cuh,
+  // run_gemm): -1 automatic (on; env MOEKIT_SM90_PDL=0 turns it off), 0 off, 1 on.
+  int pdl = -1;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
   // p_t = glu_probs[t] (nullptr: 1). Needs b_transposed and n % 64 == 0; bit-identical to running
@@ -130,6 +133,7 @@ struct GroupKProblem {
   // MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B runs; ctest
   // runs the sm90 GEMM cases under cutlass, blocked and chunk4.
   int order = -1;
+  int pdl = -1;  // as GroupMProblem::pdl
 };
 
 std::string rejects(const GroupKProblem& p, int device);

@@ -212,6 +212,15 @@ __device__ inline void for_each_group(const DeviceCounts& c, Visit visit) {
   }
 }
 
+// Lets the kernel launched next on the stream with programmatic dependent launch (the GEMM after
+// its setup kernel) be scheduled now; it still waits for this grid to complete before it reads
+// anything (GridDependencyWait). Without that launch attribute on the next kernel: no effect.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- host side ----
 // Per device: SM count and how many clusters of this kernel fit at once (queried once; the
 // kernel's shared-memory attribute is raised first, which the occupancy query needs).
@@ -305,7 +314,10 @@ struct GroupedCall {
     const ParamsKey key{device, p.counts.groups, p.n, p.k, workspace, variant, raster, swizzle};
     auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw),
                                                   workspace, stream, name);
-    check_status(G::Gemm::run(params, stream), "launch", name);
+    // Programmatic dependent launch (p.pdl == 1): the GEMM's CTAs may be scheduled while the
+    // setup kernel (or group-K's zero fill) still runs; every thread waits for it to complete,
+    // its writes visible, before the first read (GridDependencyWait, blocked_scheduler.cuh).
+    check_status(G::Gemm::run(params, stream, nullptr, p.pdl == 1), "launch", name);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
 };
