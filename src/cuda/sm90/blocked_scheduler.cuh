@@ -35,9 +35,14 @@ namespace moekit::cuda::sm90 {
 //           (units i·c .. i·c + c - 1, then (i + grid)·c ..): a CTA changes group about once per
 //           c units, while the clusters in flight still work on neighbouring tiles (the L2
 //           sharing that the blocked order loses on group-M problems).
+// unit_starts [groups + 1] (device, written by the call's setup kernel: write_unit_starts):
+// the first unit of each group in the sequence, and the total last. Every order but CUTLASS's
+// reads it: the total in one load, and a unit's group by binary search, where walking the
+// groups' shapes cost every thread O(groups) dependent loads at the start of the kernel.
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
+  const uint32_t* unit_starts = nullptr;
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
@@ -45,12 +50,17 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
 // (GroupMProblem::order, GroupKProblem::order), -1 takes the blocked order when a group has fewer
 // tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than CUTLASS's need its
 // default tile order around them (AlongM raster, no swizzle: `default_raster`).
+// Cluster units (1 x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
 template <class Config>
-int64_t tiles_per_group(int64_t m, int64_t n) {
+CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
   constexpr int64_t kTileM = decltype(cute::size<0>(typename Config::Tile{}))::value;
   constexpr int64_t kTileN = decltype(cute::size<1>(typename Config::Tile{}))::value;
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
-  return (m + kTileM - 1) / kTileM * (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN * kClusterN);
+  return (m + kTileM - 1) / kTileM * (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN);
+}
+template <class Config>
+int64_t tiles_per_group(int64_t m, int64_t n) {
+  return units_per_group<Config>(m, n) * decltype(cute::size<1>(typename Config::Cluster{}))::value;
 }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
@@ -98,7 +108,9 @@ class BlockedGroupScheduler
     const uint64_t clusters = uint64_t(gridDim.x) * gridDim.y * gridDim.z / cluster_n_;
     const uint64_t cluster = linear / cluster_n_;
     n_offset_ = linear % cluster_n_;
-    const uint64_t total = total_units();
+    starts_ = params.problem_shapes_.unit_starts;
+    groups_ = params.problem_shapes_.groups();
+    const uint64_t total = starts_[groups_];
     if (order == 1) {  // one range: past its end, the jump leaves the sequence
       unit_ = static_cast<uint32_t>(cluster * total / clusters);
       end_ = static_cast<uint32_t>((cluster + 1) * total / clusters);
@@ -112,7 +124,7 @@ class BlockedGroupScheduler
       chunk_end_ = unit_ + chunk_;
       jump_ = static_cast<uint32_t>(clusters - 1) * chunk_;
     }
-    group_units(0, group_size_, group_blocks_m_);
+    group_ = -1;  // none yet: work_for_unit searches
 #endif
   }
 
@@ -144,45 +156,31 @@ class BlockedGroupScheduler
   }
 
  private:
-  // Cluster units (a 1 x cluster_n block of tiles) of group g: its tiles as CUTLASS counts them,
-  // the N tiles rounded up to the cluster.
-  // (32-bit: a group's tiles are < 2^31, and the scheduler warp runs in the producer warpgroup's
-  // 40 registers.)
-  CUTLASS_DEVICE void group_units(int g, uint32_t& units, uint32_t& blocks_m) const {
-    const auto shape = this->scheduler_params.problem_shapes_.get_problem_shape(g);
-    const auto m = static_cast<uint32_t>(cute::get<0>(shape));
-    const auto n = static_cast<uint32_t>(cute::get<1>(shape));
-    const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
-    const auto tn = static_cast<uint32_t>(this->scheduler_params.cta_shape_.n());
-    blocks_m = (m + tm - 1) / tm;
-    const uint32_t blocks_n = (n + tn - 1) / tn;
-    units = blocks_m * ((blocks_n + cluster_n_ - 1) / cluster_n_);
-  }
-
-  // Σ over groups of their units (every thread, once: the groups' shapes are read from global
-  // memory by each thread of the CTA; G is the number of experts on the rank).
-  CUTLASS_DEVICE uint64_t total_units() const {
-    uint64_t total = 0;
-    uint32_t units = 0, blocks_m = 0;
-    const int groups = this->scheduler_params.problem_shapes_.groups();
-    for (int g = 0; g < groups; ++g) {
-      group_units(g, units, blocks_m);
-      total += units;
+  // Makes group_ the group of unit_ (< the total): the next group when unit_ lies there (the
+  // blocked order's common step), else a binary search over the groups after the current one
+  // (units only grow): the last g with starts_[g] <= unit_, which is never an empty group.
+  // Then the group's M blocks, from its shape. (32-bit: the scheduler warp runs in the producer
+  // warpgroup's 40 registers.)
+  CUTLASS_DEVICE void find_group() {
+    int lo = group_ + 1, hi = groups_ - 1;
+    if (lo < hi && starts_[lo + 1] > unit_) hi = lo;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (starts_[mid] <= unit_) lo = mid; else hi = mid - 1;
     }
-    return total;
+    group_ = lo;
+    group_start_ = starts_[lo];
+    group_end_ = starts_[lo + 1];
+    const auto m = static_cast<uint32_t>(
+        cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(lo)));
+    const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
+    group_blocks_m_ = (m + tm - 1) / tm;
   }
 
-  // The tile of unit_ (invalid past this cluster's range): walk the groups forward from the
-  // current one (units only grow, so each group is visited once per thread).
+  // The tile of unit_ (invalid past this cluster's units).
   CUTLASS_DEVICE WorkTileInfo work_for_unit() {
     if (unit_ >= end_) return WorkTileInfo::invalid_work_tile();
-    const int groups = this->scheduler_params.problem_shapes_.groups();
-    // group_size_ and group_blocks_m_ are group_'s (loaded in the constructor, then here).
-    while (unit_ >= group_start_ + group_size_) {
-      group_start_ += group_size_;
-      if (++group_ >= groups) return WorkTileInfo::invalid_work_tile();
-      group_units(group_, group_size_, group_blocks_m_);
-    }
+    if (group_ < 0 || unit_ >= group_end_) find_group();
     // AlongM inside the group, as CUTLASS: M fastest, then the cluster's N block.
     const uint32_t v = unit_ - group_start_;
     const auto m = static_cast<int32_t>(v % group_blocks_m_);
@@ -195,8 +193,10 @@ class BlockedGroupScheduler
   uint32_t unit_ = 0, end_ = 0;      // this cluster's next unit; units from end_ on are not its
   uint32_t chunk_ = 0, chunk_end_ = 0, jump_ = 0;  // its chunk size, current chunk's end, stride
   // (32-bit: the sequence has < 2^31 units, so unit_ + jump_ cannot wrap.)
-  int group_ = 0;                                              // the group of unit_ (or before it)
-  uint32_t group_start_ = 0, group_size_ = 0, group_blocks_m_ = 1;
+  const uint32_t* starts_ = nullptr;  // BlockedGroupProblemShape::unit_starts
+  int groups_ = 0;
+  int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
+  uint32_t group_start_ = 0, group_end_ = 0, group_blocks_m_ = 1;  // its units and M blocks
 };
 
 }  // namespace moekit::cuda::sm90

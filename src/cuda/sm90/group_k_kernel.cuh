@@ -79,6 +79,7 @@ struct GroupKArrays {
   typename G::StrideA* stride_a;
   typename G::StrideB* stride_b;
   typename G::StrideD* stride_d;
+  uint32_t* unit_starts;                 // [groups + 1] (blocked_scheduler.cuh)
 
   static GroupKArrays carve(WorkspaceCarver& w, const GroupKProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -91,6 +92,7 @@ struct GroupKArrays {
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
+    r.unit_starts = w.take<uint32_t>(groups + 1);
     return r;
   }
 };
@@ -120,7 +122,10 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, 1, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(k, 1, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
+    // Its tiles: n x k output, whatever its rows (none when empty).
+    out.unit_starts[g] = m > 0 ? static_cast<uint32_t>(units_per_group<typename G::Config>(in.n, in.k)) : 0u;
   });
+  scan_unit_starts(out.unit_starts, in.counts.groups);
 }
 
 // dw[g] = 0 for the groups the setup kernel flagged: grid (x: blocks per group, y: groups), 16-byte
@@ -157,6 +162,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.problem_shapes = arr.shapes;
   args.problem_shape.host_problem_shapes = nullptr;
   args.problem_shape.order = group_k_order<G>(p, hw);
+  args.problem_shape.unit_starts = arr.unit_starts;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;

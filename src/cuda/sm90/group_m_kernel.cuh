@@ -112,6 +112,7 @@ struct GroupArrays {
   typename G::StrideA* stride_a;             // [groups]
   typename G::StrideB* stride_b;             // [groups]
   typename G::StrideD* stride_d;             // [groups]
+  uint32_t* unit_starts;                     // [groups + 1] (blocked_scheduler.cuh)
 
   static GroupArrays carve(WorkspaceCarver& w, const GroupMProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -132,6 +133,7 @@ struct GroupArrays {
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
+    r.unit_starts = w.take<uint32_t>(groups + 1);
     return r;
   }
 };
@@ -178,7 +180,9 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
+    out.unit_starts[g] = static_cast<uint32_t>(units_per_group<typename G::Config>(m, in.n));
   });
+  scan_unit_starts(out.unit_starts, in.counts.groups);
 }
 
 // ---- SwiGLU backward: dprobs from the epilogue's per-N-tile partials ----
@@ -217,6 +221,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
   args.problem_shape.problem_shapes = arr.shapes;
   args.problem_shape.host_problem_shapes = nullptr;
   args.problem_shape.order = group_m_order(p);
+  args.problem_shape.unit_starts = arr.unit_starts;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
   typename G::HNode::Arguments h{

@@ -212,6 +212,24 @@ __device__ inline void for_each_group(const DeviceCounts& c, Visit visit) {
   }
 }
 
+// In place over a [groups + 1] array that holds each group's cluster units in [0, groups): each
+// group's first unit in the tile sequence, and the total in [groups] (the blocked and chunked
+// tile orders read it: blocked_scheduler.cuh). One block, after for_each_group, whose visit for
+// group g ran on this same thread (g mod kSetupThreads).
+__device__ inline void scan_unit_starts(uint32_t* a, int64_t groups) {
+  __shared__ int64_t warp_sums[kSetupThreads / 32];
+  __shared__ int64_t chunk_total;
+  int64_t carry = 0;
+  for (int64_t base = 0; base < groups; base += kSetupThreads) {
+    const int64_t g = base + threadIdx.x;
+    const int64_t u = g < groups ? a[g] : 0;
+    const int64_t inclusive = block_inclusive_scan(u, warp_sums, &chunk_total);
+    if (g < groups) a[g] = static_cast<uint32_t>(carry + inclusive - u);
+    carry += chunk_total;
+  }
+  if (threadIdx.x == 0) a[groups] = static_cast<uint32_t>(carry);
+}
+
 // Lets the kernel launched next on the stream with programmatic dependent launch (the GEMM after
 // its setup kernel) be scheduled now; it still waits for this grid to complete before it reads
 // anything (GridDependencyWait). Without that launch attribute on the next kernel: no effect.
