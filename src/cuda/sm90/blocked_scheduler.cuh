@@ -9,8 +9,10 @@
 // Measured on the H200 (bench/results/2026-11-30-nvidia-h200-d0b4c76-summary.md): group-K with
 // one K block per tile (small_E64 wgrad) 168 -> 135.5 µs; but group-M 0.64-0.83x, since the CTAs
 // in flight then work far apart in the sequence and stop sharing operand tiles in L2. So it is
-// automatic for group-K only (group_k_order); group-M takes it only when forced. The chunked
-// orders (below) are a middle way, for studies: MOEKIT_SM90_TILE_ORDER=chunk2|chunk4|chunk8.
+// group-K only; group-M takes it only when forced. The chunked orders (below) are the middle way
+// group-K takes automatically (chunks of 8: kSmallGroupOrder); MOEKIT_SM90_TILE_ORDER=blocked|
+// chunk2|chunk4|chunk8 forces one for studies. On group-M every chunk size lost to CUTLASS's
+// order too (0.67-0.99x on the fc1/fc2 shapes and small_E64, same results file).
 //
 // How it plugs in (CUTLASS 4.2): the ptr-array kernels run their scheduler warp only for the
 // `GroupScheduler` tag and pick the scheduler class through `TileSchedulerSelector<GroupScheduler,
@@ -47,9 +49,14 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
 // tiles rounded up to the cluster), and the order a call takes (above): `order` >= 0 forces one
-// (GroupMProblem::order, GroupKProblem::order), -1 takes the blocked order when a group has fewer
-// tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than CUTLASS's need its
-// default tile order around them (AlongM raster, no swizzle: `default_raster`).
+// (GroupMProblem::order, GroupKProblem::order), -1 takes chunks of 8 (kSmallGroupOrder) when a
+// group has fewer tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than
+// CUTLASS's need its default tile order around them (AlongM raster, no swizzle: `default_raster`).
+// Chunks of 8 against the blocked order, small_E64 wgrad on the H200 (bench/results/
+// 2026-11-30-nvidia-h200-c50fd9d-orders.md): 131.6 / 123.3 TFLOP/s (uniform / skewed) against
+// 127.4 / 111.3 — with skewed routing the blocked ranges, equal in units, are unequal in rows
+// (a unit's cost grows with its group's K), while interleaved chunks even the load out.
+inline constexpr int kSmallGroupOrder = 8;
 // Cluster units (1 x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
 template <class Config>
 CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
@@ -64,7 +71,7 @@ int64_t tiles_per_group(int64_t m, int64_t n) {
 }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
-  return order >= 0 ? order : tiles < sm_count ? 1 : 0;
+  return order >= 0 ? order : tiles < sm_count ? kSmallGroupOrder : 0;
 }
 
 // The first thing every thread of the grouped kernels does is construct the tile scheduler

@@ -44,14 +44,21 @@ struct GroupKParts {
   // warpgroups take turns, and a group with few rows (small_E64: K = 64, one K block) spends
   // nearly all its time there: each pass ends in a named barrier and a TMA store issue, so
   // passes, not bytes, set the time. The same number of mainloop stages fit (6: 32 KB of D
-  // staging instead of 8 KB). A study config may set its own (Config::EpilogueTile).
+  // staging instead of 8 KB). With an f32 dw (main_grad: C loaded and D stored in fp32): 64x64,
+  // four passes against eight; its C and D staging takes 64 KB instead of 32, which leaves the
+  // mainloop 5 stages instead of 6. Measured on the H200 against the automatic 64x32
+  // (bench/results/2026-11-30-nvidia-h200-c50fd9d-orders.md): small_E64 +24/+27% (uniform/skewed),
+  // qwen3 +4/+5%, the dsv3/mixtral E8 shapes -2.6..+1.9% (inside two runs' spread). A study
+  // config may set its own (Config::EpilogueTile; MOEKIT_SM90_TILE=epi32 takes CUTLASS's).
   static constexpr auto epilogue_tile() {
+    constexpr bool kPingPong = std::is_same_v<typename Config::EpilogueSchedule,
+                                              cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
     if constexpr (requires { typename Config::EpilogueTile; }) {
       return typename Config::EpilogueTile{};
-    } else if constexpr (std::is_same_v<typename Config::EpilogueSchedule,
-                                        cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong> &&
-                         std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
+    } else if constexpr (kPingPong && std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
       return cute::Shape<cute::_64, cute::_128>{};
+    } else if constexpr (kPingPong && !std::is_void_v<ElementC> && sizeof(ElementD) == 4) {
+      return cute::Shape<cute::_64, cute::_64>{};
     } else {
       return cutlass::epilogue::collective::EpilogueTileAuto{};
     }

@@ -59,14 +59,13 @@ int choose_config(const GroupMProblem& p) {
 //   coop      cooperative 256x128 for bf16 problems that would take kLarge, and bf16 group-K
 //   wide      cooperative 128x256 likewise
 //   pingpong  kLarge's bf16 dgrad (plain and fused) on ping-pong 128x128, as before 3074b1d
-//   epi32     the bf16 -> bf16 group-K on CUTLASS's automatic 64x32 epilogue subtile
+//   epi32     the bf16 group-K (both dw dtypes) on CUTLASS's automatic 64x32 epilogue subtile
 //   small256  kSmallM's plain bf16 fprop and dgrad on ping-pong 64x256
-//   f32epi64  the bf16 -> f32 group-K on a 64x64 epilogue subtile
 // Any other value is an error, and so is any of them in a build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, F32Epi64 };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256 };  // env order
 StudyTile study_tile() {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "f32epi64"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -111,7 +110,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::PingPong: return kPingPong.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::Small256:
-      case StudyTile::F32Epi64:
       case StudyTile::None: break;
     }
   }
@@ -176,14 +174,12 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 #ifdef MOEKIT_SM90_TILE_STUDY
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
   static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
-  static const GroupKPair kEpi32{&group_k_bf16_f32, &group_k_bf16_bf16_epi32};
-  static const GroupKPair kF32Epi64{&group_k_bf16_f32_epi64, &group_k_bf16_bf16};
+  static const GroupKPair kEpi32{&group_k_bf16_f32_epi32, &group_k_bf16_bf16_epi32};
   if (!f16) {
     switch (study_tile()) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::Epi32: return kEpi32.pick(p);
-      case StudyTile::F32Epi64: return kF32Epi64.pick(p);
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;

@@ -98,18 +98,10 @@ struct ConfigCoop {
 };
 
 // Tile studies only (MOEKIT_SM90_TILE=epi32; kernels_study.cu): kLarge with CUTLASS's automatic
-// epilogue subtile (64x32 on ping-pong) for the bf16 -> bf16 group-K, which takes 64x128 by
-// default (GroupKParts::epilogue_tile, group_k_kernel.cuh).
+// epilogue subtile (64x32 on ping-pong) for the bf16 group-K, which takes 64x128 (bf16 dw) and
+// 64x64 (f32 dw) by default (GroupKParts::epilogue_tile, group_k_kernel.cuh).
 struct ConfigLargeEpi32 : ConfigLarge {
   using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;
-};
-// Tile studies only (MOEKIT_SM90_TILE=f32epi64; kernels_study.cu): kLarge's bf16 -> f32 group-K
-// (main_grad, beta = 1: C loaded and D stored in fp32) on a 64x64 epilogue subtile, four passes
-// per tile instead of eight. Its C and D staging takes 64 KB instead of 32 (four 16 KB stages),
-// which leaves the mainloop 5 stages instead of 6: for small groups (one K block per tile,
-// epilogue-bound), against the large ones.
-struct ConfigLargeEpi64 : ConfigLarge {
-  using EpilogueTile = cute::Shape<cute::_64, cute::_64>;
 };
 
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
