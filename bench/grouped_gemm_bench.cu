@@ -4,7 +4,7 @@
 // How to run (GPU machine):
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
-//                [--json out.json] [--commit id] [--compare shapes|none]
+//                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns]
 // Backends: each configuration is run through every backend of --backends that has an entry in
 // the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) and group-K (wgrad)
 // both have "sm90" and "cublas". A backend that
@@ -15,14 +15,21 @@
 // output poisoned with NaN, one run, then the correctness check of that run's output (no
 // non-finite element in rows [0, S) and sampled elements against fp64 host dot products of the
 // same stored bf16 inputs; tolerance: the tests' rule, eps(bf16)·|ref| + eps(f32)·L·Σ|term|).
-// Then warm-up and `iters` runs per backend, timed with CUDA events on the context's stream,
-// the backends taking turns (4 rounds) so that clock and temperature drift hit all alike; the
-// median (and min) are reported. The warm-up is `warmup` calls and then at least `warmup_ms` of
-// calls in turns, so every configuration is timed under sustained load (the H200 then sits at its
-// power limit): bench/peers.py warms up the same way, so a peer timed in another process, after a
+// Then warm-up and `iters` runs per backend, timed with CUDA events on the context's stream;
+// the median (and min) are reported. The warm-up is `warmup` calls and then at least `warmup_ms`
+// of calls, so every configuration is timed under sustained load (the H200 then sits at its
+// power cap): bench/peers.py warms up the same way, so a peer timed in another process, after a
 // pause, does not start on a cool GPU. (Before, at fdd4834: the suite's first configuration,
 // dsv3_fc1_E8 uniform fprop, gave torch._grouped_mm 769 and the per-expert loop 777 TFLOP/s,
 // against 635-687 for the shape's other five configurations.)
+// --timing alone (default): each backend is warmed up and timed on its own, one after another,
+// as bench/peers.py times each peer: under the power cap the clock a kernel is allowed depends on
+// the energy it spends per cycle, and a backend timed in turns with another runs at their shared
+// clock (PERFORMANCE.md, "The step runs clock-limited": the dsv3 step on cuBLAS ran at 1560 MHz,
+// on sm90 at 1380-1395, same cap). --timing turns: warm-up and timed calls in turns (4 rounds),
+// for A/B of work per cycle at one clock. Either way each backend's SM clock, board power and
+// active clock-event reasons are read (NVML, when the driver has it) halfway through its timed
+// calls, and printed and written with its numbers.
 // Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop; the first backend),
 // each a ratio of medians measured in turns, outputs compared bit for bit:
 //   device/host splits   grouped_gemm_group_m with Splits::device(int64 counts on the GPU) vs
@@ -45,6 +52,7 @@
 //              accumulation); checked against its starting values plus the fp64 sum
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -234,6 +242,76 @@ std::vector<int64_t> dirichlet_counts(int64_t E, int64_t T, uint64_t seed) {
   return c;
 }
 
+// ---------------------------------------------------------------- clock samples
+
+// The SM clock, board power and active clock-event (throttle) reasons, read through NVML when
+// the driver's library loads (dlopen: no build dependency; the C API is declared here, as nvml.h
+// has it). Without it, every sample is empty.
+struct ClockSample {
+  unsigned mhz = 0, milliwatts = 0;
+  unsigned long long reasons = 0;
+  bool valid = false;
+};
+
+class Nvml {
+ public:
+  static Nvml& instance() {
+    static Nvml n;
+    return n;
+  }
+  ClockSample sample() const {
+    ClockSample c;
+    if (!device_) return c;
+    c.valid = clock_(device_, kClockSm, &c.mhz) == 0;
+    if (power_) power_(device_, &c.milliwatts);
+    if (reasons_) reasons_(device_, &c.reasons);
+    return c;
+  }
+
+ private:
+  using Device = void*;
+  static constexpr int kClockSm = 1;  // NVML_CLOCK_SM
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    auto by_bus = reinterpret_cast<int (*)(const char*, Device*)>(
+        dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    clock_ = reinterpret_cast<int (*)(Device, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    power_ = reinterpret_cast<int (*)(Device, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    reasons_ = reinterpret_cast<int (*)(Device, unsigned long long*)>(
+        dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
+    if (!reasons_) {  // drivers before the rename
+      reasons_ = reinterpret_cast<int (*)(Device, unsigned long long*)>(
+          dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+    }
+    char bus[32] = {};
+    int cuda_device = 0;
+    if (!init || !by_bus || !clock_ || init() != 0 || cudaGetDevice(&cuda_device) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus, sizeof bus, cuda_device) != cudaSuccess ||
+        by_bus(bus, &device_) != 0) {
+      device_ = nullptr;
+    }
+  }
+  Device device_ = nullptr;
+  int (*clock_)(Device, int, unsigned*) = nullptr;
+  int (*power_)(Device, unsigned*) = nullptr;
+  int (*reasons_)(Device, unsigned long long*) = nullptr;
+};
+
+// The active reasons by name (nvml.h's nvmlClocksEventReason* bits), "+"-joined; "none" if none.
+std::string reason_names(unsigned long long r) {
+  static const std::pair<unsigned long long, const char*> kNames[] = {
+      {0x1, "idle"}, {0x2, "app_clocks"}, {0x4, "sw_power_cap"}, {0x8, "hw_slowdown"},
+      {0x10, "sync_boost"}, {0x20, "sw_thermal"}, {0x40, "hw_thermal"},
+      {0x80, "hw_power_brake"}, {0x100, "display_clocks"}};
+  std::string out;
+  for (const auto& [bit, name] : kNames) {
+    if (r & bit) out += (out.empty() ? "" : "+") + std::string(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
 // ---------------------------------------------------------------- results
 
 struct Check {
@@ -249,6 +327,7 @@ struct BackendRun {
   std::string skipped;  // why the backend refused the call ("" when it ran)
   std::vector<double> ms;
   double median_ms = 0, min_ms = 0, tflops = 0;
+  ClockSample clock;  // halfway through its timed calls
   Check check;
   bool ran() const { return skipped.empty(); }
 };
@@ -300,6 +379,9 @@ std::string shell_line(const char* cmd) {
 // The passes, in the order they run (the header comment says what each computes).
 const std::vector<std::string> kPasses{"fprop", "dgrad", "wgrad", "wgrad_f32"};
 
+// How the backends of one configuration are timed (--timing; the header says why).
+enum class Timing { Alone, Turns };
+
 struct Options {
   std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes = kPasses;
   std::vector<std::string> backends{"sm90", "cublas"};
@@ -308,6 +390,7 @@ struct Options {
   double warmup_ms = 500;
   uint64_t seed = 1234;
   std::string json, commit;
+  Timing timing = Timing::Alone;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -394,38 +477,69 @@ bool has_entry(const std::string& pass, const std::string& backend) {
   return true;
 }
 
-// Runs every function `iters` times in turns (`rounds` rounds of iters/rounds calls each), each
-// call timed with CUDA events on `stream`; returns the per-call times of each function.
+struct Timed {
+  std::vector<double> ms;  // per call
+  ClockSample clock;       // read halfway through the timed calls
+};
+
+// Times every function `iters` times, each call with CUDA events on `stream`, after `warmup`
+// calls and at least `warmup_ms` of sustained calls (a sync after each). Alone: one function
+// after another, each with its own warm-up; turns: warm-up and timed calls in turns (4 rounds of
+// iters/4 calls per function), so clock and temperature drift hit all alike.
+std::vector<Timed> time_calls(const std::vector<std::function<void()>>& fns, Timing timing,
+                              int iters, int warmup, double warmup_ms, cudaStream_t stream,
+                              cudaEvent_t start, cudaEvent_t stop) {
+  auto warm = [&](const std::vector<const std::function<void()>*>& group) {
+    for (const auto* f : group) {
+      for (int i = 0; i < warmup; ++i) (*f)();
+    }
+    CK(cudaStreamSynchronize(stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+           warmup_ms) {
+      for (const auto* f : group) (*f)();
+      CK(cudaStreamSynchronize(stream));
+    }
+  };
+  std::vector<Timed> out(fns.size());
+  auto timed = [&](size_t f, int n, bool sample_midway) {
+    for (int i = 0; i < n; ++i) {
+      CK(cudaEventRecord(start, stream));
+      fns[f]();
+      CK(cudaEventRecord(stop, stream));
+      CK(cudaEventSynchronize(stop));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, start, stop));
+      out[f].ms.push_back(t);
+      if (sample_midway && i == n / 2) out[f].clock = Nvml::instance().sample();
+    }
+  };
+  if (timing == Timing::Alone) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      warm({&fns[f]});
+      timed(f, iters, true);
+    }
+    return out;
+  }
+  std::vector<const std::function<void()>*> all;
+  for (const auto& f : fns) all.push_back(&f);
+  warm(all);
+  const int rounds = std::min(4, iters);
+  for (int r = 0; r < rounds; ++r) {
+    const int n = iters / rounds + (r < iters % rounds ? 1 : 0);
+    for (size_t f = 0; f < fns.size(); ++f) timed(f, n, r == rounds / 2);
+  }
+  return out;
+}
+
+// The comparisons' timing: in turns, per-call times only.
 std::vector<std::vector<double>> time_in_turns(const std::vector<std::function<void()>>& fns,
                                                int iters, int warmup, double warmup_ms,
                                                cudaStream_t stream, cudaEvent_t start,
                                                cudaEvent_t stop) {
-  for (const auto& f : fns) {
-    for (int i = 0; i < warmup; ++i) f();
-  }
-  CK(cudaStreamSynchronize(stream));
-  // Sustained load before timing: the functions in turns until warmup_ms have passed.
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
-         warmup_ms) {
-    for (const auto& f : fns) f();
-    CK(cudaStreamSynchronize(stream));
-  }
-  const int rounds = std::min(4, iters);
-  std::vector<std::vector<double>> ms(fns.size());
-  for (int r = 0; r < rounds; ++r) {
-    const int n = iters / rounds + (r < iters % rounds ? 1 : 0);
-    for (size_t f = 0; f < fns.size(); ++f) {
-      for (int i = 0; i < n; ++i) {
-        CK(cudaEventRecord(start, stream));
-        fns[f]();
-        CK(cudaEventRecord(stop, stream));
-        CK(cudaEventSynchronize(stop));
-        float t = 0;
-        CK(cudaEventElapsedTime(&t, start, stop));
-        ms[f].push_back(t);
-      }
-    }
+  std::vector<std::vector<double>> ms;
+  for (Timed& t : time_calls(fns, Timing::Turns, iters, warmup, warmup_ms, stream, start, stop)) {
+    ms.push_back(std::move(t.ms));
   }
   return ms;
 }
@@ -575,10 +689,15 @@ int run(const Options& o) {
               env_batching ? "  MOEKIT_CUBLAS_BATCHING=" : "", env_batching ? env_batching : "",
               prop.name, prop.multiProcessorCount, clocks_before.c_str());
   std::printf("warm-up %d calls and >= %.0f ms, median of %d runs per backend (CUDA events, "
-              "backends in turns), bf16 in, bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 accumulation\n\n",
-              o.warmup, o.warmup_ms, o.iters);
+              "%s), bf16 in, bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 "
+              "accumulation; MHz: the SM clock halfway through a backend's timed runs%s\n\n",
+              o.warmup, o.warmup_ms, o.iters,
+              o.timing == Timing::Alone ? "each backend alone" : "backends in turns",
+              Nvml::instance().sample().valid ? "" : " (NVML not available: -)");
   std::printf("%-15s %-8s %-9s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
-  for (const auto& b : o.backends) std::printf(" | %-6s %8s %7s %-4s", b.c_str(), "ms", "TFLOP/s", "chk");
+  for (const auto& b : o.backends) {
+    std::printf(" | %-6s %8s %7s %-4s %5s", b.c_str(), "ms", "TFLOP/s", "chk", "MHz");
+  }
   std::printf(" | best\n");
 
   std::vector<Result> results;
@@ -670,12 +789,14 @@ int run(const Options& o) {
         }
         std::vector<std::function<void()>> fns;
         for (const Context& ctx : ctxs) fns.push_back([&step, ctx] { step(ctx); });
-        const auto ms = time_in_turns(fns, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
+        const auto timed =
+            time_calls(fns, o.timing, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
         for (size_t i = 0; i < ran.size(); ++i) {
           BackendRun& b = r.backends[ran[i]];
-          b.ms = ms[i];
-          b.median_ms = median(ms[i]);
-          b.min_ms = *std::min_element(ms[i].begin(), ms[i].end());
+          b.ms = timed[i].ms;
+          b.clock = timed[i].clock;
+          b.median_ms = median(b.ms);
+          b.min_ms = *std::min_element(b.ms.begin(), b.ms.end());
           b.tflops = flops / (b.median_ms * 1e-3) / 1e12;
           if (b.check.pass() && (r.best < 0 || b.median_ms < r.backends[static_cast<size_t>(r.best)].median_ms)) {
             r.best = static_cast<int>(ran[i]);
@@ -688,12 +809,13 @@ int run(const Options& o) {
           auto it = std::find_if(r.backends.begin(), r.backends.end(),
                                  [&](const BackendRun& b) { return b.name == name; });
           if (it == r.backends.end()) {
-            std::printf(" | %-6s %8s %7s %-4s", name.c_str(), "-", "-", "");
+            std::printf(" | %-6s %8s %7s %-4s %5s", name.c_str(), "-", "-", "", "");
           } else if (!it->ran()) {
-            std::printf(" | %-6s %8s %7s %-4s", name.c_str(), "skip", "-", "");
+            std::printf(" | %-6s %8s %7s %-4s %5s", name.c_str(), "skip", "-", "", "");
           } else {
-            std::printf(" | %-6s %8.3f %7.1f %-4s", name.c_str(), it->median_ms, it->tflops,
-                        it->check.pass() ? "PASS" : "FAIL");
+            std::printf(" | %-6s %8.3f %7.1f %-4s %5s", name.c_str(), it->median_ms, it->tflops,
+                        it->check.pass() ? "PASS" : "FAIL",
+                        it->clock.valid ? std::to_string(it->clock.mhz).c_str() : "-");
           }
         }
         std::printf(" | %s\n", r.best >= 0 ? r.backends[static_cast<size_t>(r.best)].name.c_str() : "none");
@@ -749,8 +871,9 @@ int run(const Options& o) {
       << "\",\n  \"sm_count\": " << prop.multiProcessorCount << ",\n  \"clocks_before\": \""
       << json_escape(clocks_before) << "\",\n  \"clocks_after\": \"" << json_escape(clocks_after)
       << "\",\n  \"dtype\": \"bf16\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup
-      << ",\n  \"warmup_ms\": " << o.warmup_ms
-      << ",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
+      << ",\n  \"warmup_ms\": " << o.warmup_ms << ",\n  \"timing\": \""
+      << (o.timing == Timing::Alone ? "alone" : "turns")
+      << "\",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const BackendRun* best = r.best >= 0 ? &r.backends[static_cast<size_t>(r.best)] : nullptr;
@@ -772,7 +895,12 @@ int run(const Options& o) {
           continue;
         }
         f << "\"median_ms\": " << b.median_ms << ", \"min_ms\": " << b.min_ms
-          << ", \"tflops\": " << b.tflops << ", \"check\": {\"pass\": "
+          << ", \"tflops\": " << b.tflops;
+        if (b.clock.valid) {
+          f << ", \"sm_mhz\": " << b.clock.mhz << ", \"power_w\": " << b.clock.milliwatts / 1000.0
+            << ", \"clock_reasons\": \"" << reason_names(b.clock.reasons) << "\"";
+        }
+        f << ", \"check\": {\"pass\": "
           << (b.check.pass() ? "true" : "false") << ", \"samples\": " << b.check.samples
           << ", \"worst_err_over_tol\": " << b.check.worst << ", \"nonfinite\": "
           << b.check.nonfinite << "}}";
@@ -804,7 +932,8 @@ int run(const Options& o) {
   std::fprintf(stderr,
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
                "[--passes fprop,dgrad,wgrad,wgrad_f32] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
-               "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none]\nshapes:",
+               "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none] "
+               "[--timing alone|turns]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
   std::fprintf(stderr, "\n");
@@ -832,6 +961,11 @@ int main(int argc, char** argv) {
     else if (a == "--json") o.json = value();
     else if (a == "--commit") o.commit = value();
     else if (a == "--backends" || a == "--backend") o.backends = split_list(value());
+    else if (a == "--timing") {
+      const std::string v = value();
+      if (v != "alone" && v != "turns") usage(("--timing alone or turns, got " + v).c_str());
+      o.timing = v == "alone" ? Timing::Alone : Timing::Turns;
+    }
     else if (a == "--compare") {
       const std::string v = value();
       o.compare = v == "none" ? std::vector<std::string>{} : split_list(v);

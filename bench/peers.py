@@ -60,9 +60,36 @@ def f32_products(torch, dev):
     return grouped, mm, f"grouped_mm {g_label}, mm {m_label}"
 
 
+_NVML = []  # [(library, device handle)] once loaded; [None] when NVML is not there
+
+
+def sm_clock_mhz():
+    """The SM clock now (NVML through ctypes, as moekit_bench reads it), or None."""
+    import ctypes
+
+    if not _NVML:
+        _NVML.append(None)
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            bus = _torch().cuda.get_device_properties(0)
+            handle = ctypes.c_void_p()
+            bus_id = "%08x:%02x:%02x.0" % (bus.pci_domain_id, bus.pci_bus_id, bus.pci_device_id)
+            if lib.nvmlInit_v2() == 0 and lib.nvmlDeviceGetHandleByPciBusId_v2(
+                    bus_id.encode(), ctypes.byref(handle)) == 0:
+                _NVML[0] = (lib, handle)
+        except (OSError, AttributeError):
+            pass
+    if _NVML[0] is None:
+        return None
+    lib, handle = _NVML[0]
+    mhz = ctypes.c_uint()
+    return mhz.value if lib.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(mhz)) == 0 else None
+
+
 def time_ms(fn, iters, warmup, warmup_ms):
     """Median and min of `iters` timed calls, after `warmup` calls and then at least `warmup_ms`
-    of calls (sustained load, as moekit_bench warms up: both time under the power limit)."""
+    of calls (sustained load, as moekit_bench warms up: both time under the power cap), and the
+    SM clock halfway through the timed calls (None without NVML)."""
     import time
 
     torch = _torch()
@@ -75,14 +102,16 @@ def time_ms(fn, iters, warmup, warmup_ms):
         torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(iters):
+    ms, mhz = [], None
+    for i in range(iters):
         start.record()
         fn()
         stop.record()
         stop.synchronize()
         ms.append(start.elapsed_time(stop))
-    return statistics.median(ms), min(ms)
+        if i == iters // 2:
+            mhz = sm_clock_mhz()
+    return statistics.median(ms), min(ms), mhz
 
 
 def run_peers(args):
@@ -201,8 +230,10 @@ def run_peers(args):
             ref = (loop_delta() if accumulating else loop()).float()
             for label, fn in (("grouped_mm", gmm), ("loop", loop), ("dense", dense)):
                 try:
-                    med, mn = time_ms(fn, args.iters, args.warmup, args.warmup_ms)
+                    med, mn, mhz = time_ms(fn, args.iters, args.warmup, args.warmup_ms)
                     entry = {"median_ms": med, "min_ms": mn, "tflops": flops / (med * 1e-3) / 1e12}
+                    if mhz:
+                        entry["sm_mhz"] = mhz
                     if label == "grouped_mm":
                         got = (gmm_delta() if accumulating else fn()).float()
                         if p in ("wgrad", "wgrad_f32"):
@@ -258,6 +289,7 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     passes = ("fprop", "dgrad", "wgrad", "wgrad_f32")
     rows = []
     ratios = {p: [] for p in passes}                       # best moekit backend / grouped_mm
+    per_cycle = {p: [] for p in passes}                    # the same, per SM clock cycle
     per_backend = {b: {p: [] for p in passes} for b in names}  # each backend / grouped_mm
     for r in mk["results"]:
         p = peers.get(key(r), {})
@@ -269,6 +301,12 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         ratio = best_tf / g if (best_tf and g) else None
         if ratio:
             ratios[r["pass"]].append(ratio)
+        # The SM clocks each was timed at (moekit_bench and this script read them halfway through
+        # the timed calls): under the power cap a kernel's clock is part of its speed.
+        best_mhz = ok[best].get("sm_mhz") if best else None
+        g_mhz = p.get("grouped_mm", {}).get("sm_mhz") if isinstance(p.get("grouped_mm"), dict) else None
+        if ratio and best_mhz and g_mhz:
+            per_cycle[r["pass"]].append(ratio * g_mhz / best_mhz)
         for b, e in ok.items():
             if g:
                 per_backend.setdefault(b, {q: [] for q in passes})[r["pass"]].append(e["tflops"] / g)
@@ -281,6 +319,7 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
                               "check": "PASS" if e.get("check", {}).get("pass") else "FAIL"})
                          for b, e in runs.items()},
             "best_backend": best, "best_tflops": best_tf,
+            "best_mhz": best_mhz, "grouped_mm_mhz": g_mhz,
             "moekit_check": "PASS" if checks and all(checks) else "FAIL",
             "grouped_mm_tflops": g, "loop_tflops": l, "dense_tflops": d,
             "best_vs_loop": best_tf / l if (best_tf and l) else None,
@@ -302,16 +341,21 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
             return "skipped"  # the backend refused the call (reason in the JSON)
         return f1(e["tflops"]) + ("" if e["check"] == "PASS" else " FAIL")
 
+    def mhz_cell(x):
+        a, b = x.get("best_mhz"), x.get("grouped_mm_mhz")
+        return f"{a or '-'} / {b or '-'}"
+
     header = ("| shape | routing | pass | " + " | ".join(f"moekit {b} TFLOP/s" for b in names) +
-              " | check | best | dense cuBLAS | cuBLAS loop | torch._grouped_mm | best moekit/grouped_mm |")
-    ncol = 3 + len(names) + 6
+              " | check | best | dense cuBLAS | cuBLAS loop | torch._grouped_mm | best moekit/grouped_mm"
+              " | SM MHz best / grouped_mm |")
+    ncol = 3 + len(names) + 7
     lines = [header, "|" + "---|" * ncol]
     for x in rows:
         lines.append(f"| {x['shape']} | {x['routing']} | {x['pass']} | " +
                      " | ".join(cell(x, b) for b in names) +
                      f" | {x['moekit_check']} | {x['best_backend'] or 'none'} | {f1(x['dense_tflops'])} | "
                      f"{f1(x['loop_tflops'])} | {f1(x['grouped_mm_tflops'])} | "
-                     f"{f2(x['best_vs_grouped_mm'])} |")
+                     f"{f2(x['best_vs_grouped_mm'])} | {mhz_cell(x)} |")
     med = lambda v: statistics.median(v) if v else None
     summary = {q: med(v) for q, v in ratios.items()}
     summary_backends = {b: {q: med(v) for q, v in d.items()} for b, d in per_backend.items()}
@@ -319,6 +363,11 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         f"{q} {f2(v)}" for q, v in summary.items())
     per_lines = [f"median moekit {b}/torch._grouped_mm: " + ", ".join(
         f"{q} {f2(v)}" for q, v in d.items() if v is not None) for b, d in summary_backends.items()]
+    summary_per_cycle = {q: med(v) for q, v in per_cycle.items() if v}
+    if summary_per_cycle:
+        per_lines.append("median best moekit/torch._grouped_mm per SM clock cycle (each at the clock "
+                         "it was timed at): " + ", ".join(
+                             f"{q} {f2(v)}" for q, v in summary_per_cycle.items()))
     comps = mk.get("comparisons", [])
     comp_lines = []
     if comps:
@@ -343,7 +392,7 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
           f"median of {mk['iters']} runs after {mk['warmup']} warm-up calls and "
           f"{mk.get('warmup_ms', 0):.0f} ms of warm-up load (peers: {pe.get('warmup_ms', 0):.0f} ms), CUDA events",
           f"- moekit backends, each forced with Context::with_backend and timed in the same process "
-          f"(in turns): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernels, group-M and group-K; "
+          f"({'each alone, as the peers' if mk.get('timing') == 'alone' else 'in turns'}): {', '.join(names)} (\"sm90\" = the Hopper CUTLASS grouped kernels, group-M and group-K; "
           f"\"cublas\" = cuBLAS per group, or batched/grouped calls for many small groups"
           + (f", MOEKIT_CUBLAS_BATCHING={batching}" if batching and batching != "auto" else "") +
           "). \"-\": the primitive has no such backend; "
@@ -362,7 +411,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         with open(os.path.join(results_dir, stem + ".json"), "w") as f:
             json.dump({"moekit": mk, "peers": pe, "merged": rows,
                        "median_ratio_vs_grouped_mm": summary,
-                       "median_ratio_vs_grouped_mm_per_backend": summary_backends},
+                       "median_ratio_vs_grouped_mm_per_backend": summary_backends,
+                       "median_ratio_vs_grouped_mm_per_cycle": summary_per_cycle},
                       f, indent=1)
         print(f"wrote {os.path.join(results_dir, stem)}.{{md,json}}")
     return summary
