@@ -249,9 +249,9 @@ const Sm90WgradCase kWgradCases[] = {
     {"F16ToF16OneGroup", DType::F16, DType::F16, false, DType::I32, 777, 512, 64, {777}},
     {"Bf16ToF32Accumulate64Experts", DType::BF16, DType::F32, true, DType::I32, 4096, 256, 128,
      std::vector<int64_t>(64, 60)},
-    // Every case above has fewer tiles per group than an H200 has SMs, so the blocked tile order
-    // runs them (blocked_scheduler.cuh); this one has 12 x 12 = 144 tiles per group: CUTLASS's
-    // order.
+    // Every case above has fewer tiles per group than an H200 has SMs, so the automatic tile
+    // order runs them in chunks of 8 (kSmallGroupOrder, blocked_scheduler.cuh); this one has
+    // 12 x 12 = 144 tiles per group: CUTLASS's order.
     {"Bf16ToBf16ManyTilesPerGroup", DType::BF16, DType::BF16, false, DType::I32, 330, 1536, 1536,
      {0, 150, 1, 149}},
 };

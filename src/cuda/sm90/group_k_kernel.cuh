@@ -24,8 +24,8 @@ namespace moekit::cuda::sm90 {
 template <DType kDType, DType kOut, class Config_>
 struct GroupKParts {
   using Config = Config_;
-  // Few tiles per group (small experts): each cluster takes a contiguous range of tiles
-  // (blocked_scheduler.cuh), decided per call in make_arguments.
+  // Few tiles per group (small experts): each cluster takes chunks of 8 consecutive tiles
+  // (blocked_scheduler.cuh, kSmallGroupOrder), decided per call in make_arguments.
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   using Element = typename CutlassElement<kDType>::type;
   using ElementD = typename CutlassElement<kOut>::type;

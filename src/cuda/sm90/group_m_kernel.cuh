@@ -32,7 +32,8 @@ enum class Fusion { None, SwiGlu, DSwiGlu };
 template <DType kDType, bool kBKMajor, class Config_, Fusion kFusion>
 struct GroupMParts {
   using Config = Config_;
-  // Small groups: each cluster takes a contiguous range of tiles (blocked_scheduler.cuh).
+  // The tile-order problem shape (blocked_scheduler.cuh): CUTLASS's order unless a study forces
+  // another (GroupMProblem::order).
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
