@@ -93,6 +93,34 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
+// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, 1): the group-M tile raster
+// and swizzle for studies (GroupMProblem::raster, swizzle); a problem that names them keeps them.
+int raster_setting() {
+  static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
+  return raster < 0 ? 0 : raster;
+}
+int swizzle_setting() {
+  static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8"});
+  constexpr int kSwizzle[] = {1, 2, 4, 8};
+  return swizzle < 0 ? 1 : kSwizzle[swizzle];
+}
+
+// A problem's automatic settings (-1) resolved: what the kernels and their cached Params see.
+GroupMProblem resolved(const GroupMProblem& p) {
+  GroupMProblem q = p;
+  if (q.order < 0) q.order = tile_order_setting();
+  if (q.pdl < 0) q.pdl = pdl_setting();
+  if (q.raster < 0) q.raster = raster_setting();
+  if (q.swizzle < 0) q.swizzle = swizzle_setting();
+  return q;
+}
+GroupKProblem resolved(const GroupKProblem& p) {
+  GroupKProblem q = p;
+  if (q.order < 0) q.order = tile_order_setting();
+  if (q.pdl < 0) q.pdl = pdl_setting();
+  return q;
+}
+
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
 #ifdef MOEKIT_SM90_TILE_STUDY
@@ -195,6 +223,10 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 
 std::string rejects(const GroupMProblem& p, int device) {
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
+  if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
+  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8) {
+    return str("swizzle -1, 1, 2, 4 or 8, got ", p.swizzle);
+  }
   if (p.glu_z) {
     if (!p.b_transposed) return "the SwiGLU epilogue is built for fprop (b transposed) only";
     if (p.n % 64 != 0) {
@@ -217,14 +249,13 @@ std::string rejects(const GroupMProblem& p, int device) {
 
 size_t workspace_bytes(const GroupMProblem& p) {
   if (p.counts.groups <= 0 || p.n == 0) return 0;
-  return instance(p).workspace_bytes(p);
+  const GroupMProblem q = resolved(p);
+  return instance(q).workspace_bytes(q);
 }
 
 void run(const GroupMProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
-  GroupMProblem q = p;
-  if (q.order < 0) q.order = tile_order_setting();
-  if (q.pdl < 0) q.pdl = pdl_setting();
+  const GroupMProblem q = resolved(p);
   instance(q).run(q, workspace, stream);
 }
 
@@ -241,14 +272,13 @@ std::string rejects(const GroupKProblem& p, int device) {
 
 size_t workspace_bytes(const GroupKProblem& p) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return 0;
-  return instance(p).workspace_bytes(p);
+  const GroupKProblem q = resolved(p);
+  return instance(q).workspace_bytes(q);
 }
 
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
   if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
-  GroupKProblem q = p;
-  if (q.order < 0) q.order = tile_order_setting();
-  if (q.pdl < 0) q.pdl = pdl_setting();
+  const GroupKProblem q = resolved(p);
   instance(q).run(q, workspace, stream);
 }
 

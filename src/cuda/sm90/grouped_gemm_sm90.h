@@ -54,9 +54,12 @@ struct GroupMProblem {
   // swizzle 1, 2, 4 or 8 groups that many tiles of the other dimension together. (Swizzle 4 gained
   // 5-9% on the fc1 shapes with the cooperative 256x128 tile; with the ping-pong kLarge its effect
   // stayed inside the run's noise, so the default stays 1: bench/results/2026-11-29-nvidia-h200-
-  // bb650c6-backends.md.)
-  int raster = 0;
-  int swizzle = 1;
+  // bb650c6-backends.md. That was timed in turns, at one shared clock: an order that saves DRAM
+  // traffic saves energy, which under the power cap shows as clock, not as time per cycle.)
+  // -1: automatic — raster 0 and swizzle 1, or env MOEKIT_SM90_RASTER=m|n and
+  // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study).
+  int raster = -1;
+  int swizzle = -1;
   // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
   // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c
   // (1 and c only with raster 0 and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for
