@@ -277,7 +277,8 @@ class Nvml {
     auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
     auto by_bus = reinterpret_cast<int (*)(const char*, Device*)>(
         dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-    clock_ = reinterpret_cast<int (*)(Device, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    clock_ =
+        reinterpret_cast<int (*)(Device, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
     power_ = reinterpret_cast<int (*)(Device, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
     reasons_ = reinterpret_cast<int (*)(Device, unsigned long long*)>(
         dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));

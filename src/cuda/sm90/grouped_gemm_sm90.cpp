@@ -80,8 +80,8 @@ StudyTile study_tile() {
 // of the tile order (group-M and group-K; blocked_scheduler.cuh); a problem that names its
 // order keeps it.
 int tile_order_setting() {
-  static const int order = detail::env_choice("MOEKIT_SM90_TILE_ORDER",
-                                              {"cutlass", "blocked", "auto", "chunk2", "chunk4", "chunk8"});
+  static const int order = detail::env_choice(
+      "MOEKIT_SM90_TILE_ORDER", {"cutlass", "blocked", "auto", "chunk2", "chunk4", "chunk8"});
   constexpr int kOrder[] = {0, 1, -1, 2, 4, 8};  // GroupMProblem::order of each value
   return order < 0 ? -1 : kOrder[order];
 }
