@@ -1,0 +1,71 @@
+"""ctest tools.peers_merge: bench/peers.py's merge of a moekit_bench and a peers JSON (what
+tools/gpu-check turns into its summary) on a fixed pair of files: the best backend per row, the
+ratio to torch._grouped_mm, its medians, and the per-clock-cycle medians from the SM clocks both
+tools record. No GPU, no torch. Usage: python3 peers_merge_test.py PATH/TO/peers.py"""
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+from contextlib import redirect_stdout
+
+spec = importlib.util.spec_from_file_location("peers", sys.argv[1])
+peers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peers)
+
+
+def run(check, sm):
+    return {"median_ms": 1.0, "tflops": sm[0], "sm_mhz": sm[1], "check": {"pass": check}}
+
+
+shape = {"E": 8, "T": 1024, "K": 512, "N": 256}
+mk = {"tool": "moekit_bench", "date": "2026-11-30T00:00:00Z", "commit": "test", "gpu": "GPU",
+      "backends": ["sm90", "cublas"], "timing": "alone", "iters": 20, "warmup": 5,
+      "warmup_ms": 500, "results": [
+          # fprop: sm90 best (600 at 1400 MHz), torch 500 at 1600 MHz -> 1.20, per cycle 1.371
+          dict(shape, shape="s", routing="uniform", **{"pass": "fprop"},
+               backends={"sm90": run(True, (600, 1400)), "cublas": run(True, (550, 1500))}),
+          # dgrad: sm90 faster but failed its check -> cublas is best: 440 / 400 = 1.10
+          dict(shape, shape="s", routing="uniform", **{"pass": "dgrad"},
+               backends={"sm90": run(False, (700, 1400)), "cublas": run(True, (440, 1500))}),
+      ]}
+pe = {"tool": "bench/peers.py", "date": "2026-11-30T00:01:00Z", "warmup_ms": 500, "results": [
+    {"shape": "s", "routing": "uniform", "pass": "fprop",
+     "grouped_mm": {"tflops": 500, "sm_mhz": 1600}, "loop": {"tflops": 450}, "dense": {"tflops": 650}},
+    {"shape": "s", "routing": "uniform", "pass": "dgrad",
+     "grouped_mm": {"tflops": 400, "sm_mhz": 1500}, "loop": {"tflops": 420}, "dense": {"tflops": 640}},
+]}
+failures = []
+
+
+def expect(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
+    if not cond:
+        failures.append(name)
+
+
+with tempfile.TemporaryDirectory() as d:
+    for name, doc in (("mk.json", mk), ("pe.json", pe)):
+        with open(os.path.join(d, name), "w") as f:
+            json.dump(doc, f)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
+    text = out.getvalue()
+    with open(os.path.join(d, "t.json")) as f:
+        merged = json.load(f)
+
+rows = {r["pass"]: r for r in merged["merged"]}
+expect("fprop best", rows["fprop"]["best_backend"] == "sm90", rows["fprop"]["best_backend"])
+expect("dgrad best skips a failed check", rows["dgrad"]["best_backend"] == "cublas",
+       rows["dgrad"]["best_backend"])
+expect("fprop ratio", abs(summary["fprop"] - 1.2) < 1e-9, summary["fprop"])
+expect("dgrad ratio", abs(summary["dgrad"] - 1.1) < 1e-9, summary["dgrad"])
+per_cycle = merged["median_ratio_vs_grouped_mm_per_cycle"]
+expect("fprop per cycle", abs(per_cycle["fprop"] - 1.2 * 1600 / 1400) < 1e-9, per_cycle)
+expect("dgrad per cycle", abs(per_cycle["dgrad"] - 1.1) < 1e-9, per_cycle)
+expect("headline", "median best moekit/torch._grouped_mm: fprop 1.20, dgrad 1.10" in text, text)
+expect("timing named", "each alone, as the peers" in text, text)
+expect("clock column", "| 1400 / 1600 |" in text, text)
+sys.exit(1 if failures else 0)
