@@ -37,7 +37,7 @@ namespace moekit::cuda::sm90 {
 //           (units i·c .. i·c + c - 1, then (i + grid)·c ..): a CTA changes group about once per
 //           c units, while the clusters in flight still work on neighbouring tiles (the L2
 //           sharing that the blocked order loses on group-M problems).
-// unit_starts [groups + 1] (device, written by the call's setup kernel: write_unit_starts):
+// unit_starts [groups + 1] (device, written by the call's setup kernel: scan_unit_starts):
 // the first unit of each group in the sequence, and the total last. Every order but CUTLASS's
 // reads it: the total in one load, and a unit's group by binary search, where walking the
 // groups' shapes cost every thread O(groups) dependent loads at the start of the kernel.

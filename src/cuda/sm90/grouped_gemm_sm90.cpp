@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/check.h"
@@ -106,18 +107,15 @@ int swizzle_setting() {
 }
 
 // A problem's automatic settings (-1) resolved: what the kernels and their cached Params see.
-GroupMProblem resolved(const GroupMProblem& p) {
-  GroupMProblem q = p;
+// Both forms have a tile order and PDL; group-M also its raster and swizzle.
+template <class Problem>
+Problem resolved(Problem q) {
   if (q.order < 0) q.order = tile_order_setting();
   if (q.pdl < 0) q.pdl = pdl_setting();
-  if (q.raster < 0) q.raster = raster_setting();
-  if (q.swizzle < 0) q.swizzle = swizzle_setting();
-  return q;
-}
-GroupKProblem resolved(const GroupKProblem& p) {
-  GroupKProblem q = p;
-  if (q.order < 0) q.order = tile_order_setting();
-  if (q.pdl < 0) q.pdl = pdl_setting();
+  if constexpr (std::is_same_v<Problem, GroupMProblem>) {
+    if (q.raster < 0) q.raster = raster_setting();
+    if (q.swizzle < 0) q.swizzle = swizzle_setting();
+  }
   return q;
 }
 

@@ -132,9 +132,9 @@ struct GroupKProblem {
   DType dw_dtype = DType::F32; // F32, or = dtype
   bool accumulate = false;     // dw += (needs dw_dtype F32)
   // Tile order (blocked_scheduler.cuh): -1 automatic (chunks of 8 when a group has fewer tiles
-  // than the device has SMs, else CUTLASS's), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c. run() takes env
-  // MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B runs; ctest
-  // runs the sm90 GEMM cases under cutlass, blocked and chunk4.
+  // than the device has SMs, else CUTLASS's), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c. run()
+  // takes env MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B
+  // runs; ctest runs the sm90 GEMM cases under cutlass, blocked and chunk4.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
 };
