@@ -23,6 +23,8 @@ extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
 extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;  // kernels_study_wide.cu
 extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
+extern const GroupKInstance group_k_bf16_f32_wide21,  // kernels_study_wide21.cu
+    group_k_bf16_bf16_wide21;
 #endif
 
 }  // namespace moekit::cuda::sm90

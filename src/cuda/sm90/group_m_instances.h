@@ -35,6 +35,10 @@ extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,
     group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
 extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
     group_m_bf16_nmajor_small256;
+extern const GroupMInstance group_m_bf16_kmajor_wide21,  // kernels_study_wide21.cu
+    group_m_bf16_nmajor_wide21;
+extern const GroupMInstance group_m_bf16_swiglu_wide21,  // kernels_study_wide21_fused.cu
+    group_m_bf16_dswiglu_wide21;
 #endif
 
 }  // namespace moekit::cuda::sm90

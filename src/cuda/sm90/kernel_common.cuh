@@ -85,6 +85,18 @@ struct ConfigWide {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=wide21; kernels_study_wide21*.cu): ConfigWide with a 2x1
+// cluster — the two CTAs of a cluster take neighbouring M tiles of one N tile, so the B tile
+// (the weights, for fprop and dgrad) is multicast instead of the A tile. cuBLAS's kernel most
+// often picked for these shapes is named nvjet_..._128x256_64x4_2x1 (in cuBLAS's column-major
+// terms M and N may be ours swapped: then it is ConfigCoop, 256x128 with 1x2). Kept to compare
+// the clock each is held at under the power cap (design/PERFORMANCE.md, "The step runs
+// clock-limited"). With a cluster of 2 along M the chunked and blocked orders fall back to
+// CUTLASS's (blocked_scheduler.cuh).
+struct ConfigWide21 : ConfigWide {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
+
 // Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
 // the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
 // third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
