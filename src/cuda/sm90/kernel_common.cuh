@@ -87,11 +87,13 @@ struct ConfigWide {
 
 // Tile studies only (MOEKIT_SM90_TILE=wide21; kernels_study_wide21*.cu): ConfigWide with a 2x1
 // cluster — the two CTAs of a cluster take neighbouring M tiles of one N tile, so the B tile
-// (the weights, for fprop and dgrad) is multicast instead of the A tile. cuBLAS's kernel most
-// often picked for these shapes is named nvjet_..._128x256_64x4_2x1 (in cuBLAS's column-major
-// terms M and N may be ours swapped: then it is ConfigCoop, 256x128 with 1x2). Kept to compare
-// the clock each is held at under the power cap (design/PERFORMANCE.md, "The step runs
-// clock-limited"). With a cluster of 2 along M the chunked and blocked orders fall back to
+// (the weights, for fprop and dgrad) is multicast instead of the A tile. It is the
+// configuration torch._grouped_mm takes on sm_90 for groups of more than 128 rows and columns
+// (PyTorch's aten/src/ATen/native/cuda/GroupMM.cu: cooperative 128x256x64, cluster 2x1,
+// CUTLASS's automatic epilogue subtile), the suite's peer; cuBLAS's kernel most often picked for
+// these shapes is named nvjet_..._128x256_64x4_2x1 (in cuBLAS's column-major terms M and N may
+// be ours swapped). Kept to compare the clock each is held at under the power cap
+// (design/PERFORMANCE.md, "The step runs clock-limited"). With a cluster of 2 along M the chunked and blocked orders fall back to
 // CUTLASS's (blocked_scheduler.cuh).
 struct ConfigWide21 : ConfigWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
