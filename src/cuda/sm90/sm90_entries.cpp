@@ -109,17 +109,35 @@ void run_of(const Args& args) {
   sm90::run(p, bytes > 0 ? workspace.data() : nullptr, res.stream);
 }
 
-// The automatic choice's one measured exception (backend_table.h, declines): many equal small
-// groups given as host splits run faster as cuBLAS strided-batched GEMMs (one call per size, no
-// host sync needed since the counts are on the host). small_E64 uniform, 64 groups of 64 rows
-// (bench/results/2026-11-29-nvidia-h200-197a15b-gpu-check.md): cuBLAS 193.9 vs sm90 181.7 TFLOP/s
-// fprop, 207.9 vs 186.7 dgrad, 174.6 vs 83.7 wgrad (the sm90 group-K kernel is epilogue-bound
-// when each output tile has one K tile). Skewed splits of the same shape go the other way
-// (sm90 1.2x, 2.3x), as do device splits (cuBLAS would synchronise), so only this case declines.
-std::string declines_for_cublas_batches(const Splits& splits, int64_t groups, int64_t rows) {
-  constexpr int64_t kMinGroups = 8, kSmallGroupRows = 128;
-  if (!splits.on_host() || groups < kMinGroups) return "";
+// The automatic choice's measured exceptions (backend_table.h, declines), both for host splits
+// only: cuBLAS needs the counts on the host, and with device splits it would synchronise.
+// 1. Many equal small groups run faster as cuBLAS strided-batched GEMMs (one call per size).
+//    small_E64 uniform, 64 groups of 64 rows (bench/results/2026-11-29-nvidia-h200-197a15b-gpu-check.md):
+//    cuBLAS 193.9 vs sm90 181.7 TFLOP/s fprop, 207.9 vs 186.7 dgrad, 174.6 vs 83.7 wgrad (the
+//    sm90 group-K kernel is epilogue-bound when each output tile has one K tile). Skewed splits
+//    of the same shape go the other way (sm90 1.2x, 2.3x).
+// 2. Large groups (a mean of kLargeGroupRows rows or more) run faster as cuBLAS GEMMs per group:
+//    under sustained load the H200 holds its clock to the power limit, and cuBLAS's kernels draw
+//    less power per cycle, so they run at a higher clock (per cycle sm90 does as much or more).
+//    With each backend timed alone, every pass of every suite shape of >= 2048 rows per group,
+//    uniform and skewed, is faster on cuBLAS: dsv3_fc1/fc2_E8 and mixtral_fc1_E8, fprop 1.00-1.19x,
+//    dgrad 1.03-1.10x, wgrad 1.07-1.17x, wgrad into f32 1.02-1.13x (both at ~690 W of 700; sm90 at
+//    1155-1455 MHz, cuBLAS at 1455-1620; bench/results/2026-11-30-nvidia-h200-99bc82c-gpu-check.json);
+//    the dsv3 MLP step (E8, 4096 rows per group) with every GEMM on cuBLAS and SwiGLU unfused:
+//    13.58 vs 14.57 ms fused on sm90 (…-99bc82c-tile-study.md; 13.69 vs 14.75, …-d47fa32-pp22-study.md).
+//    At 1024 rows per group (qwen3_E16, dsv3_fc1_E32) the passes split between the two, so sm90
+//    keeps them: it needs no host counts and no sync, and it fuses SwiGLU.
+std::string declines_for_cublas(const Splits& splits, int64_t groups, int64_t rows) {
+  constexpr int64_t kMinGroups = 8, kSmallGroupRows = 128, kLargeGroupRows = 2048;
+  if (!splits.on_host() || groups <= 0) return "";
   const std::vector<int64_t>& counts = splits.host_counts();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total >= kLargeGroupRows * groups) {
+    return str(groups, " groups of ", total / groups, " rows on average (>= ", kLargeGroupRows,
+               "), host splits: cuBLAS per group is faster under the power cap");
+  }
+  if (groups < kMinGroups) return "";
   const int64_t m = counts.front();
   if (m <= 0 || m >= kSmallGroupRows || m * groups > rows) return "";
   for (int64_t c : counts) {
@@ -131,15 +149,15 @@ std::string declines_for_cublas_batches(const Splits& splits, int64_t groups, in
 }  // namespace
 
 std::string sm90_group_m_declines(const detail::GroupMArgs& args) {
-  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+  return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
 std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
-  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+  return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
 std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args) {
-  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+  return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
 std::string sm90_group_m_rejects(const detail::GroupMArgs& args) { return rejects_of(args); }
@@ -171,7 +189,7 @@ void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); 
 std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
   static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_BACKWARD", {"0", "1"});
   if (fused == 0) return "MOEKIT_SM90_FUSED_BACKWARD=0";
-  return declines_for_cublas_batches(args.splits, args.groups, args.rows);
+  return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
 }  // namespace moekit::cuda
