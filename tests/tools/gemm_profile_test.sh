@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# ctest tools.gemm_profile: tools/gemm-profile's table on fixed ncu CSVs (one sm90 kernel against
+# cuBLAS's per-group kernels: summed durations and bytes, duration-weighted clocks and
+# percentages) and its ncu command lines with a stand-in ncu, so its parsing and its cuBLAS
+# variant are checked on machines without a GPU. Usage: gemm_profile_test.sh TOOLS_DIR
+set -uo pipefail
+tool="$1/gemm-profile"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+expect() {  # expect NAME GOT WANT
+  if [[ $2 != "$3" ]]; then echo "FAIL $1: got '$2', want '$3'"; fail=1; else echo "ok   $1"; fi
+}
+header='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+line() {  # line ID KERNEL METRIC VALUE
+  echo "\"$1\",\"1\",\"moekit_bench\",\"h\",\"$2\",\"1\",\"7\",\"(384, 1, 1)\",\"(132, 1, 1)\",\"0\",\"9.0\",\"Command line profiler metrics\",\"$3\",\"\",\"$4\""
+}
+{
+  echo "==PROF== Connected to process 1"; echo "$header"
+  line 0 device_kernel gpu__time_duration.sum 1000000
+  line 0 device_kernel dram__bytes_read.sum "1,500,000,000"
+  line 0 device_kernel sm__cycles_elapsed.avg.per_second 1400000000
+  line 0 device_kernel smsp__average_warps_issue_stalled_wait_per_issue_active.ratio 2.0
+} >"$work/sm90.csv"
+{
+  echo "$header"
+  line 3 nvjet_a gpu__time_duration.sum 600000
+  line 3 nvjet_a dram__bytes_read.sum 700000000
+  line 3 nvjet_a sm__cycles_elapsed.avg.per_second 1500000000
+  line 3 nvjet_a smsp__average_warps_issue_stalled_wait_per_issue_active.ratio 1.0
+  line 4 nvjet_a gpu__time_duration.sum 500000
+  line 4 nvjet_a dram__bytes_read.sum 600000000
+  line 4 nvjet_a sm__cycles_elapsed.avg.per_second 1600000000
+  line 4 nvjet_a smsp__average_warps_issue_stalled_wait_per_issue_active.ratio 3.0
+} >"$work/cublas.csv"
+out=$("$tool" --table "t" sm90="$work/sm90.csv" cublas="$work/cublas.csv")
+row() { grep -F "| $1 |" <<<"$out"; }
+expect kernels "$(row "kernels profiled")" "| kernels profiled | 1.0 | 2.0 |"
+expect time "$(row "µs")" "| µs | 1000.0 | 1100.0 |"
+expect dram "$(row "DRAM read MB")" "| DRAM read MB | 1500.0 | 1300.0 |"
+# (1500 * 600 + 1600 * 500) / 1100 = 1545.45; (1 * 600 + 3 * 500) / 1100 = 1.909
+expect clock "$(row "SM MHz")" "| SM MHz | 1400.0 | 1545.5 |"
+expect stall "$(row "stall wait")" "| stall wait | 2.0 | 1.9 |"
+expect missing "$(row "L2 hit %")" "| L2 hit % | n/a | n/a |"
+
+# The ncu command lines: a stand-in ncu records its arguments and prints one kernel's CSV.
+cat >"$work/ncu" <<S
+#!/usr/bin/env bash
+echo "\$*" >>"$work/calls"
+cat "$work/sm90.csv"
+S
+chmod +x "$work/ncu"
+OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" BUILD_DIR="$work/build" \
+  "$tool" dsv3_fc1_E8 fprop uniform -- sm90 cublas >"$work/run.log" 2>&1
+expect run-status "$?" "0"
+calls=$(cat "$work/calls")
+expect sm90-args "$(sed -n 1p <<<"$calls" | grep -o -- '-k regex:device_kernel --launch-skip 1 --launch-count 1')" \
+  "-k regex:device_kernel --launch-skip 1 --launch-count 1"
+expect cublas-args "$(sed -n 2p <<<"$calls" | grep -o -- '--launch-skip 8 --launch-count 8')" \
+  "--launch-skip 8 --launch-count 8"
+expect cublas-backend "$(sed -n 2p <<<"$calls" | grep -o -- '--backends cublas')" "--backends cublas"
+expect table "$(grep -c '^| µs | 1000.0 | 1000.0 |$' "$work/run.log")" "1"
+OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" "$tool" dsv3_fc1_E8 fprop skewed -- cublas \
+  >"$work/skewed.log" 2>&1
+expect skewed-refused "$?" "2"
+exit $fail
