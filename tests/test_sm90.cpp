@@ -296,6 +296,12 @@ const Sm90WgradCase kWgradCases[] = {
     // 12 x 12 = 144 tiles per group: CUTLASS's order.
     {"Bf16ToBf16ManyTilesPerGroup", DType::BF16, DType::BF16, false, DType::I32, 330, 1536, 1536,
      {0, 150, 1, 149}},
+    // T >= 2048 rows per group: bf16 takes the cooperative 128x256 tile (edge tiles in both
+    // output dims, a zero-row group, a tail).
+    {"Bf16ToF32AccumulateLargeGroupsWideTile", DType::BF16, DType::F32, true, DType::I64, 4400, 200,
+     264, {0, 4000}},
+    {"Bf16ToBf16LargeGroupsWideTile", DType::BF16, DType::BF16, false, DType::I32, 6200, 136, 320,
+     {2100, 2047, 1990}},
 };
 
 class CudaSm90Wgrad : public ::testing::TestWithParam<Sm90WgradCase> {};

@@ -18,10 +18,11 @@ struct GroupKInstance {
 
 // [dtype][dw: 0 f32, 1 the input dtype]
 extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32, group_k_f16_f16;
+// bf16 on the cooperative 128x256 tile, for groups of >= 2048 rows on average (kernels_group_k_wide.cu).
+extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
-extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;  // kernels_study_wide.cu
 extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_wide21,  // kernels_study_wide21.cu
     group_k_bf16_bf16_wide21;

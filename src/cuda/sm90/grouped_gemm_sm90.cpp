@@ -221,6 +221,14 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 #else
   (void)study_tile();  // reports a setting this build cannot honour
 #endif
+  // bf16 groups of >= 2048 rows on average (the mean is all the host knows): the cooperative
+  // 128x256 tile. Tile study at 99bc82c (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md,
+  // each tile timed alone): wgrad +4.4% / +4.9% (dsv3_fc1_E8 uniform / skewed), +9.5% / +7.7%
+  // (dsv3_fc2_E8), +6.9% / +8.7% (mixtral_fc1_E8, 2048 rows), but -9% on qwen3 (1024 rows,
+  // uniform) and slower on small_E64, which keep ping-pong 128x128. (f16 stays on it: not timed.)
+  constexpr int64_t kWideGroupKRows = 2048;
+  static const GroupKPair kWideK{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
+  if (!f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWideK.pick(p);
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
