@@ -226,9 +226,12 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // each tile timed alone): wgrad +4.4% / +4.9% (dsv3_fc1_E8 uniform / skewed), +9.5% / +7.7%
   // (dsv3_fc2_E8), +6.9% / +8.7% (mixtral_fc1_E8, 2048 rows), but -9% on qwen3 (1024 rows,
   // uniform) and slower on small_E64, which keep ping-pong 128x128. (f16 stays on it: not timed.)
+  // Env MOEKIT_SM90_GROUP_K_WIDE=0 keeps every group-K on ping-pong, for A/B runs of whole steps
+  // (tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 1: the rule. Anything else is an error.
   constexpr int64_t kWideGroupKRows = 2048;
   static const GroupKPair kWideK{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
-  if (!f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWideK.pick(p);
+  static const bool wide = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE", {"0", "1"}) != 0;
+  if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWideK.pick(p);
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
