@@ -433,6 +433,56 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
   }
 }
 
+// Host counts reach the sm90 kernels through kernel parameters (no copy from pageable memory),
+// so a forward with host counts is capturable too; a replay computes with the counts of the
+// capture, whatever happened to the caller's vector since. Each replay refills the guarded
+// output and must rewrite exactly the first S rows.
+TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
+  MOEKIT_REQUIRE_SM90();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
+  {
+    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
+    const int64_t G = 8, T = 2048, K = 256, N = 192;
+    GroupedLinear fc({.groups = G, .in = K, .out = N, .dtype = DType::BF16, .bias = true}, ctx);
+    Tensor w_h = test::random_normal({G, N, K}, DType::BF16, 34, 1.0 / 16);
+    Tensor b_h = test::random_normal({G, N}, DType::BF16, 35);
+    Tensor x_h = test::random_normal({T, K}, DType::BF16, 36);
+    copy(ctx, w_h, fc.weight());
+    copy(ctx, b_h, fc.bias());
+    Tensor x = to_device(ctx, x_h);
+    Guarded y(ctx, T, N, DType::BF16);
+    ctx.synchronize();
+
+    const std::vector<int64_t> captured = {0, 700, 0, 1, 1000, 0, 33, 7};  // a tail of 307 rows
+    std::vector<int64_t> host = captured;
+    void* graph = nullptr;
+    void* exec = nullptr;
+    ASSERT_EQ(api.capture(stream, [&] {
+      fc.forward(x, Splits::host(host), {.output = y.view, .input_requires_grad = false});
+    }, &graph), "");
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+    host.assign(G, T / G);  // the caller's vector changes; the graph keeps what it captured
+
+    const test::Reference ref =
+        test::reference_forward(doubles_of(x_h), doubles_of(w_h), doubles_of(b_h), captured, K, N);
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      y.refill();
+      ASSERT_EQ(api.launch(exec, stream), 0);
+      ASSERT_EQ(api.stream_sync(stream), 0);
+      EXPECT_TRUE(test::matches_reference("graph replay, host counts", y.values(), ref, DType::BF16));
+      EXPECT_TRUE(y.untouched_outside(sum_of(captured)));
+    }
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+    ctx.synchronize();
+  }
+}
+
 // The whole grouped MLP — forward (fc1 with bias, ScaledSwiGLU, fc2 with its prob-scaled bias)
 // and backward (fc2 dgrad + wgrad into main_grad, SwiGLU backward with dprobs, the bias grads,
 // fc1 dgrad + wgrad into main_grad) — is captured ONCE with device counts, caller buffers for y,
