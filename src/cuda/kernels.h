@@ -24,6 +24,12 @@ struct GemmPointers {
 };
 void launch_write_gemm_pointers(const GemmPointers& ptrs, void** dst, cudaStream_t stream);
 
+// pointer_arrays.cu: host counts written to dst[0, counts.size()) by kernels from their by-value
+// parameters, kCountsPerLaunch per launch: stream-ordered with no copy from pageable host memory,
+// and capturable in a CUDA graph (which replays the counts it captured).
+inline constexpr int kCountsPerLaunch = 2048;  // 16 KB of kernel parameters (sm_70+: < 32 KB)
+void launch_write_counts(const std::vector<int64_t>& counts, int64_t* dst, cudaStream_t stream);
+
 // fill.cu: each of the `elems` elements at `data` set to the `elem_bytes`-byte pattern `value`.
 void launch_fill(void* data, size_t elems, const void* value, size_t elem_bytes, int sm_count,
                  cudaStream_t stream);

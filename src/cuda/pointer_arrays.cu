@@ -1,6 +1,9 @@
-// The device pointer arrays of a cublasGemmGroupedBatchedEx call, written by one small kernel
-// from its by-value parameters (stream-ordered: no host synchronisation and no copy from
-// pageable host memory). See kernels.h.
+// Small arrays written on the device by kernels from their by-value parameters (stream-ordered:
+// no host synchronisation, no copy from pageable host memory, capturable in a CUDA graph): the
+// pointer arrays of a cublasGemmGroupedBatchedEx call, and host counts. See kernels.h.
+#include <algorithm>
+#include <cstddef>
+
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 
@@ -16,7 +19,27 @@ __global__ void write_gemm_pointers(const __grid_constant__ GemmPointers ptrs, v
   }
 }
 
+struct CountsChunk {
+  int n;
+  int64_t v[kCountsPerLaunch];
+};
+
+__global__ void write_counts(const __grid_constant__ CountsChunk chunk, int64_t* dst) {
+  for (int i = threadIdx.x; i < chunk.n; i += blockDim.x) dst[i] = chunk.v[i];
+}
+
 }  // namespace
+
+void launch_write_counts(const std::vector<int64_t>& counts, int64_t* dst, cudaStream_t stream) {
+  const size_t total = counts.size();
+  for (size_t start = 0; start < total; start += kCountsPerLaunch) {
+    CountsChunk chunk;
+    chunk.n = static_cast<int>(std::min<size_t>(kCountsPerLaunch, total - start));
+    std::copy_n(counts.begin() + static_cast<std::ptrdiff_t>(start), chunk.n, chunk.v);
+    write_counts<<<1, 256, 0, stream>>>(chunk, dst + start);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+}
 
 void launch_write_gemm_pointers(const GemmPointers& ptrs, void** dst, cudaStream_t stream) {
   write_gemm_pointers<<<1, 256, 0, stream>>>(ptrs, dst);
