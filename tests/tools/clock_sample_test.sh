@@ -4,12 +4,7 @@
 # machines without a GPU too. Usage: clock_sample_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/clock-sample"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
-expect() {  # expect NAME GOT WANT
-  if [[ $2 != "$3" ]]; then echo "FAIL $1: got '$2', want '$3'"; fail=1; else echo "ok   $1"; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 
 # Busy samples are those at >= half the run's peak power (600 W here: the 100 W idle one drops).
 cat >"$work/run.smi" <<'S'

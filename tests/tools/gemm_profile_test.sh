@@ -5,12 +5,7 @@
 # variant are checked on machines without a GPU. Usage: gemm_profile_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-profile"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
-expect() {  # expect NAME GOT WANT
-  if [[ $2 != "$3" ]]; then echo "FAIL $1: got '$2', want '$3'"; fail=1; else echo "ok   $1"; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 header='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
 line() {  # line ID KERNEL METRIC VALUE
   echo "\"$1\",\"1\",\"moekit_bench\",\"h\",\"$2\",\"1\",\"7\",\"(384, 1, 1)\",\"(132, 1, 1)\",\"0\",\"9.0\",\"Command line profiler metrics\",\"$3\",\"\",\"$4\""
