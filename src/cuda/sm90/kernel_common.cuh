@@ -99,6 +99,18 @@ struct ConfigWide21 : ConfigWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=pp22; kernels_study_pp22*.cu): ConfigLarge (ping-pong
+// 128x128) with a 2x2 cluster — A multicast to the two N neighbours and B to the two M
+// neighbours, so each CTA loads half of both tiles from L2: the L2-to-SM bytes per MAC of the
+// cooperative 128x256 2x1 tile (wide21) with ping-pong's epilogue overlap. Every cooperative tile
+// ran at a higher clock under the power cap than ping-pong 128x128 1x2 but took more cycles
+// (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md); this separates the L2 traffic
+// from the schedule. Clusters of 4 may not fill all 132 SMs (CUTLASS sizes the grid by
+// max_active_clusters); with 2 along M the chunked and blocked orders fall back to CUTLASS's.
+struct ConfigLarge22 : ConfigLarge {
+  using Cluster = cute::Shape<cute::_2, cute::_2, cute::_1>;
+};
+
 // Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
 // the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
 // third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
