@@ -64,11 +64,12 @@ int choose_config(const GroupMProblem& p) {
 //   small256  kSmallM's plain bf16 fprop and dgrad on ping-pong 64x256
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
+//   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
 // Any other value is an error, and so is any of them in a build without the study instances.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21 };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21 };  // env order
 StudyTile study_tile() {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return static_cast<StudyTile>(tile);
@@ -133,12 +134,15 @@ const GroupMInstance& instance(const GroupMProblem& p) {
                                    &group_m_bf16_swiglu_large, &group_m_bf16_dswiglu_pingpong};
   static const GroupMSet kWide21{&group_m_bf16_kmajor_wide21, &group_m_bf16_nmajor_wide21,
                                  &group_m_bf16_swiglu_wide21, &group_m_bf16_dswiglu_wide21};
+  static const GroupMSet kPp64w21{&group_m_bf16_kmajor_pp64w21, &group_m_bf16_nmajor_pp64w21,
+                               &group_m_bf16_swiglu_pp64w21, &group_m_bf16_dswiglu_pp64w21};
   if (config == kLarge && p.dtype == DType::BF16) {
     switch (study_tile()) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::PingPong: return kPingPong.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
+      case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::Small256:
       case StudyTile::None: break;
@@ -207,12 +211,14 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
   static const GroupKPair kEpi32{&group_k_bf16_f32_epi32, &group_k_bf16_bf16_epi32};
   static const GroupKPair kWide21{&group_k_bf16_f32_wide21, &group_k_bf16_bf16_wide21};
+  static const GroupKPair kPp64w21{&group_k_bf16_f32_pp64w21, &group_k_bf16_bf16_pp64w21};
   if (!f16) {
     switch (study_tile()) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
+      case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;

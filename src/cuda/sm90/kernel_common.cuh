@@ -99,6 +99,23 @@ struct ConfigWide21 : ConfigWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=pp64w21; kernels_study_pp64w21*.cu): ping-pong 64x256 with
+// a 2x1 cluster (B, the weights of fprop and dgrad, multicast to the two M neighbours). Each
+// CTA loads the same L2 bytes per MAC as ConfigLarge (ping-pong 128x128 1x2) and keeps its
+// epilogue overlap, but each warpgroup issues 64x256 wgmma instructions instead of two 64x128
+// ones: 17% fewer shared-memory operand bytes per MAC. Under the power limit the cooperative
+// tiles (64x256 per warpgroup too) ran at higher clocks and needed more cycles, and halving the
+// L2 reads (pp22, branch wip/pp22) raised the clock by 2-5% only
+// (bench/results/2026-11-30-nvidia-h200-{99bc82c-tile-study,d47fa32-pp22-study}.md); this
+// separates the shared-memory reads from the schedule. With 2 along M the chunked and blocked
+// orders fall back to CUTLASS's.
+struct ConfigPingPong64W21 {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
+
 // Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
 // the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
 // third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
