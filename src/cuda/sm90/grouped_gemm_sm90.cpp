@@ -206,9 +206,9 @@ const GroupKPair kGroupK[2] = {{&group_k_bf16_f32, &group_k_bf16_bf16},  // [dty
 
 const GroupKInstance& instance(const GroupKProblem& p) {
   const bool f16 = p.dtype == DType::F16;
+  static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
 #ifdef MOEKIT_SM90_TILE_STUDY
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
-  static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
   static const GroupKPair kEpi32{&group_k_bf16_f32_epi32, &group_k_bf16_bf16_epi32};
   static const GroupKPair kWide21{&group_k_bf16_f32_wide21, &group_k_bf16_bf16_wide21};
   static const GroupKPair kPp64w21{&group_k_bf16_f32_pp64w21, &group_k_bf16_bf16_pp64w21};
@@ -235,9 +235,8 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // Env MOEKIT_SM90_GROUP_K_WIDE=0 keeps every group-K on ping-pong, for A/B runs of whole steps
   // (tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 1: the rule. Anything else is an error.
   constexpr int64_t kWideGroupKRows = 2048;
-  static const GroupKPair kWideK{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
   static const bool wide = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE", {"0", "1"}) != 0;
-  if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWideK.pick(p);
+  if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWide.pick(p);
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
