@@ -180,37 +180,28 @@ TEST(CudaSm90, RejectsWhatTmaCannotAddressAndNamesTheReason) {
   EXPECT_THAT(e->what(), ::testing::HasSubstr("dtype bf16 or f16 only, got f32"));
 }
 
-// The automatic choice declines sm90 for one measured case — uniform host splits of many small
-// groups, where cuBLAS's strided-batched GEMMs are faster — and keeps it otherwise. Observed
-// through the allocator: the sm90 entries take their workspace (and the copied host counts) from
-// it, cuBLAS's batched calls take nothing. Forcing "sm90" ignores the preference.
-TEST(CudaSm90, AutomaticChoiceLeavesUniformSmallHostSplitsToCublasBatches) {
-  MOEKIT_REQUIRE_SM90();
-  const Context automatic = Context::cuda(0);
-  const int64_t G = 16, K = 256, N = 128, T = G * 64;
-  Tensor x = to_device(automatic, test::random_normal({T, K}, DType::BF16, 61));
-  Tensor w = to_device(automatic, test::random_normal({G, N, K}, DType::BF16, 62, 0.06));
-  Tensor dy = to_device(automatic, test::random_normal({T, N}, DType::BF16, 63));
-  Tensor y = Tensor::empty({T, N}, DType::BF16, automatic);
-  Tensor dw = Tensor::empty({G, N, K}, DType::BF16, automatic);
-  std::vector<int64_t> skewed(G, 64);
-  skewed[0] = 100;
-  skewed[1] = 28;
-  struct Run {
-    const char* what;
-    Context ctx;
-    Splits splits;
-    bool sm90;  // expected to take workspace from the allocator
-  };
-  const Run runs[] = {
-      {"uniform 16 x 64 host splits, automatic", automatic, Splits::host(std::vector<int64_t>(G, 64)), false},
-      {"skewed host splits, automatic", automatic, Splits::host(skewed), true},
-      {"uniform host splits, sm90 forced", automatic.with_backend("sm90"),
-       Splits::host(std::vector<int64_t>(G, 64)), true},
-  };
-  for (const Run& r : runs) {
+// The automatic choice declines sm90 for two measured cases of host splits (sm90_entries.cpp,
+// declines_for_cublas) and keeps it otherwise. Observed through the allocator: the sm90 entries
+// take their workspace (and the device copy of host counts) from it, cuBLAS's calls take nothing.
+// Forcing "sm90" ignores the preference.
+struct ChoiceRun {
+  const char* what;
+  Context ctx;
+  Splits splits;
+  bool sm90;  // expected to take workspace from the allocator
+};
+void expect_choices(const Context& ctx, int64_t G, int64_t T, int64_t K, int64_t N,
+                    const std::vector<ChoiceRun>& runs) {
+  Tensor x = to_device(ctx, test::random_normal({T, K}, DType::BF16, 61));
+  Tensor w = to_device(ctx, test::random_normal({G, N, K}, DType::BF16, 62, 1.0 / std::sqrt(double(K))));
+  Tensor dy = to_device(ctx, test::random_normal({T, N}, DType::BF16, 63));
+  Tensor y = Tensor::empty({T, N}, DType::BF16, ctx);
+  Tensor dw = Tensor::empty({G, N, K}, DType::BF16, ctx);
+  ctx.synchronize();
+  for (const ChoiceRun& r : runs) {
     for (bool wgrad : {false, true}) {
       SCOPED_TRACE(std::string(r.what) + (wgrad ? ", group-K" : ", group-M"));
+      r.ctx.synchronize();
       r.ctx.allocator().reset_stats();
       if (wgrad) grouped_gemm_group_k(r.ctx, dy, x, r.splits, dw, false);
       else grouped_gemm_group_m(r.ctx, x, w, BOp::Transposed, r.splits, y);
@@ -221,46 +212,38 @@ TEST(CudaSm90, AutomaticChoiceLeavesUniformSmallHostSplitsToCublasBatches) {
   }
 }
 
-// The second measured case: host splits of large groups (a mean of 2048 rows or more) go to
-// cuBLAS per group, which the power cap lets run at a higher clock; device splits stay on sm90
-// (cuBLAS would need the counts on the host), and so do host splits one row short of the mean.
+// 1. Uniform host splits of many small groups: cuBLAS's strided-batched GEMMs are faster.
+TEST(CudaSm90, AutomaticChoiceLeavesUniformSmallHostSplitsToCublasBatches) {
+  MOEKIT_REQUIRE_SM90();
+  const Context automatic = Context::cuda(0);
+  const int64_t G = 16;
+  std::vector<int64_t> skewed(G, 64);
+  skewed[0] = 100;
+  skewed[1] = 28;
+  expect_choices(automatic, G, G * 64, 256, 128, {
+      {"uniform 16 x 64 host splits, automatic", automatic, Splits::host(std::vector<int64_t>(G, 64)), false},
+      {"skewed host splits, automatic", automatic, Splits::host(skewed), true},
+      {"uniform host splits, sm90 forced", automatic.with_backend("sm90"),
+       Splits::host(std::vector<int64_t>(G, 64)), true},
+  });
+}
+
+// 2. Host splits of large groups (a mean of 2048 rows or more): cuBLAS per group, which the power
+// limit lets run at a higher clock. Device splits stay on sm90 (cuBLAS would need the counts on
+// the host), and so do host splits half a row short of the mean.
 TEST(CudaSm90, AutomaticChoiceLeavesLargeHostSplitGroupsToCublas) {
   MOEKIT_REQUIRE_SM90();
   const Context automatic = Context::cuda(0);
-  const int64_t G = 2, K = 64, N = 64, T = G * 2048;
-  Tensor x = to_device(automatic, test::random_normal({T, K}, DType::BF16, 71));
-  Tensor w = to_device(automatic, test::random_normal({G, N, K}, DType::BF16, 72, 0.125));
-  Tensor dy = to_device(automatic, test::random_normal({T, N}, DType::BF16, 73));
-  Tensor y = Tensor::empty({T, N}, DType::BF16, automatic);
-  Tensor dw = Tensor::empty({G, N, K}, DType::BF16, automatic);
   const std::vector<int64_t> uniform{2048, 2048}, skewed{3000, 1096}, short_by_one{2048, 2047};
-  Tensor device_counts = to_device(automatic, test::counts_tensor(uniform, DType::I64));
-  struct Run {
-    const char* what;
-    Context ctx;
-    Splits splits;
-    bool sm90;  // expected to take workspace from the allocator
-  };
-  const Run runs[] = {
+  const Tensor device_counts = to_device(automatic, test::counts_tensor(uniform, DType::I64));
+  expect_choices(automatic, 2, 4096, 64, 64, {
       {"uniform 2 x 2048 host splits, automatic", automatic, Splits::host(uniform), false},
       {"skewed host splits of mean 2048, automatic", automatic, Splits::host(skewed), false},
       {"host splits of mean 2047.5, automatic", automatic, Splits::host(short_by_one), true},
       {"uniform 2 x 2048 device splits, automatic", automatic, Splits::device(device_counts), true},
       {"uniform 2 x 2048 host splits, sm90 forced", automatic.with_backend("sm90"),
        Splits::host(uniform), true},
-  };
-  for (const Run& r : runs) {
-    for (bool wgrad : {false, true}) {
-      SCOPED_TRACE(std::string(r.what) + (wgrad ? ", group-K" : ", group-M"));
-      r.ctx.synchronize();
-      r.ctx.allocator().reset_stats();
-      if (wgrad) grouped_gemm_group_k(r.ctx, dy, x, r.splits, dw, false);
-      else grouped_gemm_group_m(r.ctx, x, w, BOp::Transposed, r.splits, y);
-      r.ctx.synchronize();
-      if (r.sm90) EXPECT_GT(r.ctx.allocator().stats().bytes, 0) << "sm90 did not run";
-      else EXPECT_EQ(r.ctx.allocator().stats().bytes, 0) << "sm90 ran instead of cuBLAS";
-    }
-  }
+  });
 }
 
 // ---------------------------------------------------------------- group-K (weight gradient)
