@@ -154,10 +154,12 @@ __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* z
 
 // ---- host side ----
 // The tile order (GroupKProblem::order; tile_order): a non-empty group's tiles are
-// ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. (The group-K arguments keep CUTLASS's default raster.)
+// ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. Orders other than CUTLASS's need its default raster
+// (raster 0, swizzle 1).
 template <class G>
 int group_k_order(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
-  return tile_order(p.order, true, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
+  return tile_order(p.order, p.raster == 0 && p.swizzle == 1,
+                    tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
 }
 
 template <class G>
@@ -182,6 +184,9 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.epilogue.ptr_D = arr.ptr_d;
   args.epilogue.dD = arr.stride_d;
   args.hw_info = hw;
+  args.scheduler.raster_order = p.raster == 1 ? decltype(args.scheduler.raster_order)::AlongN
+                                              : decltype(args.scheduler.raster_order)::AlongM;
+  args.scheduler.max_swizzle_size = p.swizzle;
   return args;
 }
 
@@ -207,7 +212,8 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   // The cached Params bake in beta and the tile order.
-  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1));
+  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
+                p.raster, p.swizzle);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

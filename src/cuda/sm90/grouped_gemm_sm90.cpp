@@ -97,8 +97,9 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
-// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, 1): the group-M tile raster
-// and swizzle for studies (GroupMProblem::raster, swizzle); a problem that names them keeps them.
+// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, 1): the tile raster and
+// swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's); a problem
+// that names them keeps them.
 int raster_setting() {
   static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
   return raster < 0 ? 0 : raster;
@@ -110,16 +111,24 @@ int swizzle_setting() {
 }
 
 // A problem's automatic settings (-1) resolved: what the kernels and their cached Params see.
-// Both forms have a tile order and PDL; group-M also its raster and swizzle.
+// Both forms have a tile order, PDL, a raster and a swizzle.
 template <class Problem>
 Problem resolved(Problem q) {
   if (q.order < 0) q.order = tile_order_setting();
   if (q.pdl < 0) q.pdl = pdl_setting();
-  if constexpr (std::is_same_v<Problem, GroupMProblem>) {
-    if (q.raster < 0) q.raster = raster_setting();
-    if (q.swizzle < 0) q.swizzle = swizzle_setting();
-  }
+  if (q.raster < 0) q.raster = raster_setting();
+  if (q.swizzle < 0) q.swizzle = swizzle_setting();
   return q;
+}
+
+// The raster and swizzle a problem names: -1 (automatic) or a value CUTLASS's scheduler takes.
+template <class Problem>
+std::string rejects_raster(const Problem& p) {
+  if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
+  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8) {
+    return str("swizzle -1, 1, 2, 4 or 8, got ", p.swizzle);
+  }
+  return {};
 }
 
 const GroupMInstance& instance(const GroupMProblem& p) {
@@ -244,10 +253,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 
 std::string rejects(const GroupMProblem& p, int device) {
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
-  if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
-  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8) {
-    return str("swizzle -1, 1, 2, 4 or 8, got ", p.swizzle);
-  }
+  if (std::string why = rejects_raster(p); !why.empty()) return why;
   if (p.glu_z) {
     if (!p.b_transposed) return "the SwiGLU epilogue is built for fprop (b transposed) only";
     if (p.n % 64 != 0) {
@@ -287,6 +293,7 @@ std::string rejects(const GroupKProblem& p, int device) {
     return str("dw dtype f32 or ", name(p.dtype), ", got ", name(p.dw_dtype));
   }
   if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
+  if (std::string why = rejects_raster(p); !why.empty()) return why;
   return rejects_common(device, p.dtype, p.counts, p.k, p.n,
                         {{"dy", p.dy}, {"x", p.x}, {"dw", p.dw}});
 }

@@ -57,7 +57,8 @@ struct GroupMProblem {
   // bb650c6-backends.md. That was timed in turns, at one shared clock: an order that saves DRAM
   // traffic saves energy, which under the power cap shows as clock, not as time per cycle.)
   // -1: automatic — raster 0 and swizzle 1, or env MOEKIT_SM90_RASTER=m|n and
-  // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study).
+  // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study, tools/gemm-profile); the same
+  // settings and env apply to GroupKProblem.
   int raster = -1;
   int swizzle = -1;
   // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
@@ -134,9 +135,13 @@ struct GroupKProblem {
   // Tile order (blocked_scheduler.cuh): -1 automatic (chunks of 8 when a group has fewer tiles
   // than the device has SMs, else CUTLASS's), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c. run()
   // takes env MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B
-  // runs; ctest runs the sm90 GEMM cases under cutlass, blocked and chunk4.
+  // runs; ctest runs the sm90 GEMM cases under cutlass, blocked and chunk4. Orders other than
+  // CUTLASS's need raster 0 and swizzle 1.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
+  // Raster and swizzle of the [n, k] output tiles (M = n, N = k), as GroupMProblem's.
+  int raster = -1;
+  int swizzle = -1;
 };
 
 std::string rejects(const GroupKProblem& p, int device);
