@@ -19,8 +19,8 @@
 // Sm90, Tile, Cluster, Stages, ProblemShape>`. The kernels built with `BlockedGroupProblemShape`
 // (a GroupProblemShape with one more field) get `BlockedGroupScheduler` from the specialisation
 // below; `order = 0` leaves every decision to CUTLASS's scheduler (its base class).
-// The other orders need the AlongM raster, no swizzle and a cluster of 1 along M (checked on the
-// host, run_gemm; the device falls back to the base order otherwise).
+// The other orders and the stripes need the AlongM raster, no CUTLASS swizzle and a cluster of 1
+// along M (checked on the host, run_gemm; the device falls back to the base order otherwise).
 #pragma once
 
 #include <cstdint>
@@ -41,9 +41,16 @@ namespace moekit::cuda::sm90 {
 // the first unit of each group in the sequence, and the total last. Every order but CUTLASS's
 // reads it: the total in one load, and a unit's group by binary search, where walking the
 // groups' shapes cost every thread O(groups) dependent loads at the start of the kernel.
+// stripe: a group's units in stripes `stripe` cluster units wide across N, N fastest inside a
+// stripe (1: M fastest over the whole group, CUTLASS's AlongM). This is the swizzle CUTLASS's
+// group scheduler means by max_swizzle_size, which it cannot apply: without host problem shapes
+// it sizes the swizzle from its grid (sm_count x 1 blocks), so 4 and 8 fall back to 1 or 2. The
+// stripes keep the operand rows the clusters in flight read few enough to stay in L2 between
+// waves (dsv3 fc1 fprop under ncu: 5.1 GB of DRAM reads for 0.94 GB of operands with M fastest).
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
+  int32_t stripe = 1;
   const uint32_t* unit_starts = nullptr;
 };
 
@@ -51,7 +58,7 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
 // tiles rounded up to the cluster), and the order a call takes (above): `order` >= 0 forces one
 // (GroupMProblem::order, GroupKProblem::order), -1 takes chunks of 8 (kSmallGroupOrder) when a
 // group has fewer tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than
-// CUTLASS's need its default tile order around them (AlongM raster, no swizzle: `default_raster`).
+// CUTLASS's need the AlongM raster around them (`default_raster`; stripes combine with any order).
 // Chunks of 8 against the blocked order, small_E64 wgrad on the H200 (bench/results/
 // 2026-11-30-nvidia-h200-c50fd9d-orders.md): 131.6 / 123.3 TFLOP/s (uniform / skewed) against
 // 127.4 / 111.3 — with skewed routing the blocked ranges, equal in units, are unequal in rows
@@ -72,6 +79,17 @@ int64_t tiles_per_group(int64_t m, int64_t n) {
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
   return order >= 0 ? order : tiles < sm_count ? kSmallGroupOrder : 0;
+}
+
+// Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM the
+// swizzle is this scheduler's stripes (BlockedGroupProblemShape::stripe; CUTLASS's own swizzle
+// off); with AlongN, CUTLASS's swizzle (which its grid caps at 2: see `stripe`).
+template <class Arguments>
+void set_raster(Arguments& args, int raster, int swizzle) {
+  using Order = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = raster == 1 ? Order::AlongN : Order::AlongM;
+  args.scheduler.max_swizzle_size = raster == 1 ? swizzle : 1;
+  args.problem_shape.stripe = raster == 1 ? 1 : swizzle;
 }
 
 // The first thing every thread of the grouped kernels does is construct the tile scheduler
@@ -106,9 +124,11 @@ class BlockedGroupScheduler
       : Base(params, response) {
 #if defined(__CUDA_ARCH__)
     const int32_t order = params.problem_shapes_.order;
-    blocked_ = order != 0 && params.log_swizzle_size_ == 0 &&
+    const int32_t stripe = params.problem_shapes_.stripe;
+    blocked_ = (order != 0 || stripe > 1) && params.log_swizzle_size_ == 0 &&
                params.raster_order_ == Base::RasterOrder::AlongM && params.cluster_shape_.m() == 1;
     if (!blocked_) return;
+    stripe_ = stripe > 1 ? static_cast<uint32_t>(stripe) : 1u;
     cluster_n_ = static_cast<uint32_t>(params.cluster_shape_.n());
     // This CTA's cluster and its place in it (AlongM: the cluster's CTAs are consecutive in y).
     const uint32_t linear = blockIdx.x * gridDim.y + blockIdx.y;
@@ -124,8 +144,8 @@ class BlockedGroupScheduler
       chunk_ = end_ - unit_;
       chunk_end_ = end_;
       jump_ = static_cast<uint32_t>(total);
-    } else {  // chunks of `order` units, strided by the grid
-      chunk_ = static_cast<uint32_t>(order);
+    } else {  // chunks of `order` units (CUTLASS's order: chunks of 1), strided by the grid
+      chunk_ = order == 0 ? 1u : static_cast<uint32_t>(order);
       unit_ = static_cast<uint32_t>(cluster) * chunk_;
       end_ = static_cast<uint32_t>(total);
       chunk_end_ = unit_ + chunk_;
@@ -182,16 +202,26 @@ class BlockedGroupScheduler
         cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(lo)));
     const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
     group_blocks_m_ = (m + tm - 1) / tm;
+    group_units_n_ = (group_end_ - group_start_) / group_blocks_m_;
   }
 
   // The tile of unit_ (invalid past this cluster's units).
   CUTLASS_DEVICE WorkTileInfo work_for_unit() {
     if (unit_ >= end_) return WorkTileInfo::invalid_work_tile();
     if (group_ < 0 || unit_ >= group_end_) find_group();
-    // AlongM inside the group, as CUTLASS: M fastest, then the cluster's N block.
     const uint32_t v = unit_ - group_start_;
-    const auto m = static_cast<int32_t>(v % group_blocks_m_);
-    const auto n = static_cast<int32_t>((v / group_blocks_m_) * cluster_n_ + n_offset_);
+    if (stripe_ == 1) {  // AlongM inside the group, as CUTLASS: M fastest, then the cluster's N block
+      const auto m = static_cast<int32_t>(v % group_blocks_m_);
+      const auto n = static_cast<int32_t>((v / group_blocks_m_) * cluster_n_ + n_offset_);
+      return {m, n, group_, 1};
+    }
+    // Stripes of stripe_ units across N (the last one narrower), N fastest inside a stripe.
+    const uint32_t span = group_blocks_m_ * stripe_;
+    const uint32_t first = v / span * stripe_;  // the stripe's first N unit
+    const uint32_t width = min(stripe_, group_units_n_ - first);
+    const uint32_t r = v - first * group_blocks_m_;
+    const auto m = static_cast<int32_t>(r / width);
+    const auto n = static_cast<int32_t>((first + r % width) * cluster_n_ + n_offset_);
     return {m, n, group_, 1};
   }
 
@@ -204,6 +234,8 @@ class BlockedGroupScheduler
   int groups_ = 0;
   int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
   uint32_t group_start_ = 0, group_end_ = 0, group_blocks_m_ = 1;  // its units and M blocks
+  uint32_t group_units_n_ = 1;        // its N units (cluster_n_ blocks each)
+  uint32_t stripe_ = 1;               // BlockedGroupProblemShape::stripe
 };
 
 }  // namespace moekit::cuda::sm90

@@ -154,12 +154,10 @@ __global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* z
 
 // ---- host side ----
 // The tile order (GroupKProblem::order; tile_order): a non-empty group's tiles are
-// ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. Orders other than CUTLASS's need its default raster
-// (raster 0, swizzle 1).
+// ⌈n/tileM⌉·⌈k/tileN⌉ whatever its rows. Orders other than CUTLASS's need the AlongM raster.
 template <class G>
 int group_k_order(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
-  return tile_order(p.order, p.raster == 0 && p.swizzle == 1,
-                    tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
+  return tile_order(p.order, p.raster == 0, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
 }
 
 template <class G>
@@ -184,9 +182,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.epilogue.ptr_D = arr.ptr_d;
   args.epilogue.dD = arr.stride_d;
   args.hw_info = hw;
-  args.scheduler.raster_order = p.raster == 1 ? decltype(args.scheduler.raster_order)::AlongN
-                                              : decltype(args.scheduler.raster_order)::AlongM;
-  args.scheduler.max_swizzle_size = p.swizzle;
+  set_raster(args, p.raster, p.swizzle);
   return args;
 }
 

@@ -207,10 +207,8 @@ static __global__ void __launch_bounds__(256)
 // small_E64 fprop 0.80x, dgrad 0.81x; qwen3 dgrad on the 128x256 tile 0.72-0.83x;
 // bench/results/2026-11-30-nvidia-h200-e402162-gpu-check.md): the CTAs in flight then work on
 // tiles far apart in the sequence and stop sharing operand tiles in L2. Forced orders (blocked,
-// chunked) stay for studies, with CUTLASS's default raster and swizzle only.
-inline int group_m_order(const GroupMProblem& p) {
-  return p.order > 0 && p.raster == 0 && p.swizzle == 1 ? p.order : 0;
-}
+// chunked) stay for studies, with the AlongM raster only.
+inline int group_m_order(const GroupMProblem& p) { return p.order > 0 && p.raster == 0 ? p.order : 0; }
 
 template <class G>
 typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupArrays<G>& arr,
@@ -244,9 +242,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
     args.epilogue = {h, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
   }
   args.hw_info = hw;
-  args.scheduler.raster_order = p.raster == 1 ? decltype(args.scheduler.raster_order)::AlongN
-                                              : decltype(args.scheduler.raster_order)::AlongM;
-  args.scheduler.max_swizzle_size = p.swizzle;
+  set_raster(args, p.raster, p.swizzle);
   return args;
 }
 

@@ -97,9 +97,13 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
-// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, 1): the tile raster and
+// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, kAutomaticSwizzle): the tile raster and
 // swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's); a problem
 // that names them keeps them.
+// Stripes 8 cluster units wide (GroupMProblem::swizzle): dsv3 fc1 fprop under ncu read 5.1 GB from
+// DRAM with M fastest (1) for 0.94 GB of operands (bench/results/2026-11-30-nvidia-h200-d9871ed-
+// stripes.md, which also has the step and the GEMM suite with 1, 4 and 8).
+constexpr int kAutomaticSwizzle = 8;
 int raster_setting() {
   static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
   return raster < 0 ? 0 : raster;
@@ -107,7 +111,7 @@ int raster_setting() {
 int swizzle_setting() {
   static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8"});
   constexpr int kSwizzle[] = {1, 2, 4, 8};
-  return swizzle < 0 ? 1 : kSwizzle[swizzle];
+  return swizzle < 0 ? kAutomaticSwizzle : kSwizzle[swizzle];
 }
 
 // A problem's automatic settings (-1) resolved: what the kernels and their cached Params see.

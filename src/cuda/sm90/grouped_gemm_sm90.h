@@ -49,21 +49,21 @@ struct GroupMProblem {
   int64_t k = 0, n = 0;
   DType dtype = DType::BF16;   // of a, b, bias and out: BF16 or F16
   int config = -1;             // kernel configuration: -1 = automatic; else an index (below)
-  // Tile order of the persistent scheduler (tile studies; the defaults are CUTLASS's for grouped
-  // GEMMs): raster 0 walks M first (CTAs in flight share weight tiles), 1 walks N first;
-  // swizzle 1, 2, 4 or 8 groups that many tiles of the other dimension together. (Swizzle 4 gained
-  // 5-9% on the fc1 shapes with the cooperative 256x128 tile; with the ping-pong kLarge its effect
-  // stayed inside the run's noise, so the default stays 1: bench/results/2026-11-29-nvidia-h200-
-  // bb650c6-backends.md. That was timed in turns, at one shared clock: an order that saves DRAM
-  // traffic saves energy, which under the power cap shows as clock, not as time per cycle.)
-  // -1: automatic — raster 0 and swizzle 1, or env MOEKIT_SM90_RASTER=m|n and
+  // Tile order of the persistent scheduler: raster 0 walks M first (CTAs in flight share weight
+  // tiles), 1 walks N first; swizzle 1, 2, 4 or 8: with raster 0, a group's tiles in stripes that
+  // many cluster units wide across N, N fastest inside a stripe (blocked_scheduler.cuh, `stripe`:
+  // fewer operand rows in flight, so fewer DRAM reads); with raster 1, CUTLASS's own swizzle, which
+  // its grouped scheduler caps at 2. (Before 2026-11-30 every swizzle went to CUTLASS's, so the
+  // swizzle 4 and 8 of earlier studies ran as 2 or 1: bench/results/2026-11-29-nvidia-h200-bb650c6-
+  // backends.md, 2026-11-30-nvidia-h200-99bc82c-tile-study.md, -d9871ed-stripes.md.)
+  // -1: automatic — raster 0 and swizzle 8, or env MOEKIT_SM90_RASTER=m|n and
   // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study, tools/gemm-profile); the same
   // settings and env apply to GroupKProblem.
   int raster = -1;
   int swizzle = -1;
   // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
   // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c
-  // (1 and c only with raster 0 and swizzle 1). run() takes env MOEKIT_SM90_TILE_ORDER as for
+  // (1 and c only with raster 0). run() takes env MOEKIT_SM90_TILE_ORDER as for
   // GroupKProblem.
   int order = -1;
   // Programmatic dependent launch of the GEMM after its setup kernel (kernel_common.cuh,
@@ -136,7 +136,7 @@ struct GroupKProblem {
   // than the device has SMs, else CUTLASS's), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c. run()
   // takes env MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8) for A/B
   // runs; ctest runs the sm90 GEMM cases under cutlass, blocked and chunk4. Orders other than
-  // CUTLASS's need raster 0 and swizzle 1.
+  // CUTLASS's need raster 0.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
   // Raster and swizzle of the [n, k] output tiles (M = n, N = k), as GroupMProblem's.
