@@ -100,9 +100,12 @@ int pdl_setting() {
 // MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, kAutomaticSwizzle): the tile raster and
 // swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's); a problem
 // that names them keeps them.
-// Stripes 8 cluster units wide (GroupMProblem::swizzle): dsv3 fc1 fprop under ncu read 5.1 GB from
-// DRAM with M fastest (1) for 0.94 GB of operands (bench/results/2026-11-30-nvidia-h200-d9871ed-
-// stripes.md, which also has the step and the GEMM suite with 1, 4 and 8).
+// Stripes 8 cluster units wide (GroupMProblem::swizzle), measured on the H200 against M fastest (1)
+// (bench/results/2026-11-30-nvidia-h200-6a58766-stripes.md): under ncu, dsv3 fc1 fprop reads 3.9
+// GB from DRAM instead of 5.3 (0.94 GB of operands) and takes 2.7% less time at a 2.9% higher
+// clock; dsv3 fc2 wgrad 1.0 GB instead of 1.9, 1.4% less time; dgrad and qwen3 fc1 fprop move
+// within 1%. The dsv3 step: 14.46 ms against 14.68 (two turns each, both within 0.1 ms). The GEMM
+// suite, one run per setting: median 1.00, from 0.95 (small_E64 skewed dgrad) to 1.05.
 constexpr int kAutomaticSwizzle = 8;
 int raster_setting() {
   static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
