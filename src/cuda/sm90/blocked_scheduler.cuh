@@ -25,28 +25,28 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/tile_units.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"  // the schedulers with what they need (pipelines)
 
 namespace moekit::cuda::sm90 {
 
-// The tile order of a call (the resolved GroupMProblem::order / GroupKProblem::order):
-//   0       CUTLASS's: cluster i takes units i, i + grid, i + 2·grid, ...
-//   1       blocked: cluster i takes one contiguous range of the unit sequence
-//   c >= 2  chunked: cluster i takes c consecutive units, then skips the other clusters' chunks
-//           (units i·c .. i·c + c - 1, then (i + grid)·c ..): a CTA changes group about once per
-//           c units, while the clusters in flight still work on neighbouring tiles (the L2
-//           sharing that the blocked order loses on group-M problems).
+// The tile order of a call (the resolved GroupMProblem::order / GroupKProblem::order): 0
+// CUTLASS's, 1 blocked, c >= 2 chunks of c (UnitCursor, tile_units.h, says which units a cluster
+// takes in each). In the chunked orders a CTA changes group about once per c units, while the
+// clusters in flight still work on neighbouring tiles (the L2 sharing that the blocked order
+// loses on group-M problems).
 // unit_starts [groups + 1] (device, written by the call's setup kernel: scan_unit_starts):
-// the first unit of each group in the sequence, and the total last. Every order but CUTLASS's
-// reads it: the total in one load, and a unit's group by binary search, where walking the
+// the first unit of each group in the sequence, and the total last. The scheduler's own path
+// (an order other than CUTLASS's, or stripes) reads it: the total in one load, and a unit's group by binary search, where walking the
 // groups' shapes cost every thread O(groups) dependent loads at the start of the kernel.
 // stripe: a group's units in stripes `stripe` cluster units wide across N, N fastest inside a
 // stripe (1: M fastest over the whole group, CUTLASS's AlongM). This is the swizzle CUTLASS's
 // group scheduler means by max_swizzle_size, which it cannot apply: without host problem shapes
 // it sizes the swizzle from its grid (sm_count x 1 blocks), so 4 and 8 fall back to 1 or 2. The
-// stripes keep the operand rows the clusters in flight read few enough to stay in L2 between
-// waves (dsv3 fc1 fprop under ncu: 5.1 GB of DRAM reads for 0.94 GB of operands with M fastest).
+// stripes cut the operand rows each wave of clusters reads (unit_tile, tile_units.h; dsv3 fc1
+// fprop under ncu: 5.3 GB of DRAM reads for 0.94 GB of operands with M fastest, 3.9 GB with
+// stripes of 8).
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
@@ -137,20 +137,7 @@ class BlockedGroupScheduler
     n_offset_ = linear % cluster_n_;
     starts_ = params.problem_shapes_.unit_starts;
     groups_ = params.problem_shapes_.groups();
-    const uint64_t total = starts_[groups_];
-    if (order == 1) {  // one range: past its end, the jump leaves the sequence
-      unit_ = static_cast<uint32_t>(cluster * total / clusters);
-      end_ = static_cast<uint32_t>((cluster + 1) * total / clusters);
-      chunk_ = end_ - unit_;
-      chunk_end_ = end_;
-      jump_ = static_cast<uint32_t>(total);
-    } else {  // chunks of `order` units (CUTLASS's order: chunks of 1), strided by the grid
-      chunk_ = order == 0 ? 1u : static_cast<uint32_t>(order);
-      unit_ = static_cast<uint32_t>(cluster) * chunk_;
-      end_ = static_cast<uint32_t>(total);
-      chunk_end_ = unit_ + chunk_;
-      jump_ = static_cast<uint32_t>(clusters - 1) * chunk_;
-    }
+    units_ = UnitCursor(order, cluster, clusters, starts_[groups_]);
     group_ = -1;  // none yet: work_for_unit searches
 #endif
   }
@@ -165,12 +152,7 @@ class BlockedGroupScheduler
   CUTLASS_DEVICE auto advance_to_next_work(Pipeline& pipeline, PipelineState state,
                                            uint32_t advance_count = 1) {
     if (!blocked_) return Base::advance_to_next_work(pipeline, state, advance_count);
-    for (uint32_t i = 0; i < advance_count; ++i) {
-      if (++unit_ == chunk_end_) {  // on to this cluster's next chunk
-        unit_ += jump_;
-        chunk_end_ = unit_ + chunk_;
-      }
-    }
+    for (uint32_t i = 0; i < advance_count; ++i) units_.advance();
     const WorkTileInfo work = work_for_unit();
     // As CUTLASS's scheduler: one lane publishes the tile to the consumers' pipeline.
     pipeline.producer_acquire(state);
@@ -183,17 +165,18 @@ class BlockedGroupScheduler
   }
 
  private:
-  // Makes group_ the group of unit_ (< the total): the next group when unit_ lies there (the
-  // blocked order's common step), else a binary search over the groups after the current one
-  // (units only grow): the last g with starts_[g] <= unit_, which is never an empty group.
-  // Then the group's M blocks, from its shape. (32-bit: the scheduler warp runs in the producer
-  // warpgroup's 40 registers.)
+  // Makes group_ the group of the current unit (< the total): the next group when the unit lies
+  // there (the blocked order's common step), else a binary search over the groups after the
+  // current one (units only grow): the last g with starts_[g] <= the unit, which is never an
+  // empty group. Then the group's M blocks and N units, from its shape. (32-bit: the scheduler
+  // warp runs in the producer warpgroup's 40 registers.)
   CUTLASS_DEVICE void find_group() {
+    const uint32_t unit = units_.unit;
     int lo = group_ + 1, hi = groups_ - 1;
-    if (lo < hi && starts_[lo + 1] > unit_) hi = lo;
+    if (lo < hi && starts_[lo + 1] > unit) hi = lo;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (starts_[mid] <= unit_) lo = mid; else hi = mid - 1;
+      if (starts_[mid] <= unit) lo = mid; else hi = mid - 1;
     }
     group_ = lo;
     group_start_ = starts_[lo];
@@ -205,31 +188,18 @@ class BlockedGroupScheduler
     group_units_n_ = (group_end_ - group_start_) / group_blocks_m_;
   }
 
-  // The tile of unit_ (invalid past this cluster's units).
+  // The tile of the current unit (invalid past this cluster's units): its M block, and this
+  // CTA's N block in the unit's cluster_n_ blocks.
   CUTLASS_DEVICE WorkTileInfo work_for_unit() {
-    if (unit_ >= end_) return WorkTileInfo::invalid_work_tile();
-    if (group_ < 0 || unit_ >= group_end_) find_group();
-    const uint32_t v = unit_ - group_start_;
-    if (stripe_ == 1) {  // AlongM inside the group, as CUTLASS: M fastest, then the cluster's N block
-      const auto m = static_cast<int32_t>(v % group_blocks_m_);
-      const auto n = static_cast<int32_t>((v / group_blocks_m_) * cluster_n_ + n_offset_);
-      return {m, n, group_, 1};
-    }
-    // Stripes of stripe_ units across N (the last one narrower), N fastest inside a stripe.
-    const uint32_t span = group_blocks_m_ * stripe_;
-    const uint32_t first = v / span * stripe_;  // the stripe's first N unit
-    const uint32_t width = min(stripe_, group_units_n_ - first);
-    const uint32_t r = v - first * group_blocks_m_;
-    const auto m = static_cast<int32_t>(r / width);
-    const auto n = static_cast<int32_t>((first + r % width) * cluster_n_ + n_offset_);
-    return {m, n, group_, 1};
+    if (!units_.valid()) return WorkTileInfo::invalid_work_tile();
+    if (group_ < 0 || units_.unit >= group_end_) find_group();
+    const UnitTile t = unit_tile(units_.unit - group_start_, group_blocks_m_, group_units_n_, stripe_);
+    return {static_cast<int32_t>(t.m), static_cast<int32_t>(t.n * cluster_n_ + n_offset_), group_, 1};
   }
 
   bool blocked_ = false;  // an order other than CUTLASS's
   uint32_t cluster_n_ = 1, n_offset_ = 0;
-  uint32_t unit_ = 0, end_ = 0;      // this cluster's next unit; units from end_ on are not its
-  uint32_t chunk_ = 0, chunk_end_ = 0, jump_ = 0;  // its chunk size, current chunk's end, stride
-  // (32-bit: the sequence has < 2^31 units, so unit_ + jump_ cannot wrap.)
+  UnitCursor units_;                  // this cluster's units (tile_units.h)
   const uint32_t* starts_ = nullptr;  // BlockedGroupProblemShape::unit_starts
   int groups_ = 0;
   int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
