@@ -362,6 +362,31 @@ TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
 
 // ---------------------------------------------------------------- graph capture
 
+// What the two forward-capture tests share: an sm90 context on the test's stream, a
+// GroupedLinear with bias and random weights, x, a guarded caller output, and the fp64 reference
+// for any counts. seed, seed + 1, seed + 2: w, b, x.
+struct CapturedLinear {
+  static constexpr int64_t G = 8, T = 2048, K = 256, N = 192;
+  Context ctx;
+  GroupedLinear fc;
+  Tensor w_h, b_h, x_h, x;
+  Guarded y;
+  CapturedLinear(void* stream, uint64_t seed)
+      : ctx(Context::cuda(0, stream).with_backend("sm90")),
+        fc({.groups = G, .in = K, .out = N, .dtype = DType::BF16, .bias = true}, ctx),
+        w_h(test::random_normal({G, N, K}, DType::BF16, seed, 1.0 / 16)),
+        b_h(test::random_normal({G, N}, DType::BF16, seed + 1)),
+        x_h(test::random_normal({T, K}, DType::BF16, seed + 2)),
+        x(to_device(ctx, x_h)),
+        y(ctx, T, N, DType::BF16) {
+    copy(ctx, w_h, fc.weight());
+    copy(ctx, b_h, fc.bias());
+  }
+  test::Reference reference(const std::vector<int64_t>& counts) const {
+    return test::reference_forward(doubles_of(x_h), doubles_of(w_h), doubles_of(b_h), counts, K, N);
+  }
+};
+
 // GroupedLinear::forward with device splits and a caller output buffer is captured once; the
 // graph is replayed after the counts tensor (and nothing else) changes: uniform, zero-row groups
 // with a tail, everything in one group, nothing at all. Each replay matches the fp64 reference
@@ -374,26 +399,19 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
   void* const stream = owned.get();
   ASSERT_NE(stream, nullptr);
   {
-    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
-    const int64_t G = 8, T = 2048, K = 256, N = 192;
-    GroupedLinear fc({.groups = G, .in = K, .out = N, .dtype = DType::BF16, .bias = true}, ctx);
-    Tensor w_h = test::random_normal({G, N, K}, DType::BF16, 31, 1.0 / 16);
-    Tensor b_h = test::random_normal({G, N}, DType::BF16, 32);
-    Tensor x_h = test::random_normal({T, K}, DType::BF16, 33);
-    copy(ctx, w_h, fc.weight());
-    copy(ctx, b_h, fc.bias());
-    Tensor x = to_device(ctx, x_h);
+    CapturedLinear s(stream, 31);
+    constexpr int64_t G = CapturedLinear::G, T = CapturedLinear::T;
+    const Context& ctx = s.ctx;
     Tensor counts = to_device(ctx, test::counts_tensor(std::vector<int64_t>(G, T / G), DType::I64));
-    Guarded y(ctx, T, N, DType::BF16);
     ctx.synchronize();
 
     void* graph = nullptr;
     void* exec = nullptr;
     Tensor result;
     ASSERT_EQ(api.capture(stream, [&] {
-      result = fc.forward(x, Splits::device(counts), {.output = y.view, .input_requires_grad = false});
+      result = s.fc.forward(s.x, Splits::device(counts), {.output = s.y.view, .input_requires_grad = false});
     }, &graph), "");
-    EXPECT_EQ(result.data(), y.view.data()) << "the output is the caller's buffer";
+    EXPECT_EQ(result.data(), s.y.view.data()) << "the output is the caller's buffer";
     size_t nodes = 0;
     ASSERT_EQ(api.get_nodes(graph, nullptr, &nodes), 0);
     EXPECT_GE(nodes, 2u) << "setup kernel + grouped GEMM";
@@ -407,14 +425,12 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
     };
     for (const auto& cnt : scenarios) {
       copy(ctx, test::counts_tensor(cnt, DType::I64), counts);
-      y.refill();
+      s.y.refill();
       ASSERT_EQ(api.launch(exec, stream), 0);
       ASSERT_EQ(api.stream_sync(stream), 0);
-      const test::Reference ref =
-          test::reference_forward(doubles_of(x_h), doubles_of(w_h), doubles_of(b_h), cnt, K, N);
-      EXPECT_TRUE(test::matches_reference("graph replay", y.values(), ref, DType::BF16))
+      EXPECT_TRUE(test::matches_reference("graph replay", s.y.values(), s.reference(cnt), DType::BF16))
           << "counts " << ::testing::PrintToString(cnt);
-      EXPECT_TRUE(y.untouched_outside(sum_of(cnt))) << "counts " << ::testing::PrintToString(cnt);
+      EXPECT_TRUE(s.y.untouched_outside(sum_of(cnt))) << "counts " << ::testing::PrintToString(cnt);
     }
     api.exec_destroy(exec);
     api.graph_destroy(graph);
@@ -434,16 +450,9 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
   void* const stream = owned.get();
   ASSERT_NE(stream, nullptr);
   {
-    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
-    const int64_t G = 8, T = 2048, K = 256, N = 192;
-    GroupedLinear fc({.groups = G, .in = K, .out = N, .dtype = DType::BF16, .bias = true}, ctx);
-    Tensor w_h = test::random_normal({G, N, K}, DType::BF16, 34, 1.0 / 16);
-    Tensor b_h = test::random_normal({G, N}, DType::BF16, 35);
-    Tensor x_h = test::random_normal({T, K}, DType::BF16, 36);
-    copy(ctx, w_h, fc.weight());
-    copy(ctx, b_h, fc.bias());
-    Tensor x = to_device(ctx, x_h);
-    Guarded y(ctx, T, N, DType::BF16);
+    CapturedLinear s(stream, 34);
+    constexpr int64_t G = CapturedLinear::G, T = CapturedLinear::T;
+    const Context& ctx = s.ctx;
     ctx.synchronize();
 
     const std::vector<int64_t> captured = {0, 700, 0, 1, 1000, 0, 33, 7};  // a tail of 307 rows
@@ -451,20 +460,19 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
     void* graph = nullptr;
     void* exec = nullptr;
     ASSERT_EQ(api.capture(stream, [&] {
-      fc.forward(x, Splits::host(host), {.output = y.view, .input_requires_grad = false});
+      s.fc.forward(s.x, Splits::host(host), {.output = s.y.view, .input_requires_grad = false});
     }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
     host.assign(G, T / G);  // the caller's vector changes; the graph keeps what it captured
 
-    const test::Reference ref =
-        test::reference_forward(doubles_of(x_h), doubles_of(w_h), doubles_of(b_h), captured, K, N);
+    const test::Reference ref = s.reference(captured);
     for (int replay = 0; replay < 2; ++replay) {
       SCOPED_TRACE("replay " + std::to_string(replay));
-      y.refill();
+      s.y.refill();
       ASSERT_EQ(api.launch(exec, stream), 0);
       ASSERT_EQ(api.stream_sync(stream), 0);
-      EXPECT_TRUE(test::matches_reference("graph replay, host counts", y.values(), ref, DType::BF16));
-      EXPECT_TRUE(y.untouched_outside(sum_of(captured)));
+      EXPECT_TRUE(test::matches_reference("graph replay, host counts", s.y.values(), ref, DType::BF16));
+      EXPECT_TRUE(s.y.untouched_outside(sum_of(captured)));
     }
     api.exec_destroy(exec);
     api.graph_destroy(graph);
