@@ -39,7 +39,9 @@ TEST(TileUnits, EveryOrderHandsEachUnitToExactlyOneCluster) {
       for (const auto& units : units_by_cluster(order, clusters, total)) {
         for (size_t i = 0; i < units.size(); ++i) {
           ASSERT_LT(units[i], total);
-          if (i > 0) ASSERT_GT(units[i], units[i - 1]) << "units must only grow (find_group)";
+          if (i > 0) {
+            ASSERT_GT(units[i], units[i - 1]) << "units must only grow (find_group)";
+          }
           ++taken[units[i]];
         }
       }
