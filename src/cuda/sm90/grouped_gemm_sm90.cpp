@@ -120,8 +120,11 @@ int swizzle_setting() {  // -1: unset
 //   panel 58.7 MB  dsv3 fc2 wgrad (dy^T: 7168 x 4096 rows)     1.9 -> 1.0 GB, time -1.4%
 //   panel 33.5 MB  dsv3 fc1 dgrad (dy: 4096 rows x 4096)       2.7 -> 3.0 GB, time +0.6%
 //   panel  8.4 MB  qwen3 fc1 fprop (x: 1024 rows x 4096)       0.63 -> 0.83 GB, time -0.3%
-// With device splits the rows per group are the mean, T / G. (Stripes on every problem: the dsv3
-// step 14.46 ms against 14.68 with M fastest; this rule is that minus the two losing cases.)
+// The dsv3 step's other passes, from tools/l2-model (fit to those measurements), M fastest against
+// stripes of 8: fc2 fprop (panel 16.8 MB) 0.44 -> 0.74 GB, fc2 dgrad (58.7 MB) 1.49 -> 1.16 GB,
+// fc1 wgrad (33.5 MB) 2.65 -> 2.63 GB. With device splits the rows per group are the mean, T / G.
+// (Stripes on every problem: the dsv3 step 14.46 ms against 14.68 with M fastest; this rule is
+// that minus the cases where they read more.)
 constexpr int kStripes = 8;
 int64_t l2_cache_bytes() {
   int device = 0, bytes = 0;
