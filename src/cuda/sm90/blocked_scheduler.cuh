@@ -84,13 +84,16 @@ inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_coun
 // Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM the
 // swizzle is this scheduler's stripes (BlockedGroupProblemShape::stripe; CUTLASS's own swizzle
 // off); with AlongN, CUTLASS's swizzle (which its grid caps at 2: see `stripe`).
+// (A swizzle not yet resolved, -1: 1; only a workspace size is asked of such arguments.)
 template <class Arguments>
 void set_raster(Arguments& args, int raster, int swizzle) {
   using Order = decltype(args.scheduler.raster_order);
+  const int s = swizzle > 1 ? swizzle : 1;
   args.scheduler.raster_order = raster == 1 ? Order::AlongN : Order::AlongM;
-  args.scheduler.max_swizzle_size = raster == 1 ? swizzle : 1;
-  args.problem_shape.stripe = raster == 1 ? 1 : swizzle;
+  args.scheduler.max_swizzle_size = raster == 1 ? s : 1;
+  args.problem_shape.stripe = raster == 1 ? 1 : s;
 }
+
 
 // The first thing every thread of the grouped kernels does is construct the tile scheduler
 // (CUTLASS 4.2, sm90_gemm_array_tma_warpspecialized_{pingpong,cooperative}.hpp), and CUTLASS's

@@ -208,8 +208,15 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   // The cached Params bake in beta and the tile order.
-  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
-                p.raster, p.swizzle);
+  // The stripe width, as group-M's (group_m_kernel.cuh, launch): the output's rows are n, K is a
+  // group's mean rows, T / G.
+  GroupKProblem q = p;
+  if (q.swizzle < 0) {
+    q.swizzle = automatic_stripe<typename G::Config>(p.raster, p.n, p.counts.rows / p.counts.groups,
+                                                     p.k, call.hw);
+  }
+  call.run_gemm(q, workspace, stream, name, (q.accumulate ? 1 : 0) | (group_k_order<G>(q, call.hw) << 1),
+                q.raster, q.swizzle);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

@@ -265,7 +265,14 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   MOEKIT_CUDA_CHECK_LAUNCH();
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
-  call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
+  // The stripe width, the problem's or this tile's estimate for groups of the mean rows, T / G
+  // (kernel_common.cuh, automatic_stripe); it is part of the cached Params' key.
+  GroupMProblem q = p;
+  if (q.swizzle < 0) {
+    q.swizzle = automatic_stripe<typename G::Config>(p.raster, p.counts.rows / p.counts.groups, p.k,
+                                                     p.n, call.hw);
+  }
+  call.run_gemm(q, workspace, stream, name, variant, q.raster, q.swizzle);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {
       constexpr int kThreads = 256;

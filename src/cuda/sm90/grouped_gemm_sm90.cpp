@@ -97,58 +97,28 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
-// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, and the rule below): the tile
+// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, and each kernel's estimate): the tile
 // raster and swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's);
 // a problem that names them keeps them.
 int raster_setting() {
   static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
   return raster < 0 ? 0 : raster;
 }
-int swizzle_setting() {  // -1: unset
+int swizzle_setting() {  // -1: unset (each kernel's estimate: with_stripes in its header)
   static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8"});
   constexpr int kSwizzle[] = {1, 2, 4, 8};
   return swizzle < 0 ? -1 : kSwizzle[swizzle];
 }
 
-// The automatic swizzle: stripes of kStripes cluster units (blocked_scheduler.cuh) when a group's
-// M panel — the rows of the operand indexed by M, all K of them, which one wave of clusters
-// sweeps whole when M is fastest — is larger than the L2 cache, so it cannot stay there from one
-// wave to the next; M fastest otherwise, where the panel stays in L2 and stripes would re-read the
-// other operand per stripe instead. Measured on the H200 (50 MB of L2), ncu DRAM reads, M fastest
-// against stripes of 8 (bench/results/2026-11-30-nvidia-h200-6a58766-stripes.md):
-//   panel 58.7 MB  dsv3 fc1 fprop (x: 4096 rows x 7168)        5.3 -> 3.9 GB, time -2.7%
-//   panel 58.7 MB  dsv3 fc2 wgrad (dy^T: 7168 x 4096 rows)     1.9 -> 1.0 GB, time -1.4%
-//   panel 33.5 MB  dsv3 fc1 dgrad (dy: 4096 rows x 4096)       2.7 -> 3.0 GB, time +0.6%
-//   panel  8.4 MB  qwen3 fc1 fprop (x: 1024 rows x 4096)       0.63 -> 0.83 GB, time -0.3%
-// The dsv3 step's other passes, from tools/l2-model (fit to those measurements), M fastest against
-// stripes of 8: fc2 fprop (panel 16.8 MB) 0.44 -> 0.74 GB, fc2 dgrad (58.7 MB) 1.49 -> 1.16 GB,
-// fc1 wgrad (33.5 MB) 2.65 -> 2.63 GB. With device splits the rows per group are the mean, T / G.
-// (Stripes on every problem: the dsv3 step 14.46 ms against 14.68 with M fastest; this rule is
-// that minus the cases where they read more.)
-constexpr int kStripes = 8;
-int64_t l2_cache_bytes() {
-  int device = 0, bytes = 0;
-  MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-  return bytes;
-}
-int automatic_swizzle(int64_t panel_rows, int64_t panel_k) {
-  static const int64_t l2 = l2_cache_bytes();  // the first device's: one value per process
-  return panel_rows * panel_k * 2 > l2 ? kStripes : 1;  // 16-bit operands
-}
-int64_t mean_rows(const DeviceCounts& c) { return c.groups > 0 ? c.rows / c.groups : 0; }
-int automatic_swizzle(const GroupMProblem& p) { return automatic_swizzle(mean_rows(p.counts), p.k); }
-int automatic_swizzle(const GroupKProblem& p) { return automatic_swizzle(p.n, mean_rows(p.counts)); }
-
 // A problem's automatic settings (-1) resolved: what the kernels and their cached Params see.
-// Both forms have a tile order, PDL, a raster and a swizzle.
+// Both forms have a tile order, PDL, a raster and a swizzle; an automatic swizzle stays -1 here
+// and the kernel header resolves it on its tile (with_stripes).
 template <class Problem>
 Problem resolved(Problem q) {
   if (q.order < 0) q.order = tile_order_setting();
   if (q.pdl < 0) q.pdl = pdl_setting();
   if (q.raster < 0) q.raster = raster_setting();
-  if (q.swizzle < 0) q.swizzle = swizzle_setting();
-  if (q.swizzle < 0) q.swizzle = automatic_swizzle(q);
+  if (q.swizzle < 0) q.swizzle = swizzle_setting();  // still -1: the kernel's estimate
   return q;
 }
 

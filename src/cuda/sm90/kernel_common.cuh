@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/sm90/tile_units.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -265,6 +266,46 @@ __device__ __forceinline__ void allow_dependent_launch() {
 }
 
 // ---- host side ----
+// Per device: the L2 cache size (queried once; automatic_stripe, below).
+inline int64_t l2_cache_bytes(int device) {
+  static std::mutex mutex;
+  static std::array<int64_t, 64> cache{};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= static_cast<int>(cache.size())) {
+    throw_error(ErrorKind::Unsupported, str("sm90 grouped GEMM: device index ", device, " >= 64"));
+  }
+  int64_t& bytes = cache[static_cast<size_t>(device)];
+  if (bytes == 0) {
+    int b = 0;
+    MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&b, cudaDevAttrL2CacheSize, device));
+    bytes = b;
+  }
+  return bytes;
+}
+
+// Host: the stripe width (blocked_scheduler.cuh) of a call on configuration Config whose problem
+// names none (swizzle -1): the fewest estimated DRAM reads (choose_stripe, tile_units.h) for a
+// group of `rows` x `n` output, K deep, on this device: its clusters in flight, and half its L2,
+// the effective size tools/l2-model fit to the H200's ncu numbers (its L2 is two partitions).
+// 1 with AlongN, and with clusters of more than one CTA along M (the scheduler's own path, which
+// the stripes need, takes clusters of 1 along M only).
+template <class Config>
+int automatic_stripe(int raster, int64_t rows, int64_t k, int64_t n, const cutlass::KernelHardwareInfo& hw) {
+  constexpr int64_t kClusterM = decltype(cute::size<0>(typename Config::Cluster{}))::value;
+  constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
+  if (raster == 1 || kClusterM != 1) return 1;
+  StripeProblem s;
+  s.rows = rows;
+  s.k = k;
+  s.n = n;
+  s.tile_m = decltype(cute::size<0>(typename Config::Tile{}))::value;
+  s.tile_n = decltype(cute::size<1>(typename Config::Tile{}))::value;
+  s.cluster_n = kClusterN;
+  s.clusters = hw.sm_count / kClusterN;
+  s.l2_bytes = double(l2_cache_bytes(hw.device_id)) / 2.0;
+  return choose_stripe(s);
+}
+
 // Per device: SM count and how many clusters of this kernel fit at once (queried once; the
 // kernel's shared-memory attribute is raised first, which the occupancy query needs).
 template <class G>

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #if defined(__CUDACC__)
 #define MOEKIT_UNITS_FN __host__ __device__ __forceinline__
@@ -65,6 +66,53 @@ MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units
   const uint32_t width = stripe < rest ? stripe : rest;
   const uint32_t r = v - first * blocks_m;
   return {r / width, first + r % width};
+}
+
+// Host: the stripe width a call takes when the caller names none — 1 (M fastest), 4 or 8, whichever
+// has the fewest estimated DRAM reads (ties: the narrower). Per group, with A the operand indexed
+// by M (its rows x K: the panel) and B the one indexed by N, and `clusters` units in flight (a
+// wave; one cluster each):
+//   M fastest   B once; A once if the panel and a wave's B units fit in the L2, else once per
+//               wave (a wave sweeps all M blocks before the next N units)
+//   stripes w   A once per stripe (a wave's rows use each A block w times); B once if a stripe's
+//               B units and a wave's A rows fit in the L2, else once per wave of the stripe
+// Checked against tools/l2-model, an LRU model of the L2 fit to the H200's ncu DRAM reads (25 MB
+// effective, half its 50 MB): the same width as the model's best on all 21 problems of the suite
+// (7 shapes x fprop, dgrad, wgrad; tests/test_tile_units.cpp has them). Stripes of 8 everywhere
+// read up to 1.7x the best there (dsv3 fc2 fprop), M fastest up to 6.5x (mixtral fc1 wgrad).
+struct StripeProblem {
+  int64_t rows = 0, k = 0, n = 0;  // one group's output rows (M) and columns (N), and its K
+  int64_t tile_m = 128, tile_n = 128, cluster_n = 1;
+  int64_t clusters = 66;   // units (clusters) in flight
+  double l2_bytes = 25e6;  // the L2 capacity the estimate assumes (effective, not nominal)
+};
+inline double stripe_reads(const StripeProblem& p, int64_t stripe) {
+  const int64_t blocks_m = (p.rows + p.tile_m - 1) / p.tile_m;
+  const int64_t units_n = ((p.n + p.tile_n - 1) / p.tile_n + p.cluster_n - 1) / p.cluster_n;
+  const double a_block = double(p.tile_m) * double(p.k) * 2.0;  // 16-bit operands
+  const double b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
+  const double a = double(blocks_m) * a_block, b = double(units_n) * b_unit;
+  const double wave = double(p.clusters);
+  if (stripe <= 1 || units_n == 1) {
+    const double units_per_wave = wave / double(blocks_m) > 1.0 ? wave / double(blocks_m) : 1.0;
+    const double b_wave = (units_per_wave < double(units_n) ? units_per_wave : double(units_n)) * b_unit;
+    const double waves = double(units_n) * (double(blocks_m) < wave ? double(blocks_m) / wave : 1.0);
+    return (a + b_wave <= p.l2_bytes ? a : a * waves) + b;
+  }
+  const int64_t w = stripe < units_n ? stripe : units_n;
+  const double stripes = double((units_n + stripe - 1) / stripe);
+  const double rows_per_wave = wave / double(w) < double(blocks_m) ? wave / double(w) : double(blocks_m);
+  const double waves = double(blocks_m) * double(w) / wave;
+  const bool b_stays = double(w) * b_unit + rows_per_wave * a_block <= p.l2_bytes;
+  return a * stripes + (b_stays ? b : b * (waves > 1.0 ? waves : 1.0));
+}
+inline int choose_stripe(const StripeProblem& p) {
+  if (p.rows <= 0 || p.k <= 0 || p.n <= 0 || p.clusters <= 0) return 1;
+  int best = 1;
+  for (int stripe : {4, 8}) {  // wider only when strictly fewer (exact ties happen: mixtral fprop)
+    if (stripe_reads(p, stripe) < stripe_reads(p, best) * (1.0 - 1e-9)) best = stripe;
+  }
+  return best;
 }
 
 }  // namespace moekit::cuda::sm90
