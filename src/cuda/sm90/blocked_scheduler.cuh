@@ -36,21 +36,23 @@ namespace moekit::cuda::sm90 {
 // takes in each). In the chunked orders a CTA changes group about once per c units, while the
 // clusters in flight still work on neighbouring tiles (the L2 sharing that the blocked order
 // loses on group-M problems).
-// unit_starts [groups + 1] (device, written by the call's setup kernel: scan_unit_starts):
-// the first unit of each group in the sequence, and the total last. The scheduler's own path
-// (an order other than CUTLASS's, or stripes) reads it: the total in one load, and a unit's group by binary search, where walking the
-// groups' shapes cost every thread O(groups) dependent loads at the start of the kernel.
-// stripe: a group's units in stripes `stripe` cluster units wide across N, N fastest inside a
-// stripe (1: M fastest over the whole group, CUTLASS's AlongM). This is the swizzle CUTLASS's
-// group scheduler means by max_swizzle_size, which it cannot apply: without host problem shapes
-// it sizes the swizzle from its grid (sm_count x 1 blocks), so 4 and 8 fall back to 1 or 2. The
+// unit_starts [groups + 1] (device, written by the call's setup kernel: scan_unit_starts): the
+// first unit of each group in the sequence, and the total last. The scheduler's own path (an
+// order other than CUTLASS's, or stripes) reads it: the total in one load, and a unit's group by
+// binary search, where walking the groups' shapes cost every thread O(groups) dependent loads at
+// the start of the kernel.
+// stripes [groups] (device, written by the setup kernel: group_stripe, kernel_common.cuh): a
+// group's units in stripes of its width in cluster units across N, N fastest inside a stripe (1:
+// M fastest over the whole group, CUTLASS's AlongM). This is the swizzle CUTLASS's group
+// scheduler means by max_swizzle_size, which it cannot apply: without host problem shapes it
+// sizes the swizzle from its grid (sm_count x 1 blocks), so 4 and 8 fall back to 1 or 2. The
 // stripes cut the operand rows each wave of clusters reads (unit_tile, tile_units.h; dsv3 fc1
 // fprop under ncu: 5.3 GB of DRAM reads for 0.94 GB of operands with M fastest, 3.9 GB with
 // stripes of 8).
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
-  int32_t stripe = 1;
+  const uint32_t* stripes = nullptr;  // [groups] each group's width (setup kernel); null: all 1
   const uint32_t* unit_starts = nullptr;
 };
 
@@ -81,17 +83,16 @@ inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_coun
   return order >= 0 ? order : tiles < sm_count ? kSmallGroupOrder : 0;
 }
 
-// Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM the
-// swizzle is this scheduler's stripes (BlockedGroupProblemShape::stripe; CUTLASS's own swizzle
-// off); with AlongN, CUTLASS's swizzle (which its grid caps at 2: see `stripe`).
-// (A swizzle not yet resolved, -1: 1; only a workspace size is asked of such arguments.)
+// Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM and
+// a swizzle other than 1 (-1: automatic, or 2, 4, 8) the groups' widths the setup kernel wrote
+// (`stripes`) go to this scheduler, CUTLASS's own swizzle off; with AlongN, CUTLASS's swizzle
+// (which its grid caps at 2: see `stripes` above).
 template <class Arguments>
-void set_raster(Arguments& args, int raster, int swizzle) {
+void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripes) {
   using Order = decltype(args.scheduler.raster_order);
-  const int s = swizzle > 1 ? swizzle : 1;
   args.scheduler.raster_order = raster == 1 ? Order::AlongN : Order::AlongM;
-  args.scheduler.max_swizzle_size = raster == 1 ? s : 1;
-  args.problem_shape.stripe = raster == 1 ? 1 : s;
+  args.scheduler.max_swizzle_size = raster == 1 && swizzle > 1 ? swizzle : 1;
+  args.problem_shape.stripes = raster == 1 || swizzle == 1 ? nullptr : stripes;
 }
 
 
@@ -127,11 +128,10 @@ class BlockedGroupScheduler
       : Base(params, response) {
 #if defined(__CUDA_ARCH__)
     const int32_t order = params.problem_shapes_.order;
-    const int32_t stripe = params.problem_shapes_.stripe;
-    blocked_ = (order != 0 || stripe > 1) && params.log_swizzle_size_ == 0 &&
+    stripes_ = params.problem_shapes_.stripes;
+    blocked_ = (order != 0 || stripes_ != nullptr) && params.log_swizzle_size_ == 0 &&
                params.raster_order_ == Base::RasterOrder::AlongM && params.cluster_shape_.m() == 1;
     if (!blocked_) return;
-    stripe_ = stripe > 1 ? static_cast<uint32_t>(stripe) : 1u;
     cluster_n_ = static_cast<uint32_t>(params.cluster_shape_.n());
     // This CTA's cluster and its place in it (AlongM: the cluster's CTAs are consecutive in y).
     const uint32_t linear = blockIdx.x * gridDim.y + blockIdx.y;
@@ -189,6 +189,7 @@ class BlockedGroupScheduler
     const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
     group_blocks_m_ = (m + tm - 1) / tm;
     group_units_n_ = (group_end_ - group_start_) / group_blocks_m_;
+    stripe_ = stripes_ != nullptr ? stripes_[lo] : 1u;
   }
 
   // The tile of the current unit (invalid past this cluster's units): its M block, and this
@@ -208,7 +209,8 @@ class BlockedGroupScheduler
   int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
   uint32_t group_start_ = 0, group_end_ = 0, group_blocks_m_ = 1;  // its units and M blocks
   uint32_t group_units_n_ = 1;        // its N units (cluster_n_ blocks each)
-  uint32_t stripe_ = 1;               // BlockedGroupProblemShape::stripe
+  const uint32_t* stripes_ = nullptr;  // BlockedGroupProblemShape::stripes
+  uint32_t stripe_ = 1;                 // the group's width
 };
 
 }  // namespace moekit::cuda::sm90

@@ -87,6 +87,7 @@ struct GroupKArrays {
   typename G::StrideB* stride_b;
   typename G::StrideD* stride_d;
   uint32_t* unit_starts;                 // [groups + 1] (blocked_scheduler.cuh)
+  uint32_t* stripes;                     // [groups] each group's stripe width (same)
 
   static GroupKArrays carve(WorkspaceCarver& w, const GroupKProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -100,6 +101,7 @@ struct GroupKArrays {
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
+    r.stripes = w.take<uint32_t>(groups);
     return r;
   }
 };
@@ -111,6 +113,7 @@ struct GroupKSetupInputs {
   const void* x;
   void* dw;
   bool accumulate;
+  StripeInputs stripe;  // the groups' stripe widths (kernel_common.cuh)
 };
 
 template <class G>
@@ -131,6 +134,8 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
     // Its tiles: n x k output, whatever its rows (none when empty).
     out.unit_starts[g] = m > 0 ? static_cast<uint32_t>(units_per_group<typename G::Config>(in.n, in.k)) : 0u;
+    // Output rows n, K a group's rows, columns k.
+    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k);
   });
   scan_unit_starts(out.unit_starts, in.counts.groups);
 }
@@ -182,7 +187,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.epilogue.ptr_D = arr.ptr_d;
   args.epilogue.dD = arr.stride_d;
   args.hw_info = hw;
-  set_raster(args, p.raster, p.swizzle);
+  set_raster(args, p.raster, p.swizzle, arr.stripes);
   return args;
 }
 
@@ -197,7 +202,8 @@ size_t group_k_workspace_bytes(const GroupKProblem& p) {
 template <class G>
 void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const GroupKCall<G> call(p, workspace);
-  const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate};
+  const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate,
+                             stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
   group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!p.accumulate) {
@@ -208,15 +214,8 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   // The cached Params bake in beta and the tile order.
-  // The stripe width, as group-M's (group_m_kernel.cuh, launch): the output's rows are n, K is a
-  // group's mean rows, T / G.
-  GroupKProblem q = p;
-  if (q.swizzle < 0) {
-    q.swizzle = automatic_stripe<typename G::Config>(p.raster, p.n, p.counts.rows / p.counts.groups,
-                                                     p.k, call.hw);
-  }
-  call.run_gemm(q, workspace, stream, name, (q.accumulate ? 1 : 0) | (group_k_order<G>(q, call.hw) << 1),
-                q.raster, q.swizzle);
+  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
+                p.raster, p.swizzle);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

@@ -114,6 +114,7 @@ struct GroupArrays {
   typename G::StrideB* stride_b;             // [groups]
   typename G::StrideD* stride_d;             // [groups]
   uint32_t* unit_starts;                     // [groups + 1] (blocked_scheduler.cuh)
+  uint32_t* stripes;                         // [groups] each group's stripe width (same)
 
   static GroupArrays carve(WorkspaceCarver& w, const GroupMProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -135,6 +136,7 @@ struct GroupArrays {
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
+    r.stripes = w.take<uint32_t>(groups);
     return r;
   }
 };
@@ -152,6 +154,7 @@ struct GroupMSetupInputs {
   void* dh;            // SwiGLU backward: dh [rows, 2n]
   bool partials;       // SwiGLU backward: write dp partials (into the arrays' `partial`)
   int64_t n_tiles;
+  StripeInputs stripe;  // the groups' stripe widths (kernel_common.cuh)
 };
 
 // ---- the setup kernel: device counts → per-group shapes, pointers, strides ----
@@ -182,6 +185,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
     out.unit_starts[g] = static_cast<uint32_t>(units_per_group<typename G::Config>(m, in.n));
+    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
   });
   scan_unit_starts(out.unit_starts, in.counts.groups);
 }
@@ -242,7 +246,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
     args.epilogue = {h, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
   }
   args.hw_info = hw;
-  set_raster(args, p.raster, p.swizzle);
+  set_raster(args, p.raster, p.swizzle, arr.stripes);
   return args;
 }
 
@@ -260,19 +264,13 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   const GroupMSetupInputs in{p.counts,     p.k,         p.n,         p.a,
                              p.b,          p.bias,      p.out,       p.glu_z,
                              p.glu_probs,  p.dglu_h,    p.dglu_dh,   p.dglu_dprobs != nullptr,
-                             dglu_n_tiles<G>(p)};
+                             dglu_n_tiles<G>(p),
+                             stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
   group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
   MOEKIT_CUDA_CHECK_LAUNCH();
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
-  // The stripe width, the problem's or this tile's estimate for groups of the mean rows, T / G
-  // (kernel_common.cuh, automatic_stripe); it is part of the cached Params' key.
-  GroupMProblem q = p;
-  if (q.swizzle < 0) {
-    q.swizzle = automatic_stripe<typename G::Config>(p.raster, p.counts.rows / p.counts.groups, p.k,
-                                                     p.n, call.hw);
-  }
-  call.run_gemm(q, workspace, stream, name, variant, q.raster, q.swizzle);
+  call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {
       constexpr int kThreads = 256;

@@ -56,9 +56,9 @@ struct GroupMProblem {
   // its grouped scheduler caps at 2. (Before 2026-11-30 every swizzle went to CUTLASS's, so the
   // swizzle 4 and 8 of earlier studies ran as 2 or 1: bench/results/2026-11-29-nvidia-h200-bb650c6-
   // backends.md, 2026-11-30-nvidia-h200-99bc82c-tile-study.md, -d9871ed-swizzle-capped.md.)
-  // -1: automatic — raster 0, and the swizzle (1, 4 or 8) with the fewest estimated DRAM reads on
-  // the chosen tile for groups of the mean rows (kernel_common.cuh, automatic_stripe;
-  // tile_units.h, choose_stripe); or env MOEKIT_SM90_RASTER=m|n and
+  // -1: automatic — raster 0, and per group the width (1, 4 or 8) with the fewest estimated DRAM
+  // reads for its rows on the chosen tile, written by the setup kernel (tile_units.h,
+  // choose_stripe; kernel_common.cuh, group_stripe); or env MOEKIT_SM90_RASTER=m|n and
   // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study, tools/gemm-profile); the same
   // settings and env apply to GroupKProblem.
   int raster = -1;

@@ -266,7 +266,7 @@ __device__ __forceinline__ void allow_dependent_launch() {
 }
 
 // ---- host side ----
-// Per device: the L2 cache size (queried once; automatic_stripe, below).
+// Per device: the L2 cache size (queried once; stripe_inputs, below).
 inline int64_t l2_cache_bytes(int device) {
   static std::mutex mutex;
   static std::array<int64_t, 64> cache{};
@@ -283,27 +283,38 @@ inline int64_t l2_cache_bytes(int device) {
   return bytes;
 }
 
-// Host: the stripe width (blocked_scheduler.cuh) of a call on configuration Config whose problem
-// names none (swizzle -1): the fewest estimated DRAM reads (choose_stripe, tile_units.h) for a
-// group of `rows` x `n` output, K deep, on this device: its clusters in flight, and half its L2,
-// the effective size tools/l2-model fit to the H200's ncu numbers (its L2 is two partitions).
-// 1 with AlongN, and with clusters of more than one CTA along M (the scheduler's own path, which
-// the stripes need, takes clusters of 1 along M only).
+// The stripes (blocked_scheduler.cuh) of a call, for its setup kernel: the call's width (> 0: every
+// group), or -1: each group's own, the fewest estimated DRAM reads for its rows on configuration
+// Config (choose_stripe, tile_units.h) with this device's clusters in flight and half its L2, the
+// effective size tools/l2-model fit to the H200's ncu numbers (its L2 is two partitions). 1 with
+// AlongN, and with clusters of more than one CTA along M (the scheduler's own path, which the
+// stripes need, takes clusters of 1 along M only).
+struct StripeInputs {
+  int width = 1;  // > 0: every group's; -1: each group's estimate
+  int64_t clusters = 0;
+  double l2_bytes = 0;
+};
 template <class Config>
-int automatic_stripe(int raster, int64_t rows, int64_t k, int64_t n, const cutlass::KernelHardwareInfo& hw) {
+StripeInputs stripe_inputs(int raster, int swizzle, const cutlass::KernelHardwareInfo& hw) {
   constexpr int64_t kClusterM = decltype(cute::size<0>(typename Config::Cluster{}))::value;
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
-  if (raster == 1 || kClusterM != 1) return 1;
-  StripeProblem s;
-  s.rows = rows;
-  s.k = k;
-  s.n = n;
-  s.tile_m = decltype(cute::size<0>(typename Config::Tile{}))::value;
-  s.tile_n = decltype(cute::size<1>(typename Config::Tile{}))::value;
-  s.cluster_n = kClusterN;
-  s.clusters = hw.sm_count / kClusterN;
-  s.l2_bytes = double(l2_cache_bytes(hw.device_id)) / 2.0;
-  return choose_stripe(s);
+  if (raster == 1 || kClusterM != 1) return {1, 0, 0.0};
+  return {swizzle > 0 ? swizzle : -1, hw.sm_count / kClusterN, double(l2_cache_bytes(hw.device_id)) / 2.0};
+}
+// Device (setup kernels): the width of a group of `rows` x `n` output, K deep.
+template <class Config>
+__device__ uint32_t group_stripe(const StripeInputs& in, int64_t rows, int64_t k, int64_t n) {
+  if (in.width > 0) return static_cast<uint32_t>(in.width);
+  StripeProblem p;
+  p.rows = rows;
+  p.k = k;
+  p.n = n;
+  p.tile_m = decltype(cute::size<0>(typename Config::Tile{}))::value;
+  p.tile_n = decltype(cute::size<1>(typename Config::Tile{}))::value;
+  p.cluster_n = decltype(cute::size<1>(typename Config::Cluster{}))::value;
+  p.clusters = in.clusters;
+  p.l2_bytes = in.l2_bytes;
+  return static_cast<uint32_t>(choose_stripe(p));
 }
 
 // Per device: SM count and how many clusters of this kernel fit at once (queried once; the

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 
 #if defined(__CUDACC__)
 #define MOEKIT_UNITS_FN __host__ __device__ __forceinline__
@@ -68,8 +67,11 @@ MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units
   return {r / width, first + r % width};
 }
 
-// Host: the stripe width a call takes when the caller names none — 1 (M fastest), 4 or 8, whichever
-// has the fewest estimated DRAM reads (ties: the narrower). Per group, with A the operand indexed
+// The stripe width a group takes when the call names none — 1 (M fastest), 4 or 8, whichever has
+// the fewest estimated DRAM reads (ties: the narrower). Per group, from its own rows: the setup
+// kernels write each group's width (skewed routing gives some groups several times the mean rows,
+// whose panels want stripes where the mean's does not: tools/l2-model, dsv3 fc2 fprop with 8
+// Dirichlet-skewed groups, 2.61 GB of reads with one width from the mean rows, 0.66 per group). Per group, with A the operand indexed
 // by M (its rows x K: the panel) and B the one indexed by N, and `clusters` units in flight (a
 // wave; one cluster each):
 //   M fastest   B once; A once if the panel and a wave's B units fit in the L2, else once per
@@ -86,7 +88,7 @@ struct StripeProblem {
   int64_t clusters = 66;   // units (clusters) in flight
   double l2_bytes = 25e6;  // the L2 capacity the estimate assumes (effective, not nominal)
 };
-inline double stripe_reads(const StripeProblem& p, int64_t stripe) {
+MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
   const int64_t blocks_m = (p.rows + p.tile_m - 1) / p.tile_m;
   const int64_t units_n = ((p.n + p.tile_n - 1) / p.tile_n + p.cluster_n - 1) / p.cluster_n;
   const double a_block = double(p.tile_m) * double(p.k) * 2.0;  // 16-bit operands
@@ -106,11 +108,14 @@ inline double stripe_reads(const StripeProblem& p, int64_t stripe) {
   const bool b_stays = double(w) * b_unit + rows_per_wave * a_block <= p.l2_bytes;
   return a * stripes + (b_stays ? b : b * (waves > 1.0 ? waves : 1.0));
 }
-inline int choose_stripe(const StripeProblem& p) {
+MOEKIT_UNITS_FN int choose_stripe(const StripeProblem& p) {
   if (p.rows <= 0 || p.k <= 0 || p.n <= 0 || p.clusters <= 0) return 1;
+  // Wider only when strictly fewer (exact ties happen: mixtral fprop).
   int best = 1;
-  for (int stripe : {4, 8}) {  // wider only when strictly fewer (exact ties happen: mixtral fprop)
-    if (stripe_reads(p, stripe) < stripe_reads(p, best) * (1.0 - 1e-9)) best = stripe;
+  double fewest = stripe_reads(p, 1);
+  for (int stripe = 4; stripe <= 8; stripe *= 2) {
+    const double reads = stripe_reads(p, stripe);
+    if (reads < fewest * (1.0 - 1e-9)) best = stripe, fewest = reads;
   }
   return best;
 }
