@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest tools.l2_model: tools/l2-model on problems small enough to count by hand — one tile (its
 # A and B blocks once), two N tiles sharing the A block (read once while it stays in L2), and an
-# L2 too small to keep it (read twice) — and on a measured one (dsv3 fc2 wgrad, stripes 1 and 8:
-# the model's numbers when it was calibrated). Usage: l2_model_test.sh TOOLS_DIR
+# L2 too small to keep it (read twice) — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
+# model's numbers when it was calibrated), and with per-group rows and widths. Usage:
+# l2_model_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/l2-model"
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
@@ -15,4 +16,9 @@ expect "A evicted" "$("$tool" 1 128 128 256 128x128 1 --stripes 1 --clusters 1 -
 expect "fc2 wgrad" "$("$tool" 8 7168 4096 2048 128x256 2 --stripes 1,8)" \
   "stripe 1: 1905.590 MB
 stripe 8: 1056.834 MB"
+# Per-group rows and widths (skewed routing): the same widths everywhere are the uniform run's.
+expect "per-group widths" "$("$tool" 2 512,1024 4096 2048 128x128 2 --widths 8,8)" \
+  "widths 8,8: $("$tool" 2 512,1024 4096 2048 128x128 2 --stripes 8 | sed 's/^stripe 8: //')"
+"$tool" 3 512,1024 4096 2048 128x128 2 >/dev/null 2>&1
+expect "rows per group counted" "$?" 2
 exit $fail
