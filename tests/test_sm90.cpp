@@ -676,9 +676,7 @@ class CudaSm90FusedDSwiGlu : public ::testing::TestWithParam<FusedCase> {};
 // fields read: K = H, F; bias = accumulate dprobs; probs = with probs and dprobs): dh equals, bit
 // for bit, the two separate calls (guard bands included); dprobs equals them to fp32 summation
 // order and matches the fp64 reference, its tail untouched; dh matches its reference.
-TEST_P(CudaSm90FusedDSwiGlu, EqualsGemmThenSwiGluBackward) {
-  MOEKIT_REQUIRE_SM90();
-  const FusedCase& c = GetParam();
+void expect_fused_dswiglu_equals_two_calls(const FusedCase& c) {
   const Context& ctx = sm90();
   const bool with_dp = c.probs, accumulate = c.bias;
   const Tensor dy_h = test::random_normal({c.T, c.K}, c.dtype, 91);
@@ -736,8 +734,29 @@ TEST_P(CudaSm90FusedDSwiGlu, EqualsGemmThenSwiGluBackward) {
   }
   EXPECT_EQ(ctx.device_error_bits(), 0u);
 }
+TEST_P(CudaSm90FusedDSwiGlu, EqualsGemmThenSwiGluBackward) {
+  MOEKIT_REQUIRE_SM90();
+  expect_fused_dswiglu_equals_two_calls(GetParam());
+}
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90FusedDSwiGlu, ::testing::ValuesIn(kFusedCases),
                          fused_case_name);
+
+// The kernels' Params are cached per (groups, n, k, workspace, ...), not per row count, so every
+// per-group array they point to must sit at an offset the rows do not move; the dprobs partials
+// ([rows, n tiles]) are carved after them (group_m_kernel.cuh, GroupArrays::carve). Two fused
+// backward calls with dprobs, same G, K, F, other rows, one context (whose pool tends to hand
+// back the same workspace): each equals its two-call path.
+TEST(CudaSm90, FusedDSwiGluCallsOfOtherRowCountsBackToBack) {
+  MOEKIT_REQUIRE_SM90();
+  FusedCase c = kFusedCases[0];  // bf16, kLarge, with probs and dprobs
+  for (const auto& [T, counts] : std::vector<std::pair<int64_t, std::vector<int64_t>>>{
+           {1100, {0, 600, 3, 400}}, {640, {0, 300, 3, 300}}, {1100, {0, 600, 3, 400}}}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    c.T = T;
+    c.counts = counts;
+    expect_fused_dswiglu_equals_two_calls(c);
+  }
+}
 
 // What "fused" means, observably: captured with device counts, fc1 + SwiGLU is two kernels (the
 // setup kernel and the GEMM with SwiGLU in its epilogue) and fc2 dgrad + SwiGLU backward (no

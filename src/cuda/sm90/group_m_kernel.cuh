@@ -131,12 +131,14 @@ struct GroupArrays {
     r.ptr_h = w.take<const typename G::Element*>(backward);
     r.ptr_dh = w.take<typename G::Element*>(backward);
     r.ptr_partial = w.take<float*>(backward);
-    r.partial = w.take<float>(G::kFusedDSwiGlu && p.dglu_dprobs ? p.counts.rows * dglu_n_tiles<G>(p) : 0);
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
     r.stripes = w.take<uint32_t>(groups);
+    // Last: the only array whose size depends on the rows. The cached Params (kernel_common.cuh,
+    // ParamsKey: no row count) point into the arrays above, which must not move with the rows.
+    r.partial = w.take<float>(G::kFusedDSwiGlu && p.dglu_dprobs ? p.counts.rows * dglu_n_tiles<G>(p) : 0);
     return r;
   }
 };
