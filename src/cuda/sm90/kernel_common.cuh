@@ -111,11 +111,8 @@ struct ConfigWide21 : ConfigWide {
 // L2 reads (pp22, branch wip/pp22) raised the clock by 2-5% only
 // (bench/results/2026-11-30-nvidia-h200-{99bc82c-tile-study,d47fa32-pp22-study}.md); this
 // separates the shared-memory reads from the schedule. With 2 along M the chunked and blocked
-// orders fall back to CUTLASS's.
-struct ConfigPingPong64W21 {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+// orders fall back to CUTLASS's. (ConfigSmallWide's ping-pong 64x256 tile with a 2x1 cluster.)
+struct ConfigPingPong64W21 : ConfigSmallWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
