@@ -58,8 +58,8 @@ struct UnitCursor {
 struct UnitTile {
   uint32_t m = 0, n = 0;
 };
+// (stripe >= 1; with 1 this is v % blocks_m, v / blocks_m.)
 MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units_n, uint32_t stripe) {
-  if (stripe <= 1) return {v % blocks_m, v / blocks_m};
   const uint32_t first = v / (blocks_m * stripe) * stripe;  // the stripe's first N unit
   const uint32_t rest = units_n - first;
   const uint32_t width = stripe < rest ? stripe : rest;
