@@ -96,6 +96,68 @@ TEST(TileUnits, EveryStripeWidthMapsAGroupOntoItsTilesOneToOne) {
   }
 }
 
+// The CTAs of a cluster split each unit among them: over every unit of a group (any stripe) and
+// every place in a cluster of 1 or 2 CTAs along M and N, each tile of the group's rounded grid
+// (units_of, as CUTLASS rounds it) goes to exactly one CTA; the CTAs at one M offset of a cluster
+// share their M block (A multicast along N), those at one N offset their N block. cta_place reads
+// CUTLASS's AlongM launch: x = cluster x cluster_m + m offset, y = n offset.
+TEST(TileUnits, ClusterCtasSplitEachUnitIntoDistinctTiles) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t blocks_m = 1 + rng() % 40, blocks_n = 1 + rng() % 30;
+    for (uint32_t cm : {1u, 2u}) {
+      for (uint32_t cn : {1u, 2u}) {
+        const uint32_t units_m = units_of(blocks_m, cm), units_n = units_of(blocks_n, cn);
+        ASSERT_GE(units_m * cm, blocks_m);
+        ASSERT_LT(units_m * cm, blocks_m + cm);
+        for (uint32_t stripe : {1u, 4u, 8u}) {
+          SCOPED_TRACE("cluster " + std::to_string(cm) + "x" + std::to_string(cn) + ", stripe " +
+                       std::to_string(stripe) + ", " + std::to_string(blocks_m) + " x " +
+                       std::to_string(blocks_n) + " blocks");
+          std::vector<int> hit(size_t{units_m} * cm * units_n * cn, 0);
+          const uint32_t cluster = static_cast<uint32_t>(rng() % 66);
+          for (uint32_t v = 0; v < units_m * units_n; ++v) {
+            const UnitTile u = unit_tile(v, units_m, units_n, stripe);
+            for (uint32_t x = 0; x < cm; ++x) {
+              for (uint32_t y = 0; y < cn; ++y) {
+                const CtaPlace place = cta_place(cluster * cm + x, y, cm);
+                ASSERT_EQ(place.cluster, cluster);
+                const UnitTile t = cta_tile(u, place, cm, cn);
+                ASSERT_LT(t.m, units_m * cm);
+                ASSERT_LT(t.n, units_n * cn);
+                ++hit[size_t{t.m} * units_n * cn + t.n];
+                EXPECT_EQ(t.m, cta_tile(u, cta_place(cluster * cm + x, 0, cm), cm, cn).m);
+                EXPECT_EQ(t.n, cta_tile(u, cta_place(cluster * cm, y, cm), cm, cn).n);
+              }
+            }
+          }
+          for (size_t i = 0; i < hit.size(); ++i) ASSERT_EQ(hit[i], 1) << "tile " << i;
+        }
+      }
+    }
+  }
+}
+
+// A unit of a 2x1 cluster is two tile rows of A: the estimate counts its A in those, so a 2x1
+// cluster of 128-row tiles reads what a 1x1 cluster of 256-row tiles reads (same units in flight).
+TEST(TileUnits, StripeEstimateCountsAClusterAlongMAsOneTallerTile) {
+  StripeProblem two_by_one, tall;
+  for (StripeProblem* p : {&two_by_one, &tall}) {
+    p->rows = 4096;
+    p->k = 7168;
+    p->n = 4096;
+    p->tile_n = 256;
+    p->clusters = 66;
+  }
+  two_by_one.tile_m = 128;
+  two_by_one.cluster_m = 2;
+  tall.tile_m = 256;
+  for (int stripe : {1, 4, 8}) {
+    EXPECT_DOUBLE_EQ(stripe_reads(two_by_one, stripe), stripe_reads(tall, stripe)) << stripe;
+  }
+  EXPECT_EQ(choose_stripe(two_by_one), choose_stripe(tall));
+}
+
 // The suite's 21 problems (design/PERFORMANCE.md: 7 shapes x fprop, dgrad, wgrad, uniform routing)
 // on the tiles the library takes for them, with the stripe width that tools/l2-model (the LRU model
 // fit to the H200's ncu DRAM reads, L2 of 25 MB) reads the least with, among 1, 4 and 8 (ties:

@@ -19,8 +19,9 @@
 // Sm90, Tile, Cluster, Stages, ProblemShape>`. The kernels built with `BlockedGroupProblemShape`
 // (a GroupProblemShape with one more field) get `BlockedGroupScheduler` from the specialisation
 // below; `order = 0` leaves every decision to CUTLASS's scheduler (its base class).
-// The other orders and the stripes need the AlongM raster, no CUTLASS swizzle and a cluster of 1
-// along M (checked on the host, run_gemm; the device falls back to the base order otherwise).
+// The other orders and the stripes need the AlongM raster and no CUTLASS swizzle (set_raster; the
+// device falls back to the base order otherwise); clusters of any shape (tile_units.h: a unit is
+// one cluster's tiles).
 #pragma once
 
 #include <cstdint>
@@ -66,17 +67,19 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
 // 127.4 / 111.3 — with skewed routing the blocked ranges, equal in units, are unequal in rows
 // (a unit's cost grows with its group's K), while interleaved chunks even the load out.
 inline constexpr int kSmallGroupOrder = 8;
-// Cluster units (1 x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
+// Cluster units (cluster_m x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
 template <class Config>
 CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
   constexpr int64_t kTileM = decltype(cute::size<0>(typename Config::Tile{}))::value;
   constexpr int64_t kTileN = decltype(cute::size<1>(typename Config::Tile{}))::value;
+  constexpr int64_t kClusterM = decltype(cute::size<0>(typename Config::Cluster{}))::value;
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
-  return (m + kTileM - 1) / kTileM * (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN);
+  return ((m + kTileM - 1) / kTileM + kClusterM - 1) / kClusterM *
+         (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN);
 }
 template <class Config>
 int64_t tiles_per_group(int64_t m, int64_t n) {
-  return units_per_group<Config>(m, n) * decltype(cute::size<1>(typename Config::Cluster{}))::value;
+  return units_per_group<Config>(m, n) * decltype(cute::size(typename Config::Cluster{}))::value;
 }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
@@ -130,17 +133,16 @@ class BlockedGroupScheduler
     const int32_t order = params.problem_shapes_.order;
     stripes_ = params.problem_shapes_.stripes;
     blocked_ = (order != 0 || stripes_ != nullptr) && params.log_swizzle_size_ == 0 &&
-               params.raster_order_ == Base::RasterOrder::AlongM && params.cluster_shape_.m() == 1;
+               params.raster_order_ == Base::RasterOrder::AlongM;
     if (!blocked_) return;
+    cluster_m_ = static_cast<uint32_t>(params.cluster_shape_.m());
     cluster_n_ = static_cast<uint32_t>(params.cluster_shape_.n());
-    // This CTA's cluster and its place in it (AlongM: the cluster's CTAs are consecutive in y).
-    const uint32_t linear = blockIdx.x * gridDim.y + blockIdx.y;
-    const uint64_t clusters = uint64_t(gridDim.x) * gridDim.y * gridDim.z / cluster_n_;
-    const uint64_t cluster = linear / cluster_n_;
-    n_offset_ = linear % cluster_n_;
+    // This CTA's cluster and its place in it (AlongM: grid (clusters x cluster_m, cluster_n)).
+    place_ = cta_place(blockIdx.x, blockIdx.y, cluster_m_);
+    const uint64_t clusters = uint64_t(gridDim.x) / cluster_m_;
     starts_ = params.problem_shapes_.unit_starts;
     groups_ = params.problem_shapes_.groups();
-    units_ = UnitCursor(order, cluster, clusters, starts_[groups_]);
+    units_ = UnitCursor(order, place_.cluster, clusters, starts_[groups_]);
     group_ = -1;  // none yet: work_for_unit searches
 #endif
   }
@@ -171,7 +173,7 @@ class BlockedGroupScheduler
   // Makes group_ the group of the current unit (< the total): the next group when the unit lies
   // there (the blocked order's common step), else a binary search over the groups after the
   // current one (units only grow): the last g with starts_[g] <= the unit, which is never an
-  // empty group. Then the group's M blocks and N units, from its shape. (32-bit: the scheduler
+  // empty group. Then the group's M units and N units, from its shape. (32-bit: the scheduler
   // warp runs in the producer warpgroup's 40 registers.)
   CUTLASS_DEVICE void find_group() {
     const uint32_t unit = units_.unit;
@@ -187,28 +189,29 @@ class BlockedGroupScheduler
     const auto m = static_cast<uint32_t>(
         cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(lo)));
     const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
-    group_blocks_m_ = (m + tm - 1) / tm;
-    group_units_n_ = (group_end_ - group_start_) / group_blocks_m_;
+    group_units_m_ = units_of((m + tm - 1) / tm, cluster_m_);
+    group_units_n_ = (group_end_ - group_start_) / group_units_m_;
     stripe_ = stripes_ != nullptr ? stripes_[lo] : 1u;
   }
 
-  // The tile of the current unit (invalid past this cluster's units): its M block, and this
-  // CTA's N block in the unit's cluster_n_ blocks.
+  // This CTA's tile of the current unit (invalid past this cluster's units).
   CUTLASS_DEVICE WorkTileInfo work_for_unit() {
     if (!units_.valid()) return WorkTileInfo::invalid_work_tile();
     if (group_ < 0 || units_.unit >= group_end_) find_group();
-    const UnitTile t = unit_tile(units_.unit - group_start_, group_blocks_m_, group_units_n_, stripe_);
-    return {static_cast<int32_t>(t.m), static_cast<int32_t>(t.n * cluster_n_ + n_offset_), group_, 1};
+    const UnitTile u = unit_tile(units_.unit - group_start_, group_units_m_, group_units_n_, stripe_);
+    const UnitTile t = cta_tile(u, place_, cluster_m_, cluster_n_);
+    return {static_cast<int32_t>(t.m), static_cast<int32_t>(t.n), group_, 1};
   }
 
   bool blocked_ = false;  // an order other than CUTLASS's
-  uint32_t cluster_n_ = 1, n_offset_ = 0;
+  uint32_t cluster_m_ = 1, cluster_n_ = 1;
+  CtaPlace place_;                    // this CTA's cluster and offsets in it
   UnitCursor units_;                  // this cluster's units (tile_units.h)
   const uint32_t* starts_ = nullptr;  // BlockedGroupProblemShape::unit_starts
   int groups_ = 0;
   int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
-  uint32_t group_start_ = 0, group_end_ = 0, group_blocks_m_ = 1;  // its units and M blocks
-  uint32_t group_units_n_ = 1;        // its N units (cluster_n_ blocks each)
+  uint32_t group_start_ = 0, group_end_ = 0;  // its units in the sequence
+  uint32_t group_units_m_ = 1, group_units_n_ = 1;  // its M and N units (cluster_m_, cluster_n_ blocks)
   const uint32_t* stripes_ = nullptr;  // BlockedGroupProblemShape::stripes
   uint32_t stripe_ = 1;                 // the group's width
 };

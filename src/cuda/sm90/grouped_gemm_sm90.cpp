@@ -66,14 +66,23 @@ int choose_config(const GroupMProblem& p) {
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
 // Any other value is an error, and so is any of them in a build without the study instances.
+// MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad (unset: every pass) puts the study tile on that one pass
+// (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward; wgrad:
+// group-K), the others on their default tiles, for per-pass A/B runs of whole steps.
 enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21 };  // env order
-StudyTile study_tile() {
+enum class Pass { Fprop, Dgrad, Wgrad };  // env order
+bool study_pass(Pass pass) {
+  static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad"});
+  return only < 0 || only == static_cast<int>(pass);
+}
+StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
       "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
-  return static_cast<StudyTile>(tile);
+  return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
 #else
+  (void)pass;
   throw_error(ErrorKind::Unsupported,
               str("MOEKIT_SM90_TILE=", std::getenv("MOEKIT_SM90_TILE"),
                   " needs a build with -DMOEKIT_SM90_TILE_STUDY=ON"));
@@ -134,6 +143,7 @@ std::string rejects_raster(const Problem& p) {
 
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
+  const Pass pass = p.glu_z || (!p.dglu_dh && p.b_transposed) ? Pass::Fprop : Pass::Dgrad;
 #ifdef MOEKIT_SM90_TILE_STUDY
   // bf16 problems that would take kLarge, on the study tile (kernels_study*.cu).
   static const GroupMSet kCoop{&group_m_bf16_kmajor_coop, &group_m_bf16_nmajor_coop,
@@ -147,7 +157,7 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   static const GroupMSet kPp64w21{&group_m_bf16_kmajor_pp64w21, &group_m_bf16_nmajor_pp64w21,
                                &group_m_bf16_swiglu_pp64w21, &group_m_bf16_dswiglu_pp64w21};
   if (config == kLarge && p.dtype == DType::BF16) {
-    switch (study_tile()) {
+    switch (study_tile(pass)) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::PingPong: return kPingPong.pick(p);
@@ -160,11 +170,11 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   }
   static const GroupMSet kSmall256{&group_m_bf16_kmajor_small256, &group_m_bf16_nmajor_small256,
                                    &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
-  if (config == kSmallM && p.dtype == DType::BF16 && study_tile() == StudyTile::Small256) {
+  if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Small256) {
     return kSmall256.pick(p);
   }
 #else
-  (void)study_tile();  // reports a setting this build cannot honour
+  (void)study_tile(pass);  // reports a setting this build cannot honour
 #endif
   return kSets[p.dtype == DType::F16 ? 1 : 0][config].pick(p);
 }
@@ -223,7 +233,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   static const GroupKPair kWide21{&group_k_bf16_f32_wide21, &group_k_bf16_bf16_wide21};
   static const GroupKPair kPp64w21{&group_k_bf16_f32_pp64w21, &group_k_bf16_bf16_pp64w21};
   if (!f16) {
-    switch (study_tile()) {
+    switch (study_tile(Pass::Wgrad)) {
       case StudyTile::Coop: return kCoop.pick(p);
       case StudyTile::Wide: return kWide.pick(p);
       case StudyTile::Epi32: return kEpi32.pick(p);
@@ -235,7 +245,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
     }
   }
 #else
-  (void)study_tile();  // reports a setting this build cannot honour
+  (void)study_tile(Pass::Wgrad);  // reports a setting this build cannot honour
 #endif
   // bf16 groups of >= 2048 rows on average (the mean is all the host knows): the cooperative
   // 128x256 tile. Tile study at 99bc82c (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md,

@@ -284,8 +284,7 @@ inline int64_t l2_cache_bytes(int device) {
 // group), or -1: each group's own, the fewest estimated DRAM reads for its rows on configuration
 // Config (choose_stripe, tile_units.h) with this device's clusters in flight and half its L2, the
 // effective size tools/l2-model fit to the H200's ncu numbers (its L2 is two partitions). 1 with
-// AlongN, and with clusters of more than one CTA along M (the scheduler's own path, which the
-// stripes need, takes clusters of 1 along M only).
+// AlongN (CUTLASS's order: the stripes need the scheduler's own path).
 struct StripeInputs {
   int width = 1;  // > 0: every group's; -1: each group's estimate
   int64_t clusters = 0;
@@ -295,8 +294,9 @@ template <class Config>
 StripeInputs stripe_inputs(int raster, int swizzle, const cutlass::KernelHardwareInfo& hw) {
   constexpr int64_t kClusterM = decltype(cute::size<0>(typename Config::Cluster{}))::value;
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
-  if (raster == 1 || kClusterM != 1) return {1, 0, 0.0};
-  return {swizzle > 0 ? swizzle : -1, hw.sm_count / kClusterN, double(l2_cache_bytes(hw.device_id)) / 2.0};
+  if (raster == 1) return {1, 0, 0.0};
+  return {swizzle > 0 ? swizzle : -1, hw.sm_count / (kClusterM * kClusterN),
+          double(l2_cache_bytes(hw.device_id)) / 2.0};
 }
 // Device (setup kernels): the width of a group of `rows` x `n` output, K deep.
 template <class Config>
@@ -308,6 +308,7 @@ __device__ uint32_t group_stripe(const StripeInputs& in, int64_t rows, int64_t k
   p.n = n;
   p.tile_m = decltype(cute::size<0>(typename Config::Tile{}))::value;
   p.tile_n = decltype(cute::size<1>(typename Config::Tile{}))::value;
+  p.cluster_m = decltype(cute::size<0>(typename Config::Cluster{}))::value;
   p.cluster_n = decltype(cute::size<1>(typename Config::Cluster{}))::value;
   p.clusters = in.clusters;
   p.l2_bytes = in.l2_bytes;

@@ -1,8 +1,9 @@
 // Internal: the unit arithmetic of moekit's grouped tile scheduler (blocked_scheduler.cuh), kept
 // free of CUTLASS and CUDA so the CPU tests check it on fuzzed shapes (tests/test_tile_units.cpp):
-// which units of the tile sequence a cluster takes in each order, and which tile of its group's
-// output a unit is. A unit is one cluster's worth of tiles: 1 M block x cluster_n N blocks; the
-// sequence holds the groups' units in group order.
+// which units of the tile sequence a cluster takes in each order, which unit of its group's output
+// a unit is, and which tile of that unit each CTA of the cluster takes. A unit is one cluster's
+// worth of tiles: cluster_m M blocks x cluster_n N blocks; the sequence holds the groups' units in
+// group order.
 #pragma once
 
 #include <cstdint>
@@ -51,20 +52,41 @@ struct UnitCursor {
   }
 };
 
-// Where unit v of a group (0 <= v < blocks_m · units_n) lies in its output: M block m, N unit n.
+// Where unit v of a group (0 <= v < units_m · units_n) lies in its output: M unit m, N unit n (in
+// units of cluster_m M blocks and cluster_n N blocks; cta_tile below gives a CTA's own tile).
 // stripe 1: M fastest over the whole group (CUTLASS's AlongM raster). stripe s > 1: stripes of s
 // N units (the last one narrower), N fastest inside a stripe, stripes in N order — the swizzle
 // CUTLASS's grouped scheduler cannot apply without host problem shapes (blocked_scheduler.cuh).
 struct UnitTile {
   uint32_t m = 0, n = 0;
 };
-// (stripe >= 1; with 1 this is v % blocks_m, v / blocks_m.)
-MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units_n, uint32_t stripe) {
-  const uint32_t first = v / (blocks_m * stripe) * stripe;  // the stripe's first N unit
+// (stripe >= 1; with 1 this is v % units_m, v / units_m.)
+MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t units_m, uint32_t units_n, uint32_t stripe) {
+  const uint32_t first = v / (units_m * stripe) * stripe;  // the stripe's first N unit
   const uint32_t rest = units_n - first;
   const uint32_t width = stripe < rest ? stripe : rest;
-  const uint32_t r = v - first * blocks_m;
+  const uint32_t r = v - first * units_m;
   return {r / width, first + r % width};
+}
+
+// Units along one extent of a group: `blocks` tiles (M or N blocks) in clusters of `cluster`,
+// rounded up as CUTLASS's grouped scheduler rounds a group's tiles (a CTA of the last unit may
+// get a tile past the output; the kernel's TMA loads and stores clip it).
+MOEKIT_UNITS_FN uint32_t units_of(uint32_t blocks, uint32_t cluster) { return (blocks + cluster - 1) / cluster; }
+
+// A CTA's place in the grid of CUTLASS's AlongM launch (grid (clusters · cluster_m, cluster_n),
+// clusters of cluster_m x cluster_n CTAs: a cluster is cluster_m consecutive x blocks by every y):
+// its cluster, and its M and N offsets inside it.
+struct CtaPlace {
+  uint32_t cluster = 0, m = 0, n = 0;
+};
+MOEKIT_UNITS_FN CtaPlace cta_place(uint32_t block_x, uint32_t block_y, uint32_t cluster_m) {
+  return {block_x / cluster_m, block_x % cluster_m, block_y};
+}
+// The tile (M block, N block) the CTA at `place` takes of unit `u`: the cluster's CTAs at one M
+// offset share an M block (A multicast along N), those at one N offset an N block (B along M).
+MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m, uint32_t cluster_n) {
+  return {u.m * cluster_m + place.m, u.n * cluster_n + place.n};
 }
 
 // The stripe width a group takes when the call names none — 1 (M fastest), 4 or 8, whichever has
@@ -73,7 +95,7 @@ MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units
 // whose panels want stripes where the mean's does not: tools/l2-model, dsv3 fc2 fprop with 8
 // Dirichlet-skewed groups, 2.61 GB of reads with one width from the mean rows, 0.66 per group). Per group, with A the operand indexed
 // by M (its rows x K: the panel) and B the one indexed by N, and `clusters` units in flight (a
-// wave; one cluster each):
+// wave; one cluster each; a unit's A is cluster_m tile rows, its B cluster_n tile columns):
 //   M fastest   B once; A once if the panel and a wave's B units fit in the L2, else once per
 //               wave (a wave sweeps all M blocks before the next N units)
 //   stripes w   A once per stripe (a wave's rows use each A block w times); B once if a stripe's
@@ -84,14 +106,15 @@ MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t blocks_m, uint32_t units
 // read up to 1.7x the best there (dsv3 fc2 fprop), M fastest up to 6.5x (mixtral fc1 wgrad).
 struct StripeProblem {
   int64_t rows = 0, k = 0, n = 0;  // one group's output rows (M) and columns (N), and its K
-  int64_t tile_m = 128, tile_n = 128, cluster_n = 1;
+  int64_t tile_m = 128, tile_n = 128, cluster_m = 1, cluster_n = 1;
   int64_t clusters = 66;   // units (clusters) in flight
   double l2_bytes = 25e6;  // the L2 capacity the estimate assumes (effective, not nominal)
 };
 MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
-  const int64_t blocks_m = (p.rows + p.tile_m - 1) / p.tile_m;
+  // In units: blocks_m unit rows of a_block bytes of A each, units_n unit columns of b_unit of B.
+  const int64_t blocks_m = ((p.rows + p.tile_m - 1) / p.tile_m + p.cluster_m - 1) / p.cluster_m;
   const int64_t units_n = ((p.n + p.tile_n - 1) / p.tile_n + p.cluster_n - 1) / p.cluster_n;
-  const double a_block = double(p.tile_m) * double(p.k) * 2.0;  // 16-bit operands
+  const double a_block = double(p.cluster_m) * double(p.tile_m) * double(p.k) * 2.0;  // 16-bit
   const double b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
   const double a = double(blocks_m) * a_block, b = double(units_n) * b_unit;
   const double wave = double(p.clusters);
