@@ -108,6 +108,10 @@ const Sm90Case kCases[] = {
     {"F16DgradI64Tail", DType::F16, true, false, DType::I64, 3000, 1024, 72, {1024, 0, 1000, 3}},
     {"Bf16FpropSmallGroupsManyExperts", DType::BF16, false, false, DType::I32, 4096, 512, 256,
      std::vector<int64_t>(64, 60)},
+    // K >= 4096: the cooperative 128x256 tile with a 2x1 cluster (groups of 4 and 5 M tiles: the
+    // cluster's second CTA past the rows; N = 264: one partial N tile)
+    {"Bf16FpropLargeKWide21BiasZeroGroupsTail", DType::BF16, false, true, DType::I32, 1300, 4096,
+     264, {0, 500, 1, 0, 640, 3, 0}},
 };
 
 class CudaSm90Gemm : public ::testing::TestWithParam<Sm90Case> {};
@@ -619,6 +623,9 @@ const FusedCase kFusedCases[] = {
      {0, 900}},
     {"F16SmallTilesHostSplits", DType::F16, true, true, DType::U8, 8, 500, 64, 32,
      {100, 0, 7, 60, 1, 90, 0, 200}},
+    // K >= 4096: fc1 on the cooperative 128x256 tile with a 2x1 cluster (2F = 320: a partial N tile)
+    {"Bf16LargeKWide21BiasProbs", DType::BF16, true, true, DType::I32, 4, 900, 4096, 160,
+     {0, 450, 3, 300}},
 };
 
 class CudaSm90FusedSwiGlu : public ::testing::TestWithParam<FusedCase> {};

@@ -26,6 +26,8 @@ extern const GroupMInstance group_m_bf16_swiglu_large, group_m_bf16_swiglu_small
 // [dtype][config] with the SwiGLU backward in the epilogue (GroupMProblem::dglu_dh; b N-major).
 extern const GroupMInstance group_m_bf16_dswiglu_large, group_m_bf16_dswiglu_small,
     group_m_f16_dswiglu_large, group_m_f16_dswiglu_small;
+// bf16 fprop of K >= 4096 on the cooperative 128x256 tile, cluster 2x1 (kernels_fprop_wide21.cu).
+extern const GroupMInstance group_m_bf16_kmajor_wide21, group_m_bf16_swiglu_wide21;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;
@@ -35,10 +37,8 @@ extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,
     group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
 extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
     group_m_bf16_nmajor_small256;
-extern const GroupMInstance group_m_bf16_kmajor_wide21,  // kernels_study_wide21.cu
-    group_m_bf16_nmajor_wide21;
-extern const GroupMInstance group_m_bf16_swiglu_wide21,  // kernels_study_wide21_fused.cu
-    group_m_bf16_dswiglu_wide21;
+extern const GroupMInstance group_m_bf16_nmajor_wide21;   // kernels_study_wide21.cu
+extern const GroupMInstance group_m_bf16_dswiglu_wide21;  // kernels_study_wide21_fused.cu
 extern const GroupMInstance group_m_bf16_kmajor_pp64w21, group_m_bf16_nmajor_pp64w21,  // kernels_study_pp64w21.cu
     group_m_bf16_swiglu_pp64w21, group_m_bf16_dswiglu_pp64w21;  // kernels_study_pp64w21_fused.cu
 #endif

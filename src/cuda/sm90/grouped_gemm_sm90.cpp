@@ -176,6 +176,15 @@ const GroupMInstance& instance(const GroupMProblem& p) {
 #else
   (void)study_tile(pass);  // reports a setting this build cannot honour
 #endif
+  // bf16 fprop of K >= 4096 (plain and with SwiGLU): the cooperative 128x256 tile with a 2x1
+  // cluster (ConfigWide21, kernel_common.cuh, says what it was measured against). Env
+  // MOEKIT_SM90_FPROP_WIDE21=0 keeps it on kLarge, for A/B runs of whole steps; unset or 1: the rule.
+  constexpr int64_t kWide21FpropK = 4096;
+  static const bool fprop_wide21 = detail::env_choice("MOEKIT_SM90_FPROP_WIDE21", {"0", "1"}) != 0;
+  if (fprop_wide21 && config == kLarge && pass == Pass::Fprop && p.dtype == DType::BF16 &&
+      p.k >= kWide21FpropK) {
+    return p.glu_z ? group_m_bf16_swiglu_wide21 : group_m_bf16_kmajor_wide21;
+  }
   return kSets[p.dtype == DType::F16 ? 1 : 0][config].pick(p);
 }
 

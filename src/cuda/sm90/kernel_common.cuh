@@ -86,7 +86,8 @@ struct ConfigWide {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
-// Tile studies only (MOEKIT_SM90_TILE=wide21; kernels_study_wide21*.cu): ConfigWide with a 2x1
+// kLarge's bf16 fprop for K >= 4096 (kernels_fprop_wide21.cu; every pass with MOEKIT_SM90_TILE=wide21,
+// kernels_study_wide21*.cu): ConfigWide with a 2x1
 // cluster — the two CTAs of a cluster take neighbouring M tiles of one N tile, so the B tile
 // (the weights, for fprop and dgrad) is multicast instead of the A tile. It is the
 // configuration torch._grouped_mm takes on sm_90 for groups of more than 128 rows and columns
@@ -95,9 +96,11 @@ struct ConfigWide {
 // these shapes is named nvjet_..._128x256_64x4_2x1 (in cuBLAS's column-major terms M and N may
 // be ours swapped). Kept to compare the clock each is held at under the power cap
 // (design/PERFORMANCE.md, "The step runs clock-limited"): on the H200 it ran the dsv3 step in
-// 15.00 ms against the default's 14.57 (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md).
-// With a cluster of 2 along M the chunked and blocked orders fall back to CUTLASS's
-// (blocked_scheduler.cuh).
+// 15.00 ms against the default's 14.57 (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md)
+// in CUTLASS's tile order; with the stripes for clusters along M (625cbf6) 14.27 against 14.26,
+// and alone under ncu dsv3 fc1 fprop 2488 µs against 2627 (DRAM reads 2.9 GB against 4.3, 3.5 in
+// CUTLASS's order), while dsv3 fc2 fprop (K 2048) lost (1271 against 1239 µs): hence fprop of
+// K >= 4096 (bench/results/2026-11-30-nvidia-h200-625cbf6-wide21-stripes.md).
 struct ConfigWide21 : ConfigWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
@@ -110,8 +113,7 @@ struct ConfigWide21 : ConfigWide {
 // tiles (64x256 per warpgroup too) ran at higher clocks and needed more cycles, and halving the
 // L2 reads (pp22, branch wip/pp22) raised the clock by 2-5% only
 // (bench/results/2026-11-30-nvidia-h200-{99bc82c-tile-study,d47fa32-pp22-study}.md); this
-// separates the shared-memory reads from the schedule. With 2 along M the chunked and blocked
-// orders fall back to CUTLASS's. (ConfigSmallWide's ping-pong 64x256 tile with a 2x1 cluster.)
+// separates the shared-memory reads from the schedule. (ConfigSmallWide's ping-pong 64x256 tile with a 2x1 cluster.)
 struct ConfigPingPong64W21 : ConfigSmallWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };

@@ -45,6 +45,7 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_swiglu.cu
   ${CMAKE_CURRENT_LIST_DIR}/kernels_dswiglu.cu  # the 4 fused SwiGLU-backward instances
   ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_wide.cu  # bf16 group-K of large groups (2 instances)
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_fprop_wide21.cu  # bf16 fprop of large K (2 instances)
 )
 # Tile studies (off by default: eight more translation units, ~3-5 minutes of CPU each):
 # cooperative 256x128 instances (MOEKIT_SM90_TILE=coop, kernels_study.cu, with the epi32 group-K),
