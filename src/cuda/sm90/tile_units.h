@@ -102,7 +102,8 @@ MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m
 //               B units and a wave's A rows fit in the L2, else once per wave of the stripe
 // Checked against tools/l2-model, an LRU model of the L2 fit to the H200's ncu DRAM reads (25 MB
 // effective, half its 50 MB): the same width as the model's best on all 21 problems of the suite
-// (7 shapes x fprop, dgrad, wgrad; tests/test_tile_units.cpp has them). Stripes of 8 everywhere
+// (7 shapes x fprop, dgrad, wgrad) and on the four fprop of K >= 4096 on the 2x1 cluster
+// (tests/test_tile_units.cpp has them). Stripes of 8 everywhere
 // read up to 1.7x the best there (dsv3 fc2 fprop), M fastest up to 6.5x (mixtral fc1 wgrad).
 struct StripeProblem {
   int64_t rows = 0, k = 0, n = 0;  // one group's output rows (M) and columns (N), and its K
