@@ -1163,37 +1163,8 @@ TEST_P(CallerBufferRejects, GradInputNonContiguous) {
   expect_non_contiguous_rejected(ctx(), "grad_input");
 }
 
-// Overlap: the buffer and an input of the call are carved out of one arena (pre-filled with the
-// sentinel, then the input's data copied in); after the failed call the whole arena is unchanged.
-struct Arena {
-  Tensor bytes;  // u8 on the op's device
-  Arena(const Context& ctx, int64_t n) : bytes(filled(ctx, {n}, DType::U8, 0)) {}
-  Tensor at(int64_t byte_offset, const Shape& shape, DType dtype) const {
-    return Tensor::wrap(static_cast<char*>(bytes.data()) + byte_offset, shape, dtype,
-                        bytes.device());
-  }
-};
-
-// Makes an arena holding a `data_shape` tensor (filled with `data`) at offset 0 and a buffer of
-// `buf_shape` (sentinel) starting `overlap_elems` elements before the data's end.
-struct Overlapping {
-  Arena arena;
-  Tensor data, buffer;
-  std::vector<uint8_t> before;
-  Overlapping(const Context& ctx, const Tensor& data_host, const Shape& buf_shape, DType dtype,
-              int64_t overlap_elems)
-      : arena(ctx, static_cast<int64_t>(data_host.nbytes()) +
-                       numel(buf_shape) * static_cast<int64_t>(size_of(dtype))) {
-    const auto es = static_cast<int64_t>(size_of(dtype));
-    const int64_t buf_off = static_cast<int64_t>(data_host.nbytes()) - overlap_elems * es;
-    buffer = arena.at(buf_off, buf_shape, dtype);
-    copy(ctx, host_filled(buf_shape, dtype, kSentinel), buffer);
-    data = arena.at(0, data_host.shape(), data_host.dtype());
-    copy(ctx, data_host, data);  // the data wins where they overlap
-    before = bytes_of(ctx, arena.bytes);
-  }
-};
-
+// Overlap: the buffer and an input of the call are carved out of one arena (Overlapping,
+// support/test_util.h); after the failed call the whole arena is unchanged.
 TEST_P(CallerBufferRejects, OutputOverlappingInput) {
   Rig r(ctx());
   const Tensor xh = to_host(ctx(), r.p.x_dev);

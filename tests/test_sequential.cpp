@@ -343,7 +343,7 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].output = sentinel({c.T - 1, c.N}, DType::BF16);
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output of op 2 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr(str("expected shape [", c.T, ", ", c.N, "]")));
   }
   {  // dtype
@@ -352,7 +352,8 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[m.ops.fc1].grad_input = sentinel({c.T, c.H}, DType::F32);
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[GroupedLinear handle].grad_input"));
+    EXPECT_THAT(e->what(),
+                HasSubstr("op_args[GroupedLinear handle].grad_input of op 0 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr("expected dtype bf16"));
   }
   {  // two buffers of one call overlapping
@@ -362,8 +363,8 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].grad_input = Tensor::wrap(big.data(), {c.T, c.F}, DType::BF16, ctx_.device());
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].grad_input"));
-    EXPECT_THAT(e->what(), HasSubstr("overlapping 'op_args[0].output'"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].grad_input of op 2 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping 'op_args[0].output' of op 0 (GroupedLinear)"));
   }
   {  // a buffer overlapping a parameter
     OpArgs args;
@@ -372,11 +373,45 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].output = Tensor::wrap(w.data(), {c.T, c.N}, DType::BF16, ctx_.device());
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output of op 2 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr("overlapping input 'op 2 (GroupedLinear) weight'"));
   }
   // None of the failed calls wrote the valid buffer of op 0.
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+}
+
+// SPEC §4: no caller buffer may overlap the call's input, probs, splits (device counts) or an op's
+// main_grad. Each error names the key and its op (a handle key names no position) and what it
+// overlaps; a failed call writes nothing: not the valid buffer of op 0, not the arena holding the
+// overlapped input and the buffer (Overlapping: the buffer overlaps the input's last element).
+TEST_P(SequentialTest, BuffersOverlappingTheCallsInputsAreErrorsThatWriteNothing) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = false});
+  const Tensor counts_h = counts_tensor(c.counts, DType::I64);
+  const Tensor main_grad_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 5);
+  const Tensor hbuf = sentinel({c.T, 2 * c.F}, DType::BF16);
+  const char* const inputs[] = {"input", "probs", "splits", "op 0 (GroupedLinear) main_grad"};
+  const Tensor hosts[] = {m.d.x, m.d.probs, counts_h, main_grad_h};
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(inputs[i]);
+    const Overlapping o(ctx_, hosts[i], {c.T, c.N}, DType::BF16, /*overlap_elems=*/1);
+    const Tensor x = i == 0 ? o.data : m.x;
+    const Tensor counts = i == 2 ? o.data : to_device(ctx_, counts_h);
+    const ExtraInputs in{.splits = Splits::device(counts), .probs = i == 1 ? o.data : m.probs};
+    m.ops.fc1->linear().set_main_grad(i == 3 ? o.data : to_device(ctx_, main_grad_h));
+    OpArgs args;
+    args[0].output = hbuf;
+    args[m.ops.fc2].output = o.buffer;
+    auto e = caught([&] { seq.forward(x, in, args); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("op_args[GroupedLinear handle].output of op 2 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", inputs[i], "'")));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), o.before, DType::U8));
+  }
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+  m.ops.fc1->linear().set_main_grad(Tensor());
 }
 
 TEST_P(SequentialTest, ExtraInputsAndChainShapesAreCheckedUpFront) {
