@@ -201,6 +201,46 @@ TEST_P(SequentialTest, RoutesBuffersIntoTheFusedMlpByHandleAndByPosition) {
   }
 }
 
+// SPEC §4: backward follows the plan recorded at forward even if fusion is toggled in between —
+// the same bits as without the toggle (dx into the caller buffer bound at forward, dprobs, every
+// parameter gradient; rows [0, S) of the internally allocated dprobs), in both directions.
+TEST_P(SequentialTest, BackwardFollowsThePlanRecordedAtForwardWhenFusionIsToggled) {
+  for (int fused_at_forward = 0; fused_at_forward < 2; ++fused_at_forward) {
+    SCOPED_TRACE(fused_at_forward ? "fused at forward, unfused at backward"
+                                  : "unfused at forward, fused at backward");
+    const Mlp m = mlp();
+    const MlpCase& c = m.d.c;
+    const DType dt = c.dtype;
+    Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fused_at_forward != 0});
+    auto [y0, tape0] = seq.forward(m.x, m.inputs());
+    const SequentialGrads want = seq.backward(tape0, m.dy);
+
+    const Tensor dxbuf = sentinel({c.T, c.H}, dt);
+    OpArgs args;
+    args[0].grad_input = dxbuf;
+    auto [y, tape] = seq.forward(m.x, m.inputs(), args);
+    seq.set_fusion(fused_at_forward == 0);
+    ASSERT_EQ(seq.fused(), fused_at_forward == 0);
+    const SequentialGrads got = seq.backward(tape, m.dy);
+
+    EXPECT_EQ(got.input.data(), dxbuf.data());
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, got.input.rows(0, m.S)),
+                              bytes_of(ctx_, want.input.rows(0, m.S)), dt));
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dxbuf), m.S, c.T, c.H, dt));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, got.probs.rows(0, m.S)),  // [S, T): uninitialised
+                              bytes_of(ctx_, want.probs.rows(0, m.S)), DType::F32));
+    ASSERT_EQ(got.params.size(), want.params.size());
+    for (size_t i = 0; i < got.params.size(); ++i) {
+      SCOPED_TRACE("op " + std::to_string(i));
+      for (const auto& [g, w] : {std::pair{got.params[i].weight, want.params[i].weight},
+                                 std::pair{got.params[i].bias, want.params[i].bias}}) {
+        ASSERT_EQ(g.defined(), w.defined());
+        if (g.defined()) EXPECT_TRUE(bit_identical(bytes_of(ctx_, g), bytes_of(ctx_, w), g.dtype()));
+      }
+    }
+  }
+}
+
 TEST_P(SequentialTest, InferenceKeepsNoTapeAndTakesNoGradInput) {
   const Mlp m = mlp();
   const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2});
