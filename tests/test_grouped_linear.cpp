@@ -1270,6 +1270,69 @@ TEST_P(CallerBufferRejects, GradInputOverlappingMainGrad) {
   r.expect_untouched();
 }
 
+TEST_P(CallerBufferRejects, OutputOverlappingMainGrad) {
+  // Forward would write y where backward then accumulates dW.
+  Rig r(ctx());
+  const Tensor mgh = to_host(ctx(), r.main_grad);
+  Overlapping o(ctx(), mgh, {r.T(), r.N()}, Rig::kDtype, /*overlap_elems=*/1);
+  r.main_grad = o.data;
+  r.p.layer->set_main_grad(o.data);
+  r.snapshot();
+  const auto e = r.forward_with(o.buffer);
+  expect_invalid(e, "output", "memory that overlaps no input of the call",
+                 "memory overlapping input 'main_grad'");
+  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
+  r.expect_untouched();
+}
+
+TEST_P(CallerBufferRejects, GradInputOverlappingDeviceCounts) {
+  // The backward reads the splits saved at forward: device counts there are an input too.
+  Rig r(ctx());
+  const Tensor counts = counts_tensor(r.p.c.counts, DType::I32);
+  Overlapping o(ctx(), counts, {r.T(), r.K()}, Rig::kDtype, /*overlap_elems=*/2);  // 4 bytes
+  GroupedLinear::Saved saved;
+  r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {}, &saved);
+  r.snapshot();
+  const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+  const auto e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = o.buffer}); });
+  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
+                 "memory overlapping input 'splits'");
+  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
+  r.expect_untouched();
+}
+
+// main_grad is written by backward: it may not overlap what backward reads (SPEC §3) — the
+// gradient of the output, the weight, the saved input, the saved device counts. The arena holds
+// that input, with main_grad [G, N, K] f32 overlapping its last element.
+TEST_P(CallerBufferRejects, MainGradOverlappingABackwardInput) {
+  for (const std::string which : {"grad_output", "weight", "input", "splits"}) {
+    SCOPED_TRACE(which);
+    Rig r(ctx());
+    const Shape mg_shape{r.p.c.G(), r.N(), r.K()};
+    const Tensor host = which == "grad_output" ? to_host(ctx(), r.p.dy_dev)
+                        : which == "weight"    ? to_host(ctx(), r.p.layer->weight())
+                        : which == "input"     ? to_host(ctx(), r.p.x_dev)
+                                               : counts_tensor(r.p.c.counts, DType::I32);
+    const int64_t overlap = which == "splits" ? 1 : 2;  // f32 elements over the input's last bytes
+    Overlapping o(ctx(), host, mg_shape, DType::F32, overlap);
+    Tensor dy = r.p.dy_dev;
+    GroupedLinear::Saved saved = r.saved;
+    if (which == "grad_output") dy = o.data;
+    if (which == "weight") r.p.layer->set_weight(o.data);
+    if (which == "input") r.p.layer->forward(o.data, Splits::host(r.p.c.counts), {}, &saved);
+    if (which == "splits") r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {}, &saved);
+    r.main_grad = o.buffer;
+    r.p.layer->set_main_grad(o.buffer);
+    r.snapshot();
+    const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+    const auto e = caught([&] { r.p.layer->backward(saved, dy, {}); });
+    expect_invalid(e, "main_grad", "memory that overlaps no input of the call",
+                   "memory overlapping input '" + which + "'");
+    EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
+    r.expect_untouched();
+  }
+}
+
 TEST_P(CallerBufferRejects, AdjacentButNotOverlappingIsAccepted) {
   // The boundary of the overlap rule: x and the buffer back to back in one arena.
   Rig r(ctx());

@@ -992,6 +992,87 @@ TEST_P(GroupedMLPDevice, RejectsBadCallsBeforeWritingAnything) {
   EXPECT_THAT(e->what(), HasSubstr("fc2 has a plain bias"));
 }
 
+// SPEC §3 for the fused MLP's backward: each buffer it writes (grad_input, grad_probs, each
+// main_grad) may overlap nothing it reads nor another buffer it writes. One case per pair the
+// checks once missed (device counts, probs, biases, weights, the other main_grad), the buffer
+// overlapping the input's last element in one arena (Overlapping). Each is an error naming both,
+// and the arena and both main_grads are unchanged afterwards. Also: grad_probs for probs that do
+// not require grad is an error (the buffer would never be written), as grad_input is.
+TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreErrors) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 9});
+  const MlpCase& c = d.c;
+  const Tensor counts_h = counts_tensor(c.counts, DType::I32);
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 21);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 22);
+  enum class In { Splits, Probs, W1, B2, Mg1, Mg2 };
+  struct Case {
+    const char* buffer;  // what the call writes
+    const char* input;   // what it overlaps
+    In in;
+  };
+  const Case cases[] = {
+      {"grad_input", "splits", In::Splits},        {"grad_probs", "splits", In::Splits},
+      {"grad_probs", "fc1 weight", In::W1},        {"grad_probs", "fc2 main_grad", In::Mg2},
+      {"fc1 main_grad", "probs", In::Probs},       {"fc1 main_grad", "splits", In::Splits},
+      {"fc2 main_grad", "fc2 bias", In::B2},       {"fc2 main_grad", "fc1 main_grad", In::Mg1},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(str(k.buffer, " over ", k.input));
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Tensor input_h = k.in == In::Splits ? counts_h
+                           : k.in == In::Probs ? d.probs
+                           : k.in == In::W1    ? d.w1
+                           : k.in == In::B2    ? d.b2
+                           : k.in == In::Mg1   ? mg1_h
+                                               : mg2_h;
+    const std::string buf(k.buffer);
+    const Shape buf_shape = buf == "grad_input"      ? Shape{c.T, c.H}
+                            : buf == "grad_probs"    ? Shape{c.T}
+                            : buf == "fc1 main_grad" ? mg1_h.shape()
+                                                     : mg2_h.shape();
+    const DType buf_dtype = buf == "grad_input" ? c.dtype : DType::F32;
+    const Overlapping o(ctx_, input_h, buf_shape, buf_dtype, /*overlap_elems=*/1);
+    Tensor mg1 = k.in == In::Mg1 ? o.data : to_device(ctx_, mg1_h);
+    Tensor mg2 = k.in == In::Mg2 ? o.data : to_device(ctx_, mg2_h);
+    if (buf == "fc1 main_grad") mg1 = o.buffer;
+    if (buf == "fc2 main_grad") mg2 = o.buffer;
+    ops.fc1->linear().set_main_grad(mg1);
+    ops.fc2->linear().set_main_grad(mg2);
+    if (k.in == In::W1) ops.fc1->linear().set_weight(o.data);
+    if (k.in == In::B2) ops.fc2->set_bias(o.data);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Tensor counts = k.in == In::Splits ? o.data : to_device(ctx_, counts_h);
+    const Tensor probs = k.in == In::Probs ? o.data : to_device(ctx_, d.probs);
+    GroupedMLP::Saved saved;
+    mlp.forward(to_device(ctx_, d.x), probs, Splits::device(counts), {}, &saved);
+    const std::vector<uint8_t> arena = bytes_of(ctx_, o.arena.bytes);
+    const std::vector<uint8_t> mg1_before = bytes_of(ctx_, mg1), mg2_before = bytes_of(ctx_, mg2);
+    GroupedMLP::BackwardOptions options;
+    if (buf == "grad_input") options.grad_input = o.buffer;
+    if (buf == "grad_probs") options.grad_probs = o.buffer;
+    const auto e = caught([&] { mlp.backward(saved, to_device(ctx_, d.dy), options); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr(str("'", k.buffer, "'")));
+    EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", k.input, "'")));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), arena, DType::U8));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg1), mg1_before, DType::F32)) << "fc1 main_grad";
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg2), mg2_before, DType::F32)) << "fc2 main_grad";
+  }
+
+  // grad_probs when the probs do not require grad
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  GroupedMLP::Saved saved;
+  mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), Splits::host(c.counts),
+              {.probs_requires_grad = false}, &saved);
+  const Tensor dp = filled(ctx_, {c.T}, DType::F32, kSentinel);
+  const auto e = caught([&] { mlp.backward(saved, to_device(ctx_, d.dy), {.grad_probs = dp}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'grad_probs': expected no buffer (the probs do not require grad)"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), 0, c.T, 1, DType::F32));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, GroupedMLPDevice, ::testing::ValuesIn(device_names()),
                          device_name);
 

@@ -161,6 +161,7 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                         {{"grad_output", dy},
                          {"input", s.input},
                          {"probs", s.probs},
+                         {"splits", s.splits.device_counts()},
                          {"fc1 weight", l1.weight()},
                          {"fc1 bias", fc1_->bias()},
                          {"fc2 weight", l2.weight()},
@@ -169,10 +170,25 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                          {"fc2 main_grad", l2.main_grad()},
                          {"grad_probs", options.grad_probs}});
   }
+  // Every buffer the call writes against everything it reads (and the other buffers it writes;
+  // grad_input was checked against these above): grad_probs, then each main_grad.
   const bool accumulate_dp = options.grad_probs.defined();
-  if (accumulate_dp && s.probs_requires_grad) {
+  if (accumulate_dp) {
+    if (!s.probs_requires_grad) {  // as grad_input: a buffer that would never be written
+      throw_invalid("grad_probs", "no buffer (the probs do not require grad)",
+                    options.grad_probs.describe());
+    }
     check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, dev,
-                        {{"grad_output", dy}, {"input", s.input}, {"probs", s.probs}});
+                        {{"grad_output", dy},
+                         {"input", s.input},
+                         {"probs", s.probs},
+                         {"splits", s.splits.device_counts()},
+                         {"fc1 weight", l1.weight()},
+                         {"fc1 bias", fc1_->bias()},
+                         {"fc2 weight", l2.weight()},
+                         {"fc2 bias", fc2_->bias()},
+                         {"fc1 main_grad", l1.main_grad()},
+                         {"fc2 main_grad", l2.main_grad()}});
   }
   for (const GroupedLinear* l : {&l1, &l2}) {
     if (l->main_grad().defined() && l->weight_requires_grad()) {
@@ -180,8 +196,13 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                           l->weight().shape(), DType::F32, dev,
                           {{"grad_output", dy},
                            {"input", s.input},
+                           {"probs", s.probs},
+                           {"splits", s.splits.device_counts()},
                            {"fc1 weight", l1.weight()},
-                           {"fc2 weight", l2.weight()}});
+                           {"fc1 bias", fc1_->bias()},
+                           {"fc2 weight", l2.weight()},
+                           {"fc2 bias", fc2_->bias()},
+                           {"fc1 main_grad", l == &l2 ? l1.main_grad() : Tensor()}});
     }
   }
 
