@@ -489,6 +489,42 @@ TEST_P(SequentialTest, ExtraInputsAndChainShapesAreCheckedUpFront) {
   EXPECT_THAT(e->what(), HasSubstr("the input does not require grad"));
 }
 
+// SPEC §4: the whole call is validated before any op runs — an error found at a later op (its
+// probs, its dtype in the chain, its splits) leaves a valid caller buffer of op 0 unwritten.
+TEST_P(SequentialTest, AnErrorAtALaterOpLeavesTheFirstOpsBufferUnwritten) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  auto fc2_like = [&](int64_t groups, DType dt) {
+    return std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = groups, .in = c.F, .out = c.N, .dtype = dt}, ctx_);
+  };
+  struct Case {
+    const char* what;
+    std::vector<OpHandle> ops;
+    Tensor probs;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"probs of the wrong dtype (op 1 takes them)", {m.ops.fc1, m.ops.act, m.ops.fc2},
+       to_device(ctx_, random_normal({c.T}, DType::BF16, 3)), "'probs'"},
+      {"op 2 of another dtype", {m.ops.fc1, m.ops.act, fc2_like(c.G, DType::F16)}, m.probs,
+       "op 2 (GroupedLinear)"},
+      {"splits of 3 groups for op 2 of 4", {m.ops.fc1, m.ops.act, fc2_like(c.G + 1, DType::BF16)},
+       m.probs, "in op 2 (GroupedLinear)"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    const Sequential seq(k.ops, {.fuse = false});
+    const Tensor hbuf = sentinel({c.T, 2 * c.F}, DType::BF16);
+    OpArgs args;
+    args[0].output = hbuf;
+    auto e = caught([&] { seq.forward(m.x, {.splits = m.splits, .probs = k.probs}, args); });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr(k.message));
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+  }
+}
+
 TEST_P(SequentialTest, TapeMustComeFromThisSequential) {
   const Mlp m = mlp();
   const Sequential a({m.ops.fc1, m.ops.act, m.ops.fc2});
