@@ -853,6 +853,72 @@ TEST_P(GroupedMLPDevice, GradientsNobodyNeedsAreNotComputed) {
   EXPECT_THAT(e->what(), HasSubstr("does not require grad"));
 }
 
+// SPEC §5: frozen weights of fc1 or fc2 alone are honoured — the frozen layer gets no weight
+// gradient and its main_grad keeps its bits; everything else equals the run with both layers
+// training bit for bit (dx, dprobs rows [0, S), the other main_grad). Likewise probs that need no
+// grad: no dprobs, the rest unchanged.
+TEST_P(GroupedMLPDevice, FreezingOneLayerOrTheProbsChangesNothingElse) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 17});
+  const MlpCase& c = d.c;
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 31);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 32);
+  const Splits splits = Splits::host(c.counts);
+  const int64_t S = sum_of(c.counts);
+  struct Run {
+    GroupedMLP::Grads g;
+    std::vector<uint8_t> mg1, mg2;
+  };
+  auto run = [&](bool fc1_trains, bool fc2_trains, bool probs_grad) {
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Tensor mg1 = to_device(ctx_, mg1_h), mg2 = to_device(ctx_, mg2_h);
+    ops.fc1->linear().set_main_grad(mg1);
+    ops.fc2->linear().set_main_grad(mg2);
+    ops.fc1->linear().set_weight_requires_grad(fc1_trains);
+    ops.fc2->linear().set_weight_requires_grad(fc2_trains);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    GroupedMLP::Saved saved;
+    mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits,
+                {.probs_requires_grad = probs_grad}, &saved);
+    Run r;
+    r.g = mlp.backward(saved, to_device(ctx_, d.dy));
+    r.mg1 = bytes_of(ctx_, mg1);
+    r.mg2 = bytes_of(ctx_, mg2);
+    return r;
+  };
+  const Run all = run(true, true, true);
+  const std::vector<uint8_t> mg1_start = bytes_of(host(), mg1_h), mg2_start = bytes_of(host(), mg2_h);
+  auto same = [&](const Tensor& got, const Tensor& want, int64_t rows) {
+    return bit_identical(bytes_of(ctx_, got.rows(0, rows)), bytes_of(ctx_, want.rows(0, rows)),
+                         got.dtype());
+  };
+  {
+    SCOPED_TRACE("fc1 frozen");
+    const Run r = run(false, true, true);
+    EXPECT_FALSE(r.g.fc1.weight.defined());
+    EXPECT_TRUE(bit_identical(r.mg1, mg1_start, DType::F32)) << "frozen fc1's main_grad";
+    EXPECT_TRUE(bit_identical(r.mg2, all.mg2, DType::F32)) << "fc2's main_grad";
+    EXPECT_TRUE(same(r.g.input, all.g.input, S));
+    EXPECT_TRUE(same(r.g.probs, all.g.probs, S));
+  }
+  {
+    SCOPED_TRACE("fc2 frozen");
+    const Run r = run(true, false, true);
+    EXPECT_FALSE(r.g.fc2.weight.defined());
+    EXPECT_TRUE(bit_identical(r.mg2, mg2_start, DType::F32)) << "frozen fc2's main_grad";
+    EXPECT_TRUE(bit_identical(r.mg1, all.mg1, DType::F32)) << "fc1's main_grad";
+    EXPECT_TRUE(same(r.g.input, all.g.input, S));
+    EXPECT_TRUE(same(r.g.probs, all.g.probs, S));
+  }
+  {
+    SCOPED_TRACE("probs need no grad");
+    const Run r = run(true, true, false);
+    EXPECT_FALSE(r.g.probs.defined());
+    EXPECT_TRUE(bit_identical(r.mg1, all.mg1, DType::F32)) << "fc1's main_grad";
+    EXPECT_TRUE(bit_identical(r.mg2, all.mg2, DType::F32)) << "fc2's main_grad";
+    EXPECT_TRUE(same(r.g.input, all.g.input, S));
+  }
+}
+
 // S = 0: nothing is written into the buffers, weight and bias grads are exactly 0, main_grad
 // is unchanged.
 TEST_P(GroupedMLPDevice, AllGroupsEmptyWritesNoRow) {
