@@ -919,6 +919,35 @@ TEST_P(GroupedMLPDevice, FreezingOneLayerOrTheProbsChangesNothingElse) {
   }
 }
 
+// grad_probs (SPEC §1, §5): dp is added to the caller's buffer on rows [0, S), which is returned
+// as the probs gradient (aliased); rows [S, T) keep their sentinel. The sum equals start + the dp
+// of a run without the buffer to fp32 rounding (the same additions, the start first).
+TEST_P(GroupedMLPDevice, GradProbsBufferAccumulatesOnValidRowsOnly) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 19});
+  const MlpCase& c = d.c;
+  const int64_t S = sum_of(c.counts);
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Splits splits = Splits::host(c.counts);
+  GroupedMLP::Saved saved;
+  mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits, {}, &saved);
+  const Tensor dy = to_device(ctx_, d.dy);
+  const std::vector<double> plain = to_doubles(ctx_, mlp.backward(saved, dy).probs);
+
+  const Tensor dp_h = random_normal({c.T}, DType::F32, 41);  // start values on rows [0, S)
+  const std::vector<double> start = to_doubles(host(), dp_h);
+  const Tensor dp = to_device(ctx_, dp_h);
+  copy(ctx_, host_filled({c.T - S}, DType::F32, kSentinel), dp.rows(S, c.T));
+  const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_probs = dp});
+  EXPECT_EQ(g.probs.data(), dp.data()) << "the probs gradient is not the caller's buffer";
+  const std::vector<double> got = to_doubles(ctx_, dp);
+  for (int64_t t = 0; t < S; ++t) {
+    const double want = start[static_cast<size_t>(t)] + plain[static_cast<size_t>(t)];
+    ASSERT_NEAR(got[static_cast<size_t>(t)], want, 1e-6 * (1 + std::abs(want))) << "row " << t;
+  }
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), S, c.T, 1, DType::F32));
+}
+
 // S = 0: nothing is written into the buffers, weight and bias grads are exactly 0, main_grad
 // is unchanged.
 TEST_P(GroupedMLPDevice, AllGroupsEmptyWritesNoRow) {
