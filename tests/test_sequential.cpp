@@ -561,6 +561,62 @@ TEST_P(SequentialTest, ConstructionRejectsNullDuplicateAndEmpty) {
 // ============================================================== chains of basic ops
 // x → GroupedLinear(b1) → Bias(prob-scaled) → SwiGLU → GroupedLinear(b2, plain): y against fp64
 // end to end and every gradient against finite differences (f32).
+// The Bias op alone (SPEC §4), plain and prob-scaled, bf16 and f32, with a zero-row group and a
+// tail: y = x + s_t·b_g against fp64 (one rounding), dx is dy itself (no copy), db_g = Σ s_t·dy_t
+// with the empty group's db exactly 0, and dp_t = Σ_n dy[t, n]·b[g(t), n] when scaled.
+TEST_P(SequentialTest, BiasOpAloneMatchesFp64WithAnEmptyGroup) {
+  const int64_t G = 3, N = 12, T = 11;
+  const std::vector<int64_t> counts = {4, 0, 5};  // + 2 tail rows
+  const int64_t S = sum(counts);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (bool scaled : {false, true}) {
+      SCOPED_TRACE(str(name(dt), scaled ? ", scaled" : ", plain"));
+      auto bias = std::make_shared<Bias>(
+          BiasConfig{.groups = G, .features = N, .dtype = dt, .scale_by_probs = scaled}, ctx_);
+      const Tensor b_h = random_normal({G, N}, dt, 51), x_h = random_normal({T, N}, dt, 52);
+      const Tensor dy_h = random_normal({T, N}, dt, 53);
+      const Tensor p_h = make_mlp_data({.T = T}).probs;
+      copy(ctx_, b_h, bias->bias());
+      const Sequential seq({bias});
+      const Tensor dy = to_device(ctx_, dy_h);
+      ExtraInputs in{.splits = Splits::host(counts)};
+      if (scaled) in.probs = to_device(ctx_, p_h);
+      auto [y, tape] = seq.forward(to_device(ctx_, x_h), in);
+      const SequentialGrads g = seq.backward(tape, dy);
+
+      const auto b = to_doubles(host(), b_h), x = to_doubles(host(), x_h);
+      const auto dyd = to_doubles(host(), dy_h), p = to_doubles(host(), p_h);
+      const auto yv = to_doubles(ctx_, y);
+      const double tol = dt == DType::BF16 ? 1.0 / 128 : 1e-6;  // one rounding of the sum
+      std::vector<double> db(G * N, 0.0), dp(S, 0.0);
+      for (int64_t t = 0, gi = 0, end = counts[0]; t < S; ++t) {
+        while (t >= end) end += counts[static_cast<size_t>(++gi)];
+        const double s = scaled ? p[t] : 1.0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double want = x[t * N + n] + s * b[gi * N + n];
+          ASSERT_NEAR(yv[t * N + n], want, tol * (1 + std::abs(want))) << "y " << t << ", " << n;
+          db[gi * N + n] += s * dyd[t * N + n];
+          dp[t] += dyd[t * N + n] * b[gi * N + n];
+        }
+      }
+      EXPECT_EQ(g.input.data(), dy.data()) << "dx is dy itself";
+      const auto dbv = to_doubles(ctx_, g.params[0].bias);
+      for (int64_t i = 0; i < G * N; ++i) {
+        if (i / N == 1) {
+          ASSERT_EQ(dbv[i], 0.0) << "db of the empty group, column " << i % N;
+        } else {
+          ASSERT_NEAR(dbv[i], db[i], tol * (1 + std::abs(db[i])) * 4) << "db " << i;
+        }
+      }
+      ASSERT_EQ(g.probs.defined(), scaled);
+      if (scaled) {
+        const auto dpv = to_doubles(ctx_, g.probs);
+        for (int64_t t = 0; t < S; ++t) ASSERT_NEAR(dpv[t], dp[t], 1e-4 * (1 + std::abs(dp[t]))) << t;
+      }
+    }
+  }
+}
+
 TEST_P(SequentialTest, ChainOfBasicOpsMatchesFp64AndFiniteDifferences) {
   const int64_t G = 2, H = 8, F = 8, N = 6, T = 11;
   const std::vector<int64_t> counts = {4, 5};  // + 2 tail rows
