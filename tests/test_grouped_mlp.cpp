@@ -919,6 +919,56 @@ TEST_P(GroupedMLPDevice, FreezingOneLayerOrTheProbsChangesNothingElse) {
   }
 }
 
+// GroupedMLP(config, ctx) (SPEC §5) builds the same three ops as fusing existing ones: its
+// configuration shows in them, and with the same parameters it gives the same bits (y, dx, dprobs,
+// every parameter gradient) in both GLU layouts, biases on and off.
+TEST_P(GroupedMLPDevice, ConstructedFromAConfigEqualsTheFusedOps) {
+  for (GluLayout layout : {GluLayout::Halves, GluLayout::Interleaved32}) {
+    for (bool biases : {false, true}) {
+      SCOPED_TRACE(str(layout == GluLayout::Halves ? "halves" : "interleaved32",
+                       biases ? ", biases" : ", no biases"));
+      const MlpData d = make_mlp_data({.G = 3, .H = 16, .F = 32, .dtype = DType::BF16,
+                                       .layout = layout, .b1 = biases, .b2 = biases, .seed = 23});
+      const MlpCase& c = d.c;
+      const GroupedMLP built({.groups = c.G, .hidden = c.H, .ffn = c.F, .dtype = c.dtype,
+                              .fc1_bias = biases, .fc2_bias = biases, .layout = layout},
+                             ctx_);
+      ASSERT_EQ(built.groups(), c.G);
+      ASSERT_EQ(built.in_features(), c.H);
+      ASSERT_EQ(built.ffn(), c.F);
+      ASSERT_EQ(built.out_features(), c.H);
+      ASSERT_EQ(built.layout(), layout);
+      ASSERT_EQ(built.fc1()->bias().defined(), biases);
+      ASSERT_EQ(built.fc2()->bias().defined(), biases);
+      EXPECT_EQ(built.fc2()->scale_bias(), biases);
+      copy(ctx_, d.w1, built.fc1()->linear().weight());
+      copy(ctx_, d.w2, built.fc2()->linear().weight());
+      if (biases) {
+        copy(ctx_, d.b1, built.fc1()->bias());
+        copy(ctx_, d.b2, built.fc2()->bias());
+      }
+      const MlpOps ops = make_mlp_ops(ctx_, d);
+      const GroupedMLP fused(ops.fc1, ops.act, ops.fc2);
+      const Splits splits = Splits::host(c.counts);
+      const MlpRun a = run_mlp(ctx_, built, d, splits), b = run_mlp(ctx_, fused, d, splits);
+      const int64_t S = sum_of(c.counts);
+      auto same = [&](const Tensor& x, const Tensor& y, int64_t rows) {
+        return bit_identical(bytes_of(ctx_, rows < 0 ? x : x.rows(0, rows)),
+                             bytes_of(ctx_, rows < 0 ? y : y.rows(0, rows)), x.dtype());
+      };
+      EXPECT_TRUE(same(a.y, b.y, S)) << "y";
+      EXPECT_TRUE(same(a.dx, b.dx, S)) << "dx";
+      EXPECT_TRUE(same(a.grads.probs, b.grads.probs, S)) << "dprobs";
+      EXPECT_TRUE(same(a.grads.fc1.weight, b.grads.fc1.weight, -1)) << "dW1";
+      EXPECT_TRUE(same(a.grads.fc2.weight, b.grads.fc2.weight, -1)) << "dW2";
+      if (biases) {
+        EXPECT_TRUE(same(a.grads.fc1.bias, b.grads.fc1.bias, -1)) << "db1";
+        EXPECT_TRUE(same(a.grads.fc2.bias, b.grads.fc2.bias, -1)) << "db2";
+      }
+    }
+  }
+}
+
 // grad_probs (SPEC §1, §5): dp is added to the caller's buffer on rows [0, S), which is returned
 // as the probs gradient (aliased); rows [S, T) keep their sentinel. The sum equals start + the dp
 // of a run without the buffer to fp32 rounding (the same additions, the start first).
