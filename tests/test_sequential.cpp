@@ -235,7 +235,9 @@ TEST_P(SequentialTest, BackwardFollowsThePlanRecordedAtForwardWhenFusionIsToggle
       for (const auto& [g, w] : {std::pair{got.params[i].weight, want.params[i].weight},
                                  std::pair{got.params[i].bias, want.params[i].bias}}) {
         ASSERT_EQ(g.defined(), w.defined());
-        if (g.defined()) EXPECT_TRUE(bit_identical(bytes_of(ctx_, g), bytes_of(ctx_, w), g.dtype()));
+        if (g.defined()) {
+          EXPECT_TRUE(bit_identical(bytes_of(ctx_, g), bytes_of(ctx_, w), g.dtype()));
+        }
       }
     }
   }
