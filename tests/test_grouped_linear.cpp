@@ -1463,18 +1463,49 @@ TEST_P(BadSplits, DeviceCountsOnAnotherDeviceAreRejected) {
       ctx(), Splits::device(mem.as({5}, {1}, DType::I32)),
       {"'splits'", "counts on " + ctx().device().to_string(), "got " + mem.claimed.to_string()});
 }
-TEST_P(BadSplits, DeviceCountValuesAreCheckedBeforeAnyWorkOnTheCpu) {
-  if (!on_cpu()) {
-    GTEST_SKIP() << "CUDA device counts are checked on the device (SPEC §1), and moekit has no "
-                    "API yet to query the device-side error flag";
-  }
+// Device counts with a negative count or S > T: on the CPU an error at the call, naming the value;
+// on CUDA (SPEC §1: checked on the device, no host sync) no error at the call, nothing written by
+// forward or backward (output, grad_input, main_grad), and check_device_errors() then raises an
+// InvalidArgument naming 'splits' and what was wrong.
+TEST_P(BadSplits, DeviceCountValuesAreCheckedBeforeAnyWork) {
+  struct Bad {
+    std::vector<int64_t> counts;
+    std::vector<std::string> cpu_says;
+    const char* device_says;
+  };
+  const Bad bad[] = {{{7, 0, -2, 5, 0}, {"'splits'", "got count -2 for group 2"},
+                      "a negative count"},
+                     {{7, 0, 12, 5, 7}, {"'splits'", "S <= T = 30", "got S = 31"},
+                      "a total S larger than the T rows presented"}};
   for (DType dt : {DType::I32, DType::I64}) {
-    expect_splits_rejected(ctx(),
-                           Splits::device(to_device(ctx(), counts_tensor({7, 0, -2, 5, 0}, dt))),
-                           {"'splits'", "got count -2 for group 2"});
-    expect_splits_rejected(ctx(),
-                           Splits::device(to_device(ctx(), counts_tensor({7, 0, 12, 5, 7}, dt))),
-                           {"'splits'", "S <= T = 30", "got S = 31"});
+    for (const Bad& b : bad) {
+      SCOPED_TRACE(str(::testing::PrintToString(b.counts), " ", name(dt)));
+      const Splits splits = Splits::device(to_device(ctx(), counts_tensor(b.counts, dt)));
+      if (on_cpu()) {
+        expect_splits_rejected(ctx(), splits, b.cpu_says);
+        continue;
+      }
+      Rig r(ctx());
+      (void)ctx().device_error_bits();  // a clear word: what follows is this call's
+      const Tensor out = filled(ctx(), {r.T(), r.N()}, Rig::kDtype, kSentinel);
+      const Tensor dx = filled(ctx(), {r.T(), r.K()}, Rig::kDtype, kSentinel);
+      // A backend that reads the counts to the host raises at the call instead (SPEC §1).
+      GroupedLinear::Saved saved;
+      auto e = caught([&] { r.p.layer->forward(r.p.x_dev, splits, {.output = out}, &saved); });
+      if (!e) e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = dx}); });
+      if (!e) e = caught([&] { ctx().check_device_errors(); });
+      ASSERT_TRUE(e) << "no error reported, at the call or on the device";
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      const bool on_device =
+          std::string(e->what()).find("the kernel found invalid") != std::string::npos;
+      for (const std::string& says : on_device ? std::vector<std::string>{"'splits'", b.device_says}
+                                               : b.cpu_says) {
+        EXPECT_THAT(e->what(), HasSubstr(says));
+      }
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx(), out), 0, r.T(), r.N(), Rig::kDtype)) << "y";
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx(), dx), 0, r.T(), r.K(), Rig::kDtype)) << "dx";
+      r.expect_untouched();  // main_grad, weight, bias
+    }
   }
 }
 
