@@ -527,6 +527,29 @@ TEST_P(SequentialTest, AnErrorAtALaterOpLeavesTheFirstOpsBufferUnwritten) {
   }
 }
 
+// A grad_input buffer bound at forward is written during backward: it may not overlap that call's
+// dy (unfused, op 0 checks it against its own grad_output only). The error names the key and the
+// op; nothing is written — the buffer and dy share one arena that keeps its bytes.
+TEST_P(SequentialTest, GradInputOverlappingTheBackwardsDyIsAnError) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  for (bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fuse});
+    const Overlapping o(ctx_, m.d.dy, {c.T, c.H}, DType::BF16, /*overlap_elems=*/1);
+    OpArgs args;
+    args[0].grad_input = o.buffer;
+    auto [y, tape] = seq.forward(m.x, m.inputs(), args);
+    const std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    auto e = caught([&] { seq.backward(tape, o.data); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("op_args[0].grad_input of op 0 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping input 'grad_output'"));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+  }
+}
+
 TEST_P(SequentialTest, TapeMustComeFromThisSequential) {
   const Mlp m = mlp();
   const Sequential a({m.ops.fc1, m.ops.act, m.ops.fc2});

@@ -14,6 +14,7 @@ struct Tape::Record {
   std::vector<Sequential::Stage> stages;             // the plan that ran
   std::vector<std::unique_ptr<OpContext>> contexts;  // one per stage
   std::vector<Tensor> grad_inputs;                   // per position: bound at forward
+  std::vector<std::string> grad_input_names;         // their keys and ops, for errors
   bool input_requires_grad = false;
 };
 
@@ -309,8 +310,13 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
     record->ops = ops_;
     record->stages = stages_;
     record->grad_inputs.resize(static_cast<size_t>(P));
+    record->grad_input_names.resize(static_cast<size_t>(P));
     for (int64_t pos = 0; pos < P; ++pos) {
-      record->grad_inputs[static_cast<size_t>(pos)] = routed[static_cast<size_t>(pos)][1].tensor;
+      const Routed& r = routed[static_cast<size_t>(pos)][1];
+      record->grad_inputs[static_cast<size_t>(pos)] = r.tensor;
+      if (r.tensor.defined()) {
+        record->grad_input_names[static_cast<size_t>(pos)] = str(r.name, " of ", r.op);
+      }
     }
     record->input_requires_grad = in.input_requires_grad;
   }
@@ -355,6 +361,14 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy) const {
   const Tape::Record& r = *tape.record_;
   if (r.ops != ops_) {
     throw_invalid("tape", "a tape recorded by this Sequential's forward", "a tape of other ops");
+  }
+  // The grad_input buffers bound at forward are written during this call: none may overlap its
+  // input dy (each op checks them against its own grad_output only, which is dy for the last).
+  for (size_t pos = 0; pos < r.grad_inputs.size(); ++pos) {
+    if (overlaps(r.grad_inputs[pos], dy)) {
+      throw_invalid(r.grad_input_names[pos], "memory that overlaps no input of the call",
+                    str("memory overlapping input 'grad_output' (", dy.describe(), ")"));
+    }
   }
   SequentialGrads out;
   out.params.resize(ops_.size());
