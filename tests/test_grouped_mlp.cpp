@@ -23,6 +23,7 @@
 namespace moekit::test {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
@@ -1135,6 +1136,79 @@ TEST_P(GroupedMLPDevice, RejectsBadCallsBeforeWritingAnything) {
   e = caught([&] { GroupedMLP(ops.fc1, ops.act, fc2_plain_bias); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("fc2 has a plain bias"));
+}
+
+// SPEC §3 for the fused MLP's caller buffers, output at forward and grad_input at backward:
+// dtype, contiguity, and overlap with each input of the call and each tensor of the layers
+// (weights, biases, main_grads), the buffer overlapping the input's last element in one arena.
+// Each is an error naming the buffer and what was wrong; the arena keeps its bytes.
+TEST_P(GroupedMLPDevice, CallerBuffersAreCheckedAgainstEveryInputAndParameter) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 13});
+  const MlpCase& c = d.c;
+  const Tensor counts_h = counts_tensor(c.counts, DType::I64);
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 24);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 25);
+  struct Case {
+    const char* buffer;  // "output" or "grad_input"
+    const char* input;   // its name in the error
+    Tensor host;         // the input's data, placed in the arena
+  };
+  const Case cases[] = {
+      {"output", "input", d.x},        {"output", "probs", d.probs},
+      {"output", "splits", counts_h},  {"output", "fc1 weight", d.w1},
+      {"output", "fc2 bias", d.b2},    {"output", "fc1 main_grad", mg1_h},
+      {"output", "fc2 main_grad", mg2_h},
+      {"grad_input", "grad_output", d.dy}, {"grad_input", "probs", d.probs},
+      {"grad_input", "fc2 weight", d.w2},  {"grad_input", "fc1 main_grad", mg1_h},
+  };
+  for (const Case& k : cases) {
+    const std::string buf(k.buffer), in(k.input);
+    SCOPED_TRACE(buf + " over " + in);
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Shape shape = buf == "output" ? Shape{c.T, c.N} : Shape{c.T, c.H};
+    const Overlapping o(ctx_, k.host, shape, c.dtype, /*overlap_elems=*/1);
+    auto placed = [&](const char* name, const Tensor& host_value) {
+      return in == name ? o.data : to_device(ctx_, host_value);
+    };
+    ops.fc1->linear().set_main_grad(placed("fc1 main_grad", mg1_h));
+    ops.fc2->linear().set_main_grad(placed("fc2 main_grad", mg2_h));
+    if (in == "fc1 weight") ops.fc1->linear().set_weight(o.data);
+    if (in == "fc2 weight") ops.fc2->linear().set_weight(o.data);
+    if (in == "fc2 bias") ops.fc2->set_bias(o.data);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Tensor x = placed("input", d.x), probs = placed("probs", d.probs);
+    const Splits splits = Splits::device(placed("splits", counts_h));
+    std::optional<Error> e;
+    std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    if (buf == "output") {
+      e = caught([&] { mlp.forward(x, probs, splits, {.output = o.buffer}); });
+    } else {
+      GroupedMLP::Saved saved;
+      mlp.forward(x, probs, splits, {}, &saved);
+      before = bytes_of(ctx_, o.arena.bytes);
+      e = caught([&] { mlp.backward(saved, placed("grad_output", d.dy), {.grad_input = o.buffer}); });
+    }
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("'" + buf + "'"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping input '" + in + "'"));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+  }
+  // dtype and contiguity (before overlap, SPEC §3's order; nothing else to overlap here)
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs);
+  const Splits splits = Splits::host(c.counts);
+  const Tensor f16 = filled(ctx_, {c.T, c.N}, DType::F16, kSentinel);
+  auto e = caught([&] { mlp.forward(x, probs, splits, {.output = f16}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'output'"), HasSubstr("expected dtype bf16")));
+  const Tensor wide = filled(ctx_, {c.T, 2 * c.N}, c.dtype, kSentinel);
+  const Tensor strided = Tensor::wrap(wide.data(), {c.T, c.N}, {2 * c.N, 1}, c.dtype, ctx_.device());
+  e = caught([&] { mlp.forward(x, probs, splits, {.output = strided}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'output'"), HasSubstr("contiguous")));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, wide), 0, c.T, 2 * c.N, c.dtype));
 }
 
 // SPEC §3 for the fused MLP's backward: each buffer it writes (grad_input, grad_probs, each
