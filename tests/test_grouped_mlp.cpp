@@ -1233,7 +1233,7 @@ TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreEr
       {"grad_input", "splits", In::Splits},        {"grad_probs", "splits", In::Splits},
       {"grad_probs", "fc1 weight", In::W1},        {"grad_probs", "fc2 main_grad", In::Mg2},
       {"fc1 main_grad", "probs", In::Probs},       {"fc1 main_grad", "splits", In::Splits},
-      {"fc2 main_grad", "fc2 bias", In::B2},       {"fc2 main_grad", "fc1 main_grad", In::Mg1},
+      {"fc2 main_grad", "fc2 bias", In::B2},       {"fc1 main_grad", "fc2 main_grad", In::Mg2},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(str(k.buffer, " over ", k.input));
