@@ -892,31 +892,23 @@ TEST_P(GroupedMLPDevice, FreezingOneLayerOrTheProbsChangesNothingElse) {
     return bit_identical(bytes_of(ctx_, got.rows(0, rows)), bytes_of(ctx_, want.rows(0, rows)),
                          got.dtype());
   };
-  {
-    SCOPED_TRACE("fc1 frozen");
-    const Run r = run(false, true, true);
-    EXPECT_FALSE(r.g.fc1.weight.defined());
-    EXPECT_TRUE(bit_identical(r.mg1, mg1_start, DType::F32)) << "frozen fc1's main_grad";
-    EXPECT_TRUE(bit_identical(r.mg2, all.mg2, DType::F32)) << "fc2's main_grad";
-    EXPECT_TRUE(same(r.g.input, all.g.input, S));
-    EXPECT_TRUE(same(r.g.probs, all.g.probs, S));
-  }
-  {
-    SCOPED_TRACE("fc2 frozen");
-    const Run r = run(true, false, true);
-    EXPECT_FALSE(r.g.fc2.weight.defined());
-    EXPECT_TRUE(bit_identical(r.mg2, mg2_start, DType::F32)) << "frozen fc2's main_grad";
-    EXPECT_TRUE(bit_identical(r.mg1, all.mg1, DType::F32)) << "fc1's main_grad";
-    EXPECT_TRUE(same(r.g.input, all.g.input, S));
-    EXPECT_TRUE(same(r.g.probs, all.g.probs, S));
-  }
-  {
-    SCOPED_TRACE("probs need no grad");
-    const Run r = run(true, true, false);
-    EXPECT_FALSE(r.g.probs.defined());
-    EXPECT_TRUE(bit_identical(r.mg1, all.mg1, DType::F32)) << "fc1's main_grad";
-    EXPECT_TRUE(bit_identical(r.mg2, all.mg2, DType::F32)) << "fc2's main_grad";
-    EXPECT_TRUE(same(r.g.input, all.g.input, S));
+  struct Case {
+    const char* what;
+    bool fc1_trains, fc2_trains, probs_grad;
+  };
+  for (const Case& k : {Case{"fc1 frozen", false, true, true}, Case{"fc2 frozen", true, false, true},
+                        Case{"probs need no grad", true, true, false}}) {
+    SCOPED_TRACE(k.what);
+    const Run r = run(k.fc1_trains, k.fc2_trains, k.probs_grad);
+    EXPECT_EQ(r.g.fc1.weight.defined(), k.fc1_trains);
+    EXPECT_EQ(r.g.fc2.weight.defined(), k.fc2_trains);
+    EXPECT_TRUE(bit_identical(r.mg1, k.fc1_trains ? all.mg1 : mg1_start, DType::F32)) << "fc1's";
+    EXPECT_TRUE(bit_identical(r.mg2, k.fc2_trains ? all.mg2 : mg2_start, DType::F32)) << "fc2's";
+    EXPECT_TRUE(same(r.g.input, all.g.input, S)) << "dx";
+    ASSERT_EQ(r.g.probs.defined(), k.probs_grad);
+    if (k.probs_grad) {
+      EXPECT_TRUE(same(r.g.probs, all.g.probs, S)) << "dprobs";
+    }
   }
 }
 
