@@ -934,6 +934,7 @@ TEST(Backend, UnknownForcedNameIsRejectedListingTheBackends) {
   TinyGemm g;
   auto e = caught([&] { g.run(Context::cpu().with_backend("nope")); });
   ASSERT_TRUE(e) << "a misspelt forced backend must not silently run another backend";
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'nope'"), HasSubstr("cpu")));
   EXPECT_TRUE(test::rows_hold_sentinel(test::bytes_of(test::host(), g.out), 0, 3, 2, DType::F32));
 }
@@ -943,6 +944,7 @@ TEST(Backend, UnknownNameInEnvironmentIsRejectedToo) {
   TinyGemm g;
   auto e = caught([&] { g.run(Context::cpu()); });
   ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'nope'"), HasSubstr("MOEKIT_BACKEND"), HasSubstr("cpu")));
   // The context's own choice wins over the environment.
   TinyGemm ok;

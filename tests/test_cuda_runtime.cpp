@@ -735,7 +735,10 @@ TEST(CudaDeviceSplits, InvalidCountsMakeActivationAndBiasKernelsWriteNothingAndS
   };
   const Bad bad[] = {{{10, -3, 20, 5}, Context::kNegativeCount, "a negative count"},
                      {{50, 30, 20, 1}, Context::kCountsExceedRows, "larger than the T rows"},
-                     {{10, 101, 0, 0}, Context::kCountsExceedRows, "larger than the T rows"}};
+                     {{10, 101, 0, 0}, Context::kCountsExceedRows, "larger than the T rows"},
+                     // counts whose sum wraps in 32 bits: each is caught above T on its own
+                     {{2147483647, 2147483647, 5, 0}, Context::kCountsExceedRows,
+                      "larger than the T rows"}};
   for (const Bad& b : bad) {
     for (DType ct : {DType::I32, DType::I64}) {
       SCOPED_TRACE(str(::testing::PrintToString(b.counts), " counts ", name(ct)));

@@ -1163,37 +1163,8 @@ TEST_P(CallerBufferRejects, GradInputNonContiguous) {
   expect_non_contiguous_rejected(ctx(), "grad_input");
 }
 
-// Overlap: the buffer and an input of the call are carved out of one arena (pre-filled with the
-// sentinel, then the input's data copied in); after the failed call the whole arena is unchanged.
-struct Arena {
-  Tensor bytes;  // u8 on the op's device
-  Arena(const Context& ctx, int64_t n) : bytes(filled(ctx, {n}, DType::U8, 0)) {}
-  Tensor at(int64_t byte_offset, const Shape& shape, DType dtype) const {
-    return Tensor::wrap(static_cast<char*>(bytes.data()) + byte_offset, shape, dtype,
-                        bytes.device());
-  }
-};
-
-// Makes an arena holding a `data_shape` tensor (filled with `data`) at offset 0 and a buffer of
-// `buf_shape` (sentinel) starting `overlap_elems` elements before the data's end.
-struct Overlapping {
-  Arena arena;
-  Tensor data, buffer;
-  std::vector<uint8_t> before;
-  Overlapping(const Context& ctx, const Tensor& data_host, const Shape& buf_shape, DType dtype,
-              int64_t overlap_elems)
-      : arena(ctx, static_cast<int64_t>(data_host.nbytes()) +
-                       numel(buf_shape) * static_cast<int64_t>(size_of(dtype))) {
-    const auto es = static_cast<int64_t>(size_of(dtype));
-    const int64_t buf_off = static_cast<int64_t>(data_host.nbytes()) - overlap_elems * es;
-    buffer = arena.at(buf_off, buf_shape, dtype);
-    copy(ctx, host_filled(buf_shape, dtype, kSentinel), buffer);
-    data = arena.at(0, data_host.shape(), data_host.dtype());
-    copy(ctx, data_host, data);  // the data wins where they overlap
-    before = bytes_of(ctx, arena.bytes);
-  }
-};
-
+// Overlap: the buffer and an input of the call are carved out of one arena (Overlapping,
+// support/test_util.h); after the failed call the whole arena is unchanged.
 TEST_P(CallerBufferRejects, OutputOverlappingInput) {
   Rig r(ctx());
   const Tensor xh = to_host(ctx(), r.p.x_dev);
@@ -1297,6 +1268,69 @@ TEST_P(CallerBufferRejects, GradInputOverlappingMainGrad) {
                  "memory overlapping input 'main_grad'");
   EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
   r.expect_untouched();
+}
+
+TEST_P(CallerBufferRejects, OutputOverlappingMainGrad) {
+  // Forward would write y where backward then accumulates dW.
+  Rig r(ctx());
+  const Tensor mgh = to_host(ctx(), r.main_grad);
+  Overlapping o(ctx(), mgh, {r.T(), r.N()}, Rig::kDtype, /*overlap_elems=*/1);
+  r.main_grad = o.data;
+  r.p.layer->set_main_grad(o.data);
+  r.snapshot();
+  const auto e = r.forward_with(o.buffer);
+  expect_invalid(e, "output", "memory that overlaps no input of the call",
+                 "memory overlapping input 'main_grad'");
+  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
+  r.expect_untouched();
+}
+
+TEST_P(CallerBufferRejects, GradInputOverlappingDeviceCounts) {
+  // The backward reads the splits saved at forward: device counts there are an input too.
+  Rig r(ctx());
+  const Tensor counts = counts_tensor(r.p.c.counts, DType::I32);
+  Overlapping o(ctx(), counts, {r.T(), r.K()}, Rig::kDtype, /*overlap_elems=*/2);  // 4 bytes
+  GroupedLinear::Saved saved;
+  r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {}, &saved);
+  r.snapshot();
+  const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+  const auto e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = o.buffer}); });
+  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
+                 "memory overlapping input 'splits'");
+  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
+  r.expect_untouched();
+}
+
+// main_grad is written by backward: it may not overlap what backward reads (SPEC §3) — the
+// gradient of the output, the weight, the saved input, the saved device counts. The arena holds
+// that input, with main_grad [G, N, K] f32 overlapping its last element.
+TEST_P(CallerBufferRejects, MainGradOverlappingABackwardInput) {
+  for (const std::string which : {"grad_output", "weight", "input", "splits"}) {
+    SCOPED_TRACE(which);
+    Rig r(ctx());
+    const Shape mg_shape{r.p.c.G(), r.N(), r.K()};
+    const Tensor host = which == "grad_output" ? to_host(ctx(), r.p.dy_dev)
+                        : which == "weight"    ? to_host(ctx(), r.p.layer->weight())
+                        : which == "input"     ? to_host(ctx(), r.p.x_dev)
+                                               : counts_tensor(r.p.c.counts, DType::I32);
+    const int64_t overlap = which == "splits" ? 1 : 2;  // f32 elements over the input's last bytes
+    Overlapping o(ctx(), host, mg_shape, DType::F32, overlap);
+    Tensor dy = r.p.dy_dev;
+    GroupedLinear::Saved saved = r.saved;
+    if (which == "grad_output") dy = o.data;
+    if (which == "weight") r.p.layer->set_weight(o.data);
+    if (which == "input") r.p.layer->forward(o.data, Splits::host(r.p.c.counts), {}, &saved);
+    if (which == "splits") r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {}, &saved);
+    r.main_grad = o.buffer;
+    r.p.layer->set_main_grad(o.buffer);
+    r.snapshot();
+    const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+    const auto e = caught([&] { r.p.layer->backward(saved, dy, {}); });
+    expect_invalid(e, "main_grad", "memory that overlaps no input of the call",
+                   "memory overlapping input '" + which + "'");
+    EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
+    r.expect_untouched();
+  }
 }
 
 TEST_P(CallerBufferRejects, AdjacentButNotOverlappingIsAccepted) {
@@ -1429,18 +1463,49 @@ TEST_P(BadSplits, DeviceCountsOnAnotherDeviceAreRejected) {
       ctx(), Splits::device(mem.as({5}, {1}, DType::I32)),
       {"'splits'", "counts on " + ctx().device().to_string(), "got " + mem.claimed.to_string()});
 }
-TEST_P(BadSplits, DeviceCountValuesAreCheckedBeforeAnyWorkOnTheCpu) {
-  if (!on_cpu()) {
-    GTEST_SKIP() << "CUDA device counts are checked on the device (SPEC §1), and moekit has no "
-                    "API yet to query the device-side error flag";
-  }
+// Device counts with a negative count or S > T: on the CPU an error at the call, naming the value;
+// on CUDA (SPEC §1: checked on the device, no host sync) no error at the call, nothing written by
+// forward or backward (output, grad_input, main_grad), and check_device_errors() then raises an
+// InvalidArgument naming 'splits' and what was wrong.
+TEST_P(BadSplits, DeviceCountValuesAreCheckedBeforeAnyWork) {
+  struct Bad {
+    std::vector<int64_t> counts;
+    std::vector<std::string> cpu_says;
+    const char* device_says;
+  };
+  const Bad bad[] = {{{7, 0, -2, 5, 0}, {"'splits'", "got count -2 for group 2"},
+                      "a negative count"},
+                     {{7, 0, 12, 5, 7}, {"'splits'", "S <= T = 30", "got S = 31"},
+                      "a total S larger than the T rows presented"}};
   for (DType dt : {DType::I32, DType::I64}) {
-    expect_splits_rejected(ctx(),
-                           Splits::device(to_device(ctx(), counts_tensor({7, 0, -2, 5, 0}, dt))),
-                           {"'splits'", "got count -2 for group 2"});
-    expect_splits_rejected(ctx(),
-                           Splits::device(to_device(ctx(), counts_tensor({7, 0, 12, 5, 7}, dt))),
-                           {"'splits'", "S <= T = 30", "got S = 31"});
+    for (const Bad& b : bad) {
+      SCOPED_TRACE(str(::testing::PrintToString(b.counts), " ", name(dt)));
+      const Splits splits = Splits::device(to_device(ctx(), counts_tensor(b.counts, dt)));
+      if (on_cpu()) {
+        expect_splits_rejected(ctx(), splits, b.cpu_says);
+        continue;
+      }
+      Rig r(ctx());
+      (void)ctx().device_error_bits();  // a clear word: what follows is this call's
+      const Tensor out = filled(ctx(), {r.T(), r.N()}, Rig::kDtype, kSentinel);
+      const Tensor dx = filled(ctx(), {r.T(), r.K()}, Rig::kDtype, kSentinel);
+      // A backend that reads the counts to the host raises at the call instead (SPEC §1).
+      GroupedLinear::Saved saved;
+      auto e = caught([&] { r.p.layer->forward(r.p.x_dev, splits, {.output = out}, &saved); });
+      if (!e) e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = dx}); });
+      if (!e) e = caught([&] { ctx().check_device_errors(); });
+      ASSERT_TRUE(e) << "no error reported, at the call or on the device";
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      const bool on_device =
+          std::string(e->what()).find("the kernel found invalid") != std::string::npos;
+      for (const std::string& says : on_device ? std::vector<std::string>{"'splits'", b.device_says}
+                                               : b.cpu_says) {
+        EXPECT_THAT(e->what(), HasSubstr(says));
+      }
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx(), out), 0, r.T(), r.N(), Rig::kDtype)) << "y";
+      EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx(), dx), 0, r.T(), r.K(), Rig::kDtype)) << "dx";
+      r.expect_untouched();  // main_grad, weight, bias
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 namespace moekit::test {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
@@ -853,6 +854,143 @@ TEST_P(GroupedMLPDevice, GradientsNobodyNeedsAreNotComputed) {
   EXPECT_THAT(e->what(), HasSubstr("does not require grad"));
 }
 
+// SPEC §5: frozen weights of fc1 or fc2 alone are honoured — the frozen layer gets no weight
+// gradient and its main_grad keeps its bits; everything else equals the run with both layers
+// training bit for bit (dx, dprobs rows [0, S), the other main_grad). Likewise probs that need no
+// grad: no dprobs, the rest unchanged.
+TEST_P(GroupedMLPDevice, FreezingOneLayerOrTheProbsChangesNothingElse) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 17});
+  const MlpCase& c = d.c;
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 31);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 32);
+  const Splits splits = Splits::host(c.counts);
+  const int64_t S = sum_of(c.counts);
+  struct Run {
+    GroupedMLP::Grads g;
+    std::vector<uint8_t> mg1, mg2;
+  };
+  auto run = [&](bool fc1_trains, bool fc2_trains, bool probs_grad) {
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Tensor mg1 = to_device(ctx_, mg1_h), mg2 = to_device(ctx_, mg2_h);
+    ops.fc1->linear().set_main_grad(mg1);
+    ops.fc2->linear().set_main_grad(mg2);
+    ops.fc1->linear().set_weight_requires_grad(fc1_trains);
+    ops.fc2->linear().set_weight_requires_grad(fc2_trains);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    GroupedMLP::Saved saved;
+    mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits,
+                {.probs_requires_grad = probs_grad}, &saved);
+    Run r;
+    r.g = mlp.backward(saved, to_device(ctx_, d.dy));
+    r.mg1 = bytes_of(ctx_, mg1);
+    r.mg2 = bytes_of(ctx_, mg2);
+    return r;
+  };
+  const Run all = run(true, true, true);
+  const std::vector<uint8_t> mg1_start = bytes_of(host(), mg1_h), mg2_start = bytes_of(host(), mg2_h);
+  auto same = [&](const Tensor& got, const Tensor& want, int64_t rows) {
+    return bit_identical(bytes_of(ctx_, got.rows(0, rows)), bytes_of(ctx_, want.rows(0, rows)),
+                         got.dtype());
+  };
+  struct Case {
+    const char* what;
+    bool fc1_trains, fc2_trains, probs_grad;
+  };
+  for (const Case& k : {Case{"fc1 frozen", false, true, true}, Case{"fc2 frozen", true, false, true},
+                        Case{"probs need no grad", true, true, false}}) {
+    SCOPED_TRACE(k.what);
+    const Run r = run(k.fc1_trains, k.fc2_trains, k.probs_grad);
+    EXPECT_EQ(r.g.fc1.weight.defined(), k.fc1_trains);
+    EXPECT_EQ(r.g.fc2.weight.defined(), k.fc2_trains);
+    EXPECT_TRUE(bit_identical(r.mg1, k.fc1_trains ? all.mg1 : mg1_start, DType::F32)) << "fc1's";
+    EXPECT_TRUE(bit_identical(r.mg2, k.fc2_trains ? all.mg2 : mg2_start, DType::F32)) << "fc2's";
+    EXPECT_TRUE(same(r.g.input, all.g.input, S)) << "dx";
+    ASSERT_EQ(r.g.probs.defined(), k.probs_grad);
+    if (k.probs_grad) {
+      EXPECT_TRUE(same(r.g.probs, all.g.probs, S)) << "dprobs";
+    }
+  }
+}
+
+// GroupedMLP(config, ctx) (SPEC §5) builds the same three ops as fusing existing ones: its
+// configuration shows in them, and with the same parameters it gives the same bits (y, dx, dprobs,
+// every parameter gradient) in both GLU layouts, biases on and off.
+TEST_P(GroupedMLPDevice, ConstructedFromAConfigEqualsTheFusedOps) {
+  for (GluLayout layout : {GluLayout::Halves, GluLayout::Interleaved32}) {
+    for (bool biases : {false, true}) {
+      SCOPED_TRACE(str(layout == GluLayout::Halves ? "halves" : "interleaved32",
+                       biases ? ", biases" : ", no biases"));
+      const MlpData d = make_mlp_data({.G = 3, .H = 16, .F = 32, .dtype = DType::BF16,
+                                       .layout = layout, .b1 = biases, .b2 = biases, .seed = 23});
+      const MlpCase& c = d.c;
+      const GroupedMLP built({.groups = c.G, .hidden = c.H, .ffn = c.F, .dtype = c.dtype,
+                              .fc1_bias = biases, .fc2_bias = biases, .layout = layout},
+                             ctx_);
+      ASSERT_EQ(built.groups(), c.G);
+      ASSERT_EQ(built.in_features(), c.H);
+      ASSERT_EQ(built.ffn(), c.F);
+      ASSERT_EQ(built.out_features(), c.H);
+      ASSERT_EQ(built.layout(), layout);
+      ASSERT_EQ(built.fc1()->bias().defined(), biases);
+      ASSERT_EQ(built.fc2()->bias().defined(), biases);
+      EXPECT_EQ(built.fc2()->scale_bias(), biases);
+      copy(ctx_, d.w1, built.fc1()->linear().weight());
+      copy(ctx_, d.w2, built.fc2()->linear().weight());
+      if (biases) {
+        copy(ctx_, d.b1, built.fc1()->bias());
+        copy(ctx_, d.b2, built.fc2()->bias());
+      }
+      const MlpOps ops = make_mlp_ops(ctx_, d);
+      const GroupedMLP fused(ops.fc1, ops.act, ops.fc2);
+      const Splits splits = Splits::host(c.counts);
+      const MlpRun a = run_mlp(ctx_, built, d, splits), b = run_mlp(ctx_, fused, d, splits);
+      const int64_t S = sum_of(c.counts);
+      auto same = [&](const Tensor& x, const Tensor& y, int64_t rows) {
+        return bit_identical(bytes_of(ctx_, rows < 0 ? x : x.rows(0, rows)),
+                             bytes_of(ctx_, rows < 0 ? y : y.rows(0, rows)), x.dtype());
+      };
+      EXPECT_TRUE(same(a.y, b.y, S)) << "y";
+      EXPECT_TRUE(same(a.dx, b.dx, S)) << "dx";
+      EXPECT_TRUE(same(a.grads.probs, b.grads.probs, S)) << "dprobs";
+      EXPECT_TRUE(same(a.grads.fc1.weight, b.grads.fc1.weight, -1)) << "dW1";
+      EXPECT_TRUE(same(a.grads.fc2.weight, b.grads.fc2.weight, -1)) << "dW2";
+      if (biases) {
+        EXPECT_TRUE(same(a.grads.fc1.bias, b.grads.fc1.bias, -1)) << "db1";
+        EXPECT_TRUE(same(a.grads.fc2.bias, b.grads.fc2.bias, -1)) << "db2";
+      }
+    }
+  }
+}
+
+// grad_probs (SPEC §1, §5): dp is added to the caller's buffer on rows [0, S), which is returned
+// as the probs gradient (aliased); rows [S, T) keep their sentinel. The sum equals start + the dp
+// of a run without the buffer to fp32 rounding (the same additions, the start first).
+TEST_P(GroupedMLPDevice, GradProbsBufferAccumulatesOnValidRowsOnly) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 19});
+  const MlpCase& c = d.c;
+  const int64_t S = sum_of(c.counts);
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Splits splits = Splits::host(c.counts);
+  GroupedMLP::Saved saved;
+  mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits, {}, &saved);
+  const Tensor dy = to_device(ctx_, d.dy);
+  const std::vector<double> plain = to_doubles(ctx_, mlp.backward(saved, dy).probs);
+
+  const Tensor dp_h = random_normal({c.T}, DType::F32, 41);  // start values on rows [0, S)
+  const std::vector<double> start = to_doubles(host(), dp_h);
+  const Tensor dp = to_device(ctx_, dp_h);
+  copy(ctx_, host_filled({c.T - S}, DType::F32, kSentinel), dp.rows(S, c.T));
+  const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_probs = dp});
+  EXPECT_EQ(g.probs.data(), dp.data()) << "the probs gradient is not the caller's buffer";
+  const std::vector<double> got = to_doubles(ctx_, dp);
+  for (int64_t t = 0; t < S; ++t) {
+    const double want = start[static_cast<size_t>(t)] + plain[static_cast<size_t>(t)];
+    ASSERT_NEAR(got[static_cast<size_t>(t)], want, 1e-6 * (1 + std::abs(want))) << "row " << t;
+  }
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), S, c.T, 1, DType::F32));
+}
+
 // S = 0: nothing is written into the buffers, weight and bias grads are exactly 0, main_grad
 // is unchanged.
 TEST_P(GroupedMLPDevice, AllGroupsEmptyWritesNoRow) {
@@ -990,6 +1128,160 @@ TEST_P(GroupedMLPDevice, RejectsBadCallsBeforeWritingAnything) {
   e = caught([&] { GroupedMLP(ops.fc1, ops.act, fc2_plain_bias); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("fc2 has a plain bias"));
+}
+
+// SPEC §3 for the fused MLP's caller buffers, output at forward and grad_input at backward:
+// dtype, contiguity, and overlap with each input of the call and each tensor of the layers
+// (weights, biases, main_grads), the buffer overlapping the input's last element in one arena.
+// Each is an error naming the buffer and what was wrong; the arena keeps its bytes.
+TEST_P(GroupedMLPDevice, CallerBuffersAreCheckedAgainstEveryInputAndParameter) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 13});
+  const MlpCase& c = d.c;
+  const Tensor counts_h = counts_tensor(c.counts, DType::I64);
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 24);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 25);
+  struct Case {
+    const char* buffer;  // "output" or "grad_input"
+    const char* input;   // its name in the error
+    Tensor host;         // the input's data, placed in the arena
+  };
+  const Case cases[] = {
+      {"output", "input", d.x},        {"output", "probs", d.probs},
+      {"output", "splits", counts_h},  {"output", "fc1 weight", d.w1},
+      {"output", "fc2 bias", d.b2},    {"output", "fc1 main_grad", mg1_h},
+      {"output", "fc2 main_grad", mg2_h},
+      {"grad_input", "grad_output", d.dy}, {"grad_input", "probs", d.probs},
+      {"grad_input", "fc2 weight", d.w2},  {"grad_input", "fc1 main_grad", mg1_h},
+  };
+  for (const Case& k : cases) {
+    const std::string buf(k.buffer), in(k.input);
+    SCOPED_TRACE(buf + " over " + in);
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Shape shape = buf == "output" ? Shape{c.T, c.N} : Shape{c.T, c.H};
+    const Overlapping o(ctx_, k.host, shape, c.dtype, /*overlap_elems=*/1);
+    auto placed = [&](const char* name, const Tensor& host_value) {
+      return in == name ? o.data : to_device(ctx_, host_value);
+    };
+    ops.fc1->linear().set_main_grad(placed("fc1 main_grad", mg1_h));
+    ops.fc2->linear().set_main_grad(placed("fc2 main_grad", mg2_h));
+    if (in == "fc1 weight") ops.fc1->linear().set_weight(o.data);
+    if (in == "fc2 weight") ops.fc2->linear().set_weight(o.data);
+    if (in == "fc2 bias") ops.fc2->set_bias(o.data);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Tensor x = placed("input", d.x), probs = placed("probs", d.probs);
+    const Splits splits = Splits::device(placed("splits", counts_h));
+    std::optional<Error> e;
+    std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    if (buf == "output") {
+      e = caught([&] { mlp.forward(x, probs, splits, {.output = o.buffer}); });
+    } else {
+      GroupedMLP::Saved saved;
+      mlp.forward(x, probs, splits, {}, &saved);
+      before = bytes_of(ctx_, o.arena.bytes);
+      e = caught([&] { mlp.backward(saved, placed("grad_output", d.dy), {.grad_input = o.buffer}); });
+    }
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("'" + buf + "'"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping input '" + in + "'"));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+  }
+  // dtype and contiguity (before overlap, SPEC §3's order; nothing else to overlap here)
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs);
+  const Splits splits = Splits::host(c.counts);
+  const Tensor f16 = filled(ctx_, {c.T, c.N}, DType::F16, kSentinel);
+  auto e = caught([&] { mlp.forward(x, probs, splits, {.output = f16}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'output'"), HasSubstr("expected dtype bf16")));
+  const Tensor wide = filled(ctx_, {c.T, 2 * c.N}, c.dtype, kSentinel);
+  const Tensor strided = Tensor::wrap(wide.data(), {c.T, c.N}, {2 * c.N, 1}, c.dtype, ctx_.device());
+  e = caught([&] { mlp.forward(x, probs, splits, {.output = strided}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'output'"), HasSubstr("contiguous")));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, wide), 0, c.T, 2 * c.N, c.dtype));
+}
+
+// SPEC §3 for the fused MLP's backward: each buffer it writes (grad_input, grad_probs, each
+// main_grad) may overlap nothing it reads nor another buffer it writes. One case per pair the
+// checks once missed (device counts, probs, biases, weights, the other main_grad), the buffer
+// overlapping the input's last element in one arena (Overlapping). Each is an error naming both,
+// and the arena and both main_grads are unchanged afterwards. Also: grad_probs for probs that do
+// not require grad is an error (the buffer would never be written), as grad_input is.
+TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreErrors) {
+  const MlpData d = make_mlp_data({.dtype = DType::BF16, .seed = 9});
+  const MlpCase& c = d.c;
+  const Tensor counts_h = counts_tensor(c.counts, DType::I32);
+  const Tensor mg1_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 21);
+  const Tensor mg2_h = random_normal({c.G, c.N, c.F}, DType::F32, 22);
+  enum class In { Splits, Probs, W1, B2, Mg1, Mg2 };
+  struct Case {
+    const char* buffer;  // what the call writes
+    const char* input;   // what it overlaps
+    In in;
+  };
+  const Case cases[] = {
+      {"grad_input", "splits", In::Splits},        {"grad_probs", "splits", In::Splits},
+      {"grad_probs", "fc1 weight", In::W1},        {"grad_probs", "fc2 main_grad", In::Mg2},
+      {"fc1 main_grad", "probs", In::Probs},       {"fc1 main_grad", "splits", In::Splits},
+      {"fc2 main_grad", "fc2 bias", In::B2},       {"fc1 main_grad", "fc2 main_grad", In::Mg2},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(str(k.buffer, " over ", k.input));
+    const MlpOps ops = make_mlp_ops(ctx_, d);
+    const Tensor input_h = k.in == In::Splits ? counts_h
+                           : k.in == In::Probs ? d.probs
+                           : k.in == In::W1    ? d.w1
+                           : k.in == In::B2    ? d.b2
+                           : k.in == In::Mg1   ? mg1_h
+                                               : mg2_h;
+    const std::string buf(k.buffer);
+    const Shape buf_shape = buf == "grad_input"      ? Shape{c.T, c.H}
+                            : buf == "grad_probs"    ? Shape{c.T}
+                            : buf == "fc1 main_grad" ? mg1_h.shape()
+                                                     : mg2_h.shape();
+    const DType buf_dtype = buf == "grad_input" ? c.dtype : DType::F32;
+    const Overlapping o(ctx_, input_h, buf_shape, buf_dtype, /*overlap_elems=*/1);
+    Tensor mg1 = k.in == In::Mg1 ? o.data : to_device(ctx_, mg1_h);
+    Tensor mg2 = k.in == In::Mg2 ? o.data : to_device(ctx_, mg2_h);
+    if (buf == "fc1 main_grad") mg1 = o.buffer;
+    if (buf == "fc2 main_grad") mg2 = o.buffer;
+    ops.fc1->linear().set_main_grad(mg1);
+    ops.fc2->linear().set_main_grad(mg2);
+    if (k.in == In::W1) ops.fc1->linear().set_weight(o.data);
+    if (k.in == In::B2) ops.fc2->set_bias(o.data);
+    const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+    const Tensor counts = k.in == In::Splits ? o.data : to_device(ctx_, counts_h);
+    const Tensor probs = k.in == In::Probs ? o.data : to_device(ctx_, d.probs);
+    GroupedMLP::Saved saved;
+    mlp.forward(to_device(ctx_, d.x), probs, Splits::device(counts), {}, &saved);
+    const std::vector<uint8_t> arena = bytes_of(ctx_, o.arena.bytes);
+    const std::vector<uint8_t> mg1_before = bytes_of(ctx_, mg1), mg2_before = bytes_of(ctx_, mg2);
+    GroupedMLP::BackwardOptions options;
+    if (buf == "grad_input") options.grad_input = o.buffer;
+    if (buf == "grad_probs") options.grad_probs = o.buffer;
+    const auto e = caught([&] { mlp.backward(saved, to_device(ctx_, d.dy), options); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr(str("'", k.buffer, "'")));
+    EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", k.input, "'")));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), arena, DType::U8));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg1), mg1_before, DType::F32)) << "fc1 main_grad";
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg2), mg2_before, DType::F32)) << "fc2 main_grad";
+  }
+
+  // grad_probs when the probs do not require grad
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  GroupedMLP::Saved saved;
+  mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), Splits::host(c.counts),
+              {.probs_requires_grad = false}, &saved);
+  const Tensor dp = filled(ctx_, {c.T}, DType::F32, kSentinel);
+  const auto e = caught([&] { mlp.backward(saved, to_device(ctx_, d.dy), {.grad_probs = dp}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'grad_probs': expected no buffer (the probs do not require grad)"));
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dp), 0, c.T, 1, DType::F32));
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GroupedMLPDevice, ::testing::ValuesIn(device_names()),

@@ -201,6 +201,48 @@ TEST_P(SequentialTest, RoutesBuffersIntoTheFusedMlpByHandleAndByPosition) {
   }
 }
 
+// SPEC §4: backward follows the plan recorded at forward even if fusion is toggled in between —
+// the same bits as without the toggle (dx into the caller buffer bound at forward, dprobs, every
+// parameter gradient; rows [0, S) of the internally allocated dprobs), in both directions.
+TEST_P(SequentialTest, BackwardFollowsThePlanRecordedAtForwardWhenFusionIsToggled) {
+  for (int fused_at_forward = 0; fused_at_forward < 2; ++fused_at_forward) {
+    SCOPED_TRACE(fused_at_forward ? "fused at forward, unfused at backward"
+                                  : "unfused at forward, fused at backward");
+    const Mlp m = mlp();
+    const MlpCase& c = m.d.c;
+    const DType dt = c.dtype;
+    Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fused_at_forward != 0});
+    auto [y0, tape0] = seq.forward(m.x, m.inputs());
+    const SequentialGrads want = seq.backward(tape0, m.dy);
+
+    const Tensor dxbuf = sentinel({c.T, c.H}, dt);
+    OpArgs args;
+    args[0].grad_input = dxbuf;
+    auto [y, tape] = seq.forward(m.x, m.inputs(), args);
+    seq.set_fusion(fused_at_forward == 0);
+    ASSERT_EQ(seq.fused(), fused_at_forward == 0);
+    const SequentialGrads got = seq.backward(tape, m.dy);
+
+    EXPECT_EQ(got.input.data(), dxbuf.data());
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, got.input.rows(0, m.S)),
+                              bytes_of(ctx_, want.input.rows(0, m.S)), dt));
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dxbuf), m.S, c.T, c.H, dt));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, got.probs.rows(0, m.S)),  // [S, T): uninitialised
+                              bytes_of(ctx_, want.probs.rows(0, m.S)), DType::F32));
+    ASSERT_EQ(got.params.size(), want.params.size());
+    for (size_t i = 0; i < got.params.size(); ++i) {
+      SCOPED_TRACE("op " + std::to_string(i));
+      for (const auto& [g, w] : {std::pair{got.params[i].weight, want.params[i].weight},
+                                 std::pair{got.params[i].bias, want.params[i].bias}}) {
+        ASSERT_EQ(g.defined(), w.defined());
+        if (g.defined()) {
+          EXPECT_TRUE(bit_identical(bytes_of(ctx_, g), bytes_of(ctx_, w), g.dtype()));
+        }
+      }
+    }
+  }
+}
+
 TEST_P(SequentialTest, InferenceKeepsNoTapeAndTakesNoGradInput) {
   const Mlp m = mlp();
   const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2});
@@ -343,7 +385,7 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].output = sentinel({c.T - 1, c.N}, DType::BF16);
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output of op 2 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr(str("expected shape [", c.T, ", ", c.N, "]")));
   }
   {  // dtype
@@ -352,7 +394,8 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[m.ops.fc1].grad_input = sentinel({c.T, c.H}, DType::F32);
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[GroupedLinear handle].grad_input"));
+    EXPECT_THAT(e->what(),
+                HasSubstr("op_args[GroupedLinear handle].grad_input of op 0 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr("expected dtype bf16"));
   }
   {  // two buffers of one call overlapping
@@ -362,8 +405,8 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].grad_input = Tensor::wrap(big.data(), {c.T, c.F}, DType::BF16, ctx_.device());
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].grad_input"));
-    EXPECT_THAT(e->what(), HasSubstr("overlapping 'op_args[0].output'"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].grad_input of op 2 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping 'op_args[0].output' of op 0 (GroupedLinear)"));
   }
   {  // a buffer overlapping a parameter
     OpArgs args;
@@ -372,11 +415,45 @@ TEST_P(SequentialTest, BufferChecksNameTheOpArgumentAndAFailedCallWritesNothing)
     args[2].output = Tensor::wrap(w.data(), {c.T, c.N}, DType::BF16, ctx_.device());
     auto e = forward_error(seq, m, args);
     ASSERT_TRUE(e);
-    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output"));
+    EXPECT_THAT(e->what(), HasSubstr("op_args[2].output of op 2 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr("overlapping input 'op 2 (GroupedLinear) weight'"));
   }
   // None of the failed calls wrote the valid buffer of op 0.
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+}
+
+// SPEC §4: no caller buffer may overlap the call's input, probs, splits (device counts) or an op's
+// main_grad. Each error names the key and its op (a handle key names no position) and what it
+// overlaps; a failed call writes nothing: not the valid buffer of op 0, not the arena holding the
+// overlapped input and the buffer (Overlapping: the buffer overlaps the input's last element).
+TEST_P(SequentialTest, BuffersOverlappingTheCallsInputsAreErrorsThatWriteNothing) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = false});
+  const Tensor counts_h = counts_tensor(c.counts, DType::I64);
+  const Tensor main_grad_h = random_normal({c.G, 2 * c.F, c.H}, DType::F32, 5);
+  const Tensor hbuf = sentinel({c.T, 2 * c.F}, DType::BF16);
+  const char* const inputs[] = {"input", "probs", "splits", "op 0 (GroupedLinear) main_grad"};
+  const Tensor hosts[] = {m.d.x, m.d.probs, counts_h, main_grad_h};
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(inputs[i]);
+    const Overlapping o(ctx_, hosts[i], {c.T, c.N}, DType::BF16, /*overlap_elems=*/1);
+    const Tensor x = i == 0 ? o.data : m.x;
+    const Tensor counts = i == 2 ? o.data : to_device(ctx_, counts_h);
+    const ExtraInputs in{.splits = Splits::device(counts), .probs = i == 1 ? o.data : m.probs};
+    m.ops.fc1->linear().set_main_grad(i == 3 ? o.data : to_device(ctx_, main_grad_h));
+    OpArgs args;
+    args[0].output = hbuf;
+    args[m.ops.fc2].output = o.buffer;
+    auto e = caught([&] { seq.forward(x, in, args); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("op_args[GroupedLinear handle].output of op 2 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", inputs[i], "'")));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), o.before, DType::U8));
+  }
+  EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+  m.ops.fc1->linear().set_main_grad(Tensor());
 }
 
 TEST_P(SequentialTest, ExtraInputsAndChainShapesAreCheckedUpFront) {
@@ -412,6 +489,65 @@ TEST_P(SequentialTest, ExtraInputsAndChainShapesAreCheckedUpFront) {
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("op_args[0].grad_input"));
   EXPECT_THAT(e->what(), HasSubstr("the input does not require grad"));
+}
+
+// SPEC §4: the whole call is validated before any op runs — an error found at a later op (its
+// probs, its dtype in the chain, its splits) leaves a valid caller buffer of op 0 unwritten.
+TEST_P(SequentialTest, AnErrorAtALaterOpLeavesTheFirstOpsBufferUnwritten) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  auto fc2_like = [&](int64_t groups, DType dt) {
+    return std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = groups, .in = c.F, .out = c.N, .dtype = dt}, ctx_);
+  };
+  struct Case {
+    const char* what;
+    std::vector<OpHandle> ops;
+    Tensor probs;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"probs of the wrong dtype (op 1 takes them)", {m.ops.fc1, m.ops.act, m.ops.fc2},
+       to_device(ctx_, random_normal({c.T}, DType::BF16, 3)), "'probs'"},
+      {"op 2 of another dtype", {m.ops.fc1, m.ops.act, fc2_like(c.G, DType::F16)}, m.probs,
+       "op 2 (GroupedLinear)"},
+      {"splits of 3 groups for op 2 of 4", {m.ops.fc1, m.ops.act, fc2_like(c.G + 1, DType::BF16)},
+       m.probs, "in op 2 (GroupedLinear)"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    const Sequential seq(k.ops, {.fuse = false});
+    const Tensor hbuf = sentinel({c.T, 2 * c.F}, DType::BF16);
+    OpArgs args;
+    args[0].output = hbuf;
+    auto e = caught([&] { seq.forward(m.x, {.splits = m.splits, .probs = k.probs}, args); });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr(k.message));
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
+  }
+}
+
+// A grad_input buffer bound at forward is written during backward: it may not overlap that call's
+// dy (unfused, op 0 checks it against its own grad_output only). The error names the key and the
+// op; nothing is written — the buffer and dy share one arena that keeps its bytes.
+TEST_P(SequentialTest, GradInputOverlappingTheBackwardsDyIsAnError) {
+  const Mlp m = mlp();
+  const MlpCase& c = m.d.c;
+  for (bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fuse});
+    const Overlapping o(ctx_, m.d.dy, {c.T, c.H}, DType::BF16, /*overlap_elems=*/1);
+    OpArgs args;
+    args[0].grad_input = o.buffer;
+    auto [y, tape] = seq.forward(m.x, m.inputs(), args);
+    const std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    auto e = caught([&] { seq.backward(tape, o.data); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr("op_args[0].grad_input of op 0 (GroupedLinear)"));
+    EXPECT_THAT(e->what(), HasSubstr("overlapping input 'grad_output'"));
+    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+  }
 }
 
 TEST_P(SequentialTest, TapeMustComeFromThisSequential) {
@@ -450,6 +586,62 @@ TEST_P(SequentialTest, ConstructionRejectsNullDuplicateAndEmpty) {
 // ============================================================== chains of basic ops
 // x → GroupedLinear(b1) → Bias(prob-scaled) → SwiGLU → GroupedLinear(b2, plain): y against fp64
 // end to end and every gradient against finite differences (f32).
+// The Bias op alone (SPEC §4), plain and prob-scaled, bf16 and f32, with a zero-row group and a
+// tail: y = x + s_t·b_g against fp64 (one rounding), dx is dy itself (no copy), db_g = Σ s_t·dy_t
+// with the empty group's db exactly 0, and dp_t = Σ_n dy[t, n]·b[g(t), n] when scaled.
+TEST_P(SequentialTest, BiasOpAloneMatchesFp64WithAnEmptyGroup) {
+  const int64_t G = 3, N = 12, T = 11;
+  const std::vector<int64_t> counts = {4, 0, 5};  // + 2 tail rows
+  const int64_t S = sum(counts);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (bool scaled : {false, true}) {
+      SCOPED_TRACE(str(name(dt), scaled ? ", scaled" : ", plain"));
+      auto bias = std::make_shared<Bias>(
+          BiasConfig{.groups = G, .features = N, .dtype = dt, .scale_by_probs = scaled}, ctx_);
+      const Tensor b_h = random_normal({G, N}, dt, 51), x_h = random_normal({T, N}, dt, 52);
+      const Tensor dy_h = random_normal({T, N}, dt, 53);
+      const Tensor p_h = make_mlp_data({.T = T}).probs;
+      copy(ctx_, b_h, bias->bias());
+      const Sequential seq({bias});
+      const Tensor dy = to_device(ctx_, dy_h);
+      ExtraInputs in{.splits = Splits::host(counts)};
+      if (scaled) in.probs = to_device(ctx_, p_h);
+      auto [y, tape] = seq.forward(to_device(ctx_, x_h), in);
+      const SequentialGrads g = seq.backward(tape, dy);
+
+      const auto b = to_doubles(host(), b_h), x = to_doubles(host(), x_h);
+      const auto dyd = to_doubles(host(), dy_h), p = to_doubles(host(), p_h);
+      const auto yv = to_doubles(ctx_, y);
+      const double tol = dt == DType::BF16 ? 1.0 / 128 : 1e-6;  // one rounding of the sum
+      std::vector<double> db(G * N, 0.0), dp(S, 0.0);
+      for (int64_t t = 0, gi = 0, end = counts[0]; t < S; ++t) {
+        while (t >= end) end += counts[static_cast<size_t>(++gi)];
+        const double s = scaled ? p[t] : 1.0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double want = x[t * N + n] + s * b[gi * N + n];
+          ASSERT_NEAR(yv[t * N + n], want, tol * (1 + std::abs(want))) << "y " << t << ", " << n;
+          db[gi * N + n] += s * dyd[t * N + n];
+          dp[t] += dyd[t * N + n] * b[gi * N + n];
+        }
+      }
+      EXPECT_EQ(g.input.data(), dy.data()) << "dx is dy itself";
+      const auto dbv = to_doubles(ctx_, g.params[0].bias);
+      for (int64_t i = 0; i < G * N; ++i) {
+        if (i / N == 1) {
+          ASSERT_EQ(dbv[i], 0.0) << "db of the empty group, column " << i % N;
+        } else {
+          ASSERT_NEAR(dbv[i], db[i], tol * (1 + std::abs(db[i])) * 4) << "db " << i;
+        }
+      }
+      ASSERT_EQ(g.probs.defined(), scaled);
+      if (scaled) {
+        const auto dpv = to_doubles(ctx_, g.probs);
+        for (int64_t t = 0; t < S; ++t) ASSERT_NEAR(dpv[t], dp[t], 1e-4 * (1 + std::abs(dp[t]))) << t;
+      }
+    }
+  }
+}
+
 TEST_P(SequentialTest, ChainOfBasicOpsMatchesFp64AndFiniteDifferences) {
   const int64_t G = 2, H = 8, F = 8, N = 6, T = 11;
   const std::vector<int64_t> counts = {4, 5};  // + 2 tail rows

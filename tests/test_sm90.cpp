@@ -364,6 +364,45 @@ TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
   }
 }
 
+// The fused MLP kernels (fc1 + SwiGLU, fc2 dgrad + SwiGLU backward: the production path) with
+// invalid device counts: h, z, dh and dprobs keep every byte (accumulating or not) and the
+// context's error word gets the bit (SPEC §1).
+TEST(CudaSm90, FusedSwiGluKernelsWithInvalidDeviceCountsWriteNothingAndSetTheErrorBit) {
+  MOEKIT_REQUIRE_SM90();
+  const Context ctx = Context::cuda(0).with_backend("sm90");  // an error word of its own
+  const int64_t T = 256, H = 64, F = 64, G = 4;
+  const GluLayout layout = GluLayout::Interleaved32;
+  const Tensor x = to_device(ctx, test::random_normal({T, H}, DType::BF16, 61));
+  const Tensor w1 = to_device(ctx, test::random_normal({G, 2 * F, H}, DType::BF16, 62, 0.125));
+  const Tensor w2 = to_device(ctx, test::random_normal({G, H, F}, DType::BF16, 63, 0.125));
+  const Tensor dy = to_device(ctx, test::random_normal({T, H}, DType::BF16, 64));
+  const Tensor probs = to_device(ctx, test::random_normal({T}, DType::F32, 66));
+  const Tensor h_in = to_device(ctx, test::random_normal({T, 2 * F}, DType::BF16, 65));
+  const Tensor h = test::filled(ctx, {T, 2 * F}, DType::BF16, test::kSentinel);
+  const Tensor z = test::filled(ctx, {T, F}, DType::BF16, test::kSentinel);
+  const Tensor dh = test::filled(ctx, {T, 2 * F}, DType::BF16, test::kSentinel);
+  const Tensor dp = test::filled(ctx, {T}, DType::F32, test::kSentinel);
+  const std::vector<uint8_t> h0 = test::bytes_of(ctx, h), z0 = test::bytes_of(ctx, z),
+                             dh0 = test::bytes_of(ctx, dh), dp0 = test::bytes_of(ctx, dp);
+  const std::pair<std::vector<int64_t>, uint32_t> bad[] = {
+      {{10, -1, 0, 20}, Context::kNegativeCount}, {{200, 0, 0, 100}, Context::kCountsExceedRows}};
+  for (const auto& [cnt, bit] : bad) {
+    SCOPED_TRACE(::testing::PrintToString(cnt));
+    const Tensor counts = to_device(ctx, test::counts_tensor(cnt, DType::I32));
+    grouped_gemm_swiglu(ctx, x, w1, Splits::device(counts), Tensor(), probs, layout, h, z);
+    EXPECT_EQ(ctx.device_error_bits(), bit) << "forward";
+    EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, h), h0, DType::BF16)) << "h";
+    EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, z), z0, DType::BF16)) << "z";
+    for (bool accumulate : {false, true}) {
+      grouped_gemm_dswiglu(ctx, dy, w2, Splits::device(counts), h_in, probs, layout, dh, dp,
+                           accumulate);
+      EXPECT_EQ(ctx.device_error_bits(), bit) << "backward" << (accumulate ? ", accumulate" : "");
+      EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, dh), dh0, DType::BF16)) << "dh";
+      EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, dp), dp0, DType::F32)) << "dprobs";
+    }
+  }
+}
+
 // ---------------------------------------------------------------- graph capture
 
 // What the two forward-capture tests share: an sm90 context on the test's stream, a

@@ -111,8 +111,18 @@ ScaledSwiGLU::Grads ScaledSwiGLU::backward(const Saved& saved, const Tensor& dz,
   Grads grads;
   grads.input = Tensor::empty(saved.input.shape(), saved.input.dtype(), ctx_);
   const bool accumulate = options.grad_probs.defined();
+  if (accumulate) {  // checked before anything is written (a failed call writes nothing)
+    if (!saved.probs_requires_grad) {  // a buffer that would never be written
+      throw_invalid("grad_probs", "no buffer (the probs do not require grad)",
+                    options.grad_probs.describe());
+    }
+    check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, ctx_.device(),
+                        {{"grad_output", dz},
+                         {"input", saved.input},
+                         {"probs", saved.probs},
+                         {"splits", saved.splits.device_counts()}});
+  }
   if (saved.probs_requires_grad) {
-    if (accumulate) check_input("grad_probs", options.grad_probs, {T}, DType::F32, ctx_.device());
     grads.probs = accumulate ? options.grad_probs : Tensor::empty({T}, DType::F32, ctx_);
   }
   swiglu_backward(ctx_, saved.input, saved.probs, dz, saved.splits, config_.layout, grads.input,

@@ -51,7 +51,7 @@ Tensor GroupedLinear::forward(const Tensor& x, const Splits& splits,
   if (options.output.defined()) {
     check_caller_buffer("output", options.output, {T, config_.out}, config_.dtype, dev,
                         {{"input", x}, {"weight", weight_}, {"bias", bias_},
-                         {"splits", splits.device_counts()}});
+                         {"splits", splits.device_counts()}, {"main_grad", main_grad_}});
     y = options.output;
   } else {
     y = Tensor::empty({T, config_.out}, config_.dtype, ctx_);
@@ -76,13 +76,14 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
     }
     check_caller_buffer("grad_input", options.grad_input, {T, config_.in}, config_.dtype, dev,
                         {{"grad_output", dy}, {"weight", weight_}, {"input", saved.input},
-                         {"main_grad", main_grad_}});
+                         {"splits", saved.splits.device_counts()}, {"main_grad", main_grad_}});
   }
   if (main_grad_.defined() && need_dw) {
     // main_grad is written too: it may not alias what the call reads.
     check_caller_buffer("main_grad", main_grad_, {config_.groups, config_.out, config_.in},
                         DType::F32, dev,
-                        {{"grad_output", dy}, {"weight", weight_}, {"input", saved.input}});
+                        {{"grad_output", dy}, {"weight", weight_}, {"input", saved.input},
+                         {"splits", saved.splits.device_counts()}});
   }
 
   Grads grads;

@@ -14,6 +14,8 @@
 // bit-identical, dprobs equal up to the order of its fp32 additions).
 #include "moekit/ops/grouped_mlp.h"
 
+#include <string_view>
+
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/activation.h"
@@ -152,36 +154,45 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   const int64_t T = s.input.size(0);
   // ---- validation, host metadata only, before any work
   check_input("grad_output", dy, {T, out_features()}, dt, dev);
+  // Every buffer the call writes (grad_input, grad_probs, each main_grad it accumulates into)
+  // against everything the call reads and the other buffers it writes.
+  auto check_written = [&](const char* name, const Tensor& buffer, const Shape& shape, DType type) {
+    auto other = [&](const char* n, const Tensor& t) {
+      return std::string_view(name) == n ? Tensor() : t;
+    };
+    check_caller_buffer(name, buffer, shape, type, dev,
+                        {{"grad_output", dy},
+                         {"input", s.input},
+                         {"probs", s.probs},
+                         {"splits", s.splits.device_counts()},
+                         {"fc1 weight", l1.weight()},
+                         {"fc1 bias", fc1_->bias()},
+                         {"fc2 weight", l2.weight()},
+                         {"fc2 bias", fc2_->bias()},
+                         {"fc1 main_grad", other("fc1 main_grad", l1.main_grad())},
+                         {"fc2 main_grad", other("fc2 main_grad", l2.main_grad())},
+                         {"grad_input", other("grad_input", options.grad_input)},
+                         {"grad_probs", other("grad_probs", options.grad_probs)}});
+  };
   if (options.grad_input.defined()) {
     if (!s.input_requires_grad) {
       throw_invalid("grad_input", "no buffer (the input does not require grad)",
                     options.grad_input.describe());
     }
-    check_caller_buffer("grad_input", options.grad_input, {T, in_features()}, dt, dev,
-                        {{"grad_output", dy},
-                         {"input", s.input},
-                         {"probs", s.probs},
-                         {"fc1 weight", l1.weight()},
-                         {"fc1 bias", fc1_->bias()},
-                         {"fc2 weight", l2.weight()},
-                         {"fc2 bias", fc2_->bias()},
-                         {"fc1 main_grad", l1.main_grad()},
-                         {"fc2 main_grad", l2.main_grad()},
-                         {"grad_probs", options.grad_probs}});
+    check_written("grad_input", options.grad_input, {T, in_features()}, dt);
   }
   const bool accumulate_dp = options.grad_probs.defined();
-  if (accumulate_dp && s.probs_requires_grad) {
-    check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, dev,
-                        {{"grad_output", dy}, {"input", s.input}, {"probs", s.probs}});
+  if (accumulate_dp) {
+    if (!s.probs_requires_grad) {  // as grad_input: a buffer that would never be written
+      throw_invalid("grad_probs", "no buffer (the probs do not require grad)",
+                    options.grad_probs.describe());
+    }
+    check_written("grad_probs", options.grad_probs, {T}, DType::F32);
   }
   for (const GroupedLinear* l : {&l1, &l2}) {
     if (l->main_grad().defined() && l->weight_requires_grad()) {
-      check_caller_buffer(l == &l1 ? "fc1 main_grad" : "fc2 main_grad", l->main_grad(),
-                          l->weight().shape(), DType::F32, dev,
-                          {{"grad_output", dy},
-                           {"input", s.input},
-                           {"fc1 weight", l1.weight()},
-                           {"fc2 weight", l2.weight()}});
+      check_written(l == &l1 ? "fc1 main_grad" : "fc2 main_grad", l->main_grad(),
+                    l->weight().shape(), DType::F32);
     }
   }
 

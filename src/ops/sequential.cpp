@@ -14,6 +14,7 @@ struct Tape::Record {
   std::vector<Sequential::Stage> stages;             // the plan that ran
   std::vector<std::unique_ptr<OpContext>> contexts;  // one per stage
   std::vector<Tensor> grad_inputs;                   // per position: bound at forward
+  std::vector<std::string> grad_input_names;         // their keys and ops, for errors
   bool input_requires_grad = false;
 };
 
@@ -68,7 +69,8 @@ std::string describe_stage(const Sequential::Stage& st, const std::vector<OpHand
 // A caller buffer routed to a position, with the name it was given under.
 struct Routed {
   Tensor tensor;
-  std::string name;  // e.g. "op_args[2].output"
+  std::string name;  // the key as given, e.g. "op_args[2].output"
+  std::string op;    // the op it names, e.g. "op 2 (GroupedLinear)"
 };
 
 }  // namespace
@@ -180,7 +182,7 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
                       str("'", name(kArguments[a]), "' of ", describe_op(pos, op_at(pos)),
                           " given again (first as ", slot.name, ")"));
       }
-      slot = {t, full};
+      slot = {t, full, describe_op(pos, op_at(pos))};
     }
   }
 
@@ -272,28 +274,29 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
     for (size_t a = 0; a < kArguments.size(); ++a) {
       const Routed& r = routed[static_cast<size_t>(pos)][a];
       if (!r.tensor.defined()) continue;
+      const std::string label = str(r.name, " of ", r.op);  // the key as given and its op
       if (kArguments[a] == OpArgument::GradInput) {
         if (!in.save_for_backward) {
-          throw_invalid(r.name, "no buffer (save_for_backward is false: there is no backward)",
+          throw_invalid(label, "no buffer (save_for_backward is false: there is no backward)",
                         r.tensor.describe());
         }
         if (pos == 0 && !in.input_requires_grad) {
-          throw_invalid(r.name, "no buffer (the input does not require grad)", r.tensor.describe());
+          throw_invalid(label, "no buffer (the input does not require grad)", r.tensor.describe());
         }
       }
       const Shape& shape =
           shapes[static_cast<size_t>(kArguments[a] == OpArgument::Output ? pos + 1 : pos)];
-      check_input(r.name, r.tensor, shape, x.dtype(), dev);
+      check_input(label, r.tensor, shape, x.dtype(), dev);
       for (const auto& [input_name, t] : inputs) {
         if (overlaps(r.tensor, t)) {
-          throw_invalid(r.name, "memory that overlaps no input of the call",
+          throw_invalid(label, "memory that overlaps no input of the call",
                         str("memory overlapping input '", input_name, "' (", t.describe(), ")"));
         }
       }
       for (const Routed* other : buffers) {
         if (overlaps(r.tensor, other->tensor)) {
-          throw_invalid(r.name, "memory that overlaps no other caller buffer of the call",
-                        str("memory overlapping '", other->name, "'"));
+          throw_invalid(label, "memory that overlaps no other caller buffer of the call",
+                        str("memory overlapping '", other->name, "' of ", other->op));
         }
       }
       buffers.push_back(&r);
@@ -307,8 +310,13 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
     record->ops = ops_;
     record->stages = stages_;
     record->grad_inputs.resize(static_cast<size_t>(P));
+    record->grad_input_names.resize(static_cast<size_t>(P));
     for (int64_t pos = 0; pos < P; ++pos) {
-      record->grad_inputs[static_cast<size_t>(pos)] = routed[static_cast<size_t>(pos)][1].tensor;
+      const Routed& r = routed[static_cast<size_t>(pos)][1];
+      record->grad_inputs[static_cast<size_t>(pos)] = r.tensor;
+      if (r.tensor.defined()) {
+        record->grad_input_names[static_cast<size_t>(pos)] = str(r.name, " of ", r.op);
+      }
     }
     record->input_requires_grad = in.input_requires_grad;
   }
@@ -353,6 +361,14 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy) const {
   const Tape::Record& r = *tape.record_;
   if (r.ops != ops_) {
     throw_invalid("tape", "a tape recorded by this Sequential's forward", "a tape of other ops");
+  }
+  // The grad_input buffers bound at forward are written during this call: none may overlap its
+  // input dy (each op checks them against its own grad_output only, which is dy for the last).
+  for (size_t pos = 0; pos < r.grad_inputs.size(); ++pos) {
+    if (overlaps(r.grad_inputs[pos], dy)) {
+      throw_invalid(r.grad_input_names[pos], "memory that overlaps no input of the call",
+                    str("memory overlapping input 'grad_output' (", dy.describe(), ")"));
+    }
   }
   SequentialGrads out;
   out.params.resize(ops_.size());

@@ -136,4 +136,36 @@ inline const std::vector<std::string>& device_names() {
   return names;
 }
 
+// Overlap tests: a caller buffer and an input of the call carved out of one arena (pre-filled with
+// the sentinel, then the input's data copied in), so that a failed call can be shown to leave the
+// whole arena unchanged and a passing one could not write outside it.
+struct Arena {
+  Tensor bytes;  // u8 on the op's device
+  Arena(const Context& ctx, int64_t n) : bytes(filled(ctx, {n}, DType::U8, 0)) {}
+  Tensor at(int64_t byte_offset, const Shape& shape, DType dtype) const {
+    return Tensor::wrap(static_cast<char*>(bytes.data()) + byte_offset, shape, dtype,
+                        bytes.device());
+  }
+};
+
+// Makes an arena holding a `data_shape` tensor (filled with `data`) at offset 0 and a buffer of
+// `buf_shape` (sentinel) starting `overlap_elems` elements before the data's end.
+struct Overlapping {
+  Arena arena;
+  Tensor data, buffer;
+  std::vector<uint8_t> before;
+  Overlapping(const Context& ctx, const Tensor& data_host, const Shape& buf_shape, DType dtype,
+              int64_t overlap_elems)
+      : arena(ctx, static_cast<int64_t>(data_host.nbytes()) +
+                       numel(buf_shape) * static_cast<int64_t>(size_of(dtype))) {
+    const auto es = static_cast<int64_t>(size_of(dtype));
+    const int64_t buf_off = static_cast<int64_t>(data_host.nbytes()) - overlap_elems * es;
+    buffer = arena.at(buf_off, buf_shape, dtype);
+    copy(ctx, host_filled(buf_shape, dtype, kSentinel), buffer);
+    data = arena.at(0, data_host.shape(), data_host.dtype());
+    copy(ctx, data_host, data);  // the data wins where they overlap
+    before = bytes_of(ctx, arena.bytes);
+  }
+};
+
 }  // namespace moekit::test

@@ -37,7 +37,8 @@
 namespace moekit::cuda::sm90 {
 
 // ---- tile configurations (GroupMProblem::config kLarge: ConfigLarge for fprop and wgrad,
-// ConfigWide for dgrad; kSmallM: ConfigSmallM) ----
+// ConfigWide for dgrad, and for bf16 wgrad of >= 2048 rows per group, ConfigWide21 for bf16 fprop
+// of K >= 4096; kSmallM: ConfigSmallM; grouped_gemm_sm90.cpp, instance) ----
 // ConfigLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
 // the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
 // Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
