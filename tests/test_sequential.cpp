@@ -243,6 +243,46 @@ TEST_P(SequentialTest, BackwardFollowsThePlanRecordedAtForwardWhenFusionIsToggle
   }
 }
 
+// ExtraInputs::input_requires_grad / probs_requires_grad false: backward returns no dx / no
+// dprobs, and every other gradient keeps its bits (fused and unfused).
+TEST_P(SequentialTest, InputOrProbsNotRequiringGradChangeNothingElse) {
+  for (bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse ? "fused" : "unfused");
+    const Mlp m = mlp();
+    const DType dt = m.d.c.dtype;
+    const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fuse});
+    auto [y0, tape0] = seq.forward(m.x, m.inputs());
+    const SequentialGrads all = seq.backward(tape0, m.dy);
+    for (int which = 0; which < 2; ++which) {
+      SCOPED_TRACE(which == 0 ? "input needs no grad" : "probs need no grad");
+      ExtraInputs in = m.inputs();
+      (which == 0 ? in.input_requires_grad : in.probs_requires_grad) = false;
+      auto [y, tape] = seq.forward(m.x, in);
+      const SequentialGrads g = seq.backward(tape, m.dy);
+      EXPECT_EQ(g.input.defined(), which != 0);
+      EXPECT_EQ(g.probs.defined(), which == 0);
+      if (g.input.defined()) {
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, g.input.rows(0, m.S)),
+                                  bytes_of(ctx_, all.input.rows(0, m.S)), dt));
+      }
+      if (g.probs.defined()) {
+        EXPECT_TRUE(bit_identical(bytes_of(ctx_, g.probs.rows(0, m.S)),
+                                  bytes_of(ctx_, all.probs.rows(0, m.S)), DType::F32));
+      }
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        for (const auto& [got, want] : {std::pair{g.params[i].weight, all.params[i].weight},
+                                        std::pair{g.params[i].bias, all.params[i].bias}}) {
+          ASSERT_EQ(got.defined(), want.defined()) << "op " << i;
+          if (got.defined()) {
+            EXPECT_TRUE(bit_identical(bytes_of(ctx_, got), bytes_of(ctx_, want), got.dtype()))
+                << "op " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(SequentialTest, InferenceKeepsNoTapeAndTakesNoGradInput) {
   const Mlp m = mlp();
   const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2});

@@ -530,7 +530,8 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
 // The graph is replayed after only the counts tensor changed (zero-row groups with a tail, every
 // row in one group, uniform, nothing at all). Each replay must equal, bit for bit, an eager run
 // with the same counts (deterministic kernels), and that run matches the stage-wise fp64
-// reference; the tails of y, dx and dprobs keep their sentinels.
+// reference; the tails of y, dx and dprobs keep their sentinels. In bf16 and f16 on the fused
+// kernels (Interleaved32) and in bf16 on the GEMMs with the SwiGLU kernels (Halves).
 TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
@@ -538,13 +539,17 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   const test::OwnedStream owned(api);
   void* const stream = owned.get();
   ASSERT_NE(stream, nullptr);
-  {
+  // The fused kernels (bf16 and f16, Interleaved32) and the GEMM + SwiGLU-kernel path (Halves).
+  const std::pair<DType, GluLayout> configs[] = {{DType::BF16, GluLayout::Interleaved32},
+                                                 {DType::F16, GluLayout::Interleaved32},
+                                                 {DType::BF16, GluLayout::Halves}};
+  for (const auto& [dt, layout] : configs) {
+    SCOPED_TRACE(str(name(dt), layout == GluLayout::Halves ? ", halves" : ", interleaved32"));
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 4, H = 128, F = 128, T = 640;
     const test::MlpData d = test::make_mlp_data({.G = G, .H = H, .F = F, .T = T,
                                                  .counts = {160, 160, 160, 160},
-                                                 .dtype = DType::BF16,
-                                                 .layout = GluLayout::Interleaved32, .seed = 17});
+                                                 .dtype = dt, .layout = layout, .seed = 17});
     const test::MlpOps ops = test::make_mlp_ops(ctx, d);
     const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
     const Tensor mg1_h = test::random_normal({G, 2 * F, H}, DType::F32, 71);
@@ -555,7 +560,7 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
     ops.fc2->linear().set_main_grad(mg2);
     const Tensor x = to_device(ctx, d.x), probs = to_device(ctx, d.probs), dy = to_device(ctx, d.dy);
     Tensor counts = to_device(ctx, test::counts_tensor(d.c.counts, DType::I64));
-    const test::GuardedBuffer y(ctx, {T, H}, DType::BF16), dx(ctx, {T, H}, DType::BF16);
+    const test::GuardedBuffer y(ctx, {T, H}, dt), dx(ctx, {T, H}, dt);
     const Tensor dp = Tensor::empty({T}, DType::F32, ctx);
     // Inputs of one step: main_grads and the dprobs accumulator back to their start values.
     auto reset = [&] {
@@ -607,7 +612,7 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
       step(&saved);
       const auto eager = images();
       for (size_t i = 0; i < eager.size(); ++i) {
-        EXPECT_TRUE(test::bit_identical(replayed[i], eager[i], i < 2 ? DType::BF16 : DType::F32))
+        EXPECT_TRUE(test::bit_identical(replayed[i], eager[i], i < 2 ? dt : DType::F32))
             << names[i] << ": graph replay vs eager run";
       }
       test::MlpProblem p = d.problem();
