@@ -98,7 +98,6 @@ void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripe
   args.problem_shape.stripes = raster == 1 || swizzle == 1 ? nullptr : stripes;
 }
 
-
 // The first thing every thread of the grouped kernels does is construct the tile scheduler
 // (CUTLASS 4.2, sm90_gemm_array_tma_warpspecialized_{pingpong,cooperative}.hpp), and CUTLASS's
 // group scheduler reads the per-group shapes the setup kernel wrote. A base class constructed

@@ -267,15 +267,21 @@ __device__ __forceinline__ void allow_dependent_launch() {
 }
 
 // ---- host side ----
+// The per-device caches below (facts queried once per device) hold 64 devices.
+template <class T>
+T& device_slot(std::array<T, 64>& cache, int device) {
+  if (device < 0 || device >= static_cast<int>(cache.size())) {
+    throw_error(ErrorKind::Unsupported, str("sm90 grouped GEMM: device index ", device, " >= 64"));
+  }
+  return cache[static_cast<size_t>(device)];
+}
+
 // Per device: the L2 cache size (queried once; stripe_inputs, below).
 inline int64_t l2_cache_bytes(int device) {
   static std::mutex mutex;
   static std::array<int64_t, 64> cache{};
   std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0 || device >= static_cast<int>(cache.size())) {
-    throw_error(ErrorKind::Unsupported, str("sm90 grouped GEMM: device index ", device, " >= 64"));
-  }
-  int64_t& bytes = cache[static_cast<size_t>(device)];
+  int64_t& bytes = device_slot(cache, device);
   if (bytes == 0) {
     int b = 0;
     MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&b, cudaDevAttrL2CacheSize, device));
@@ -326,10 +332,7 @@ cutlass::KernelHardwareInfo hardware_info(int device) {
   static std::mutex mutex;
   static std::array<cutlass::KernelHardwareInfo, 64> cache{};
   std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0 || device >= static_cast<int>(cache.size())) {
-    throw_error(ErrorKind::Unsupported, str("sm90 grouped GEMM: device index ", device, " >= 64"));
-  }
-  auto& hw = cache[static_cast<size_t>(device)];
+  auto& hw = device_slot(cache, device);
   if (hw.sm_count == 0) {
     int sms = 0;
     MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
