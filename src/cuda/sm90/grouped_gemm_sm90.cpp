@@ -263,9 +263,10 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // uniform) and slower on small_E64, which keep ping-pong 128x128. (f16 stays on it: not timed.)
   // Env MOEKIT_SM90_GROUP_K_WIDE=0 keeps every group-K on ping-pong, for A/B runs of whole steps
   // (tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 1: the rule. Anything else is an error.
-  // With a 2x1 cluster (x, the operand indexed by dw's columns, multicast to the two M
-  // neighbours; ConfigWide21), on branch wip/wgrad-wide21 (not yet timed in a step): the 625cbf6 GEMM suite had it ahead of the 1x2 cluster on dsv3 wgrad (+1.7% to
-  // +3.2%, one run; bench/results/2026-11-30-nvidia-h200-625cbf6-wide21-stripes.md); env
+  // Those groups run with a 2x1 cluster (x, the operand indexed by dw's columns, multicast to
+  // the two M neighbours; ConfigWide21): at ab69c7f +0.7% to +2.8% on five of the six wgrad rows
+  // it takes, ncu -1.4% / -1.5% on dsv3 fc1 / fc2, a tie on mixtral, the dsv3 step 14.28 vs
+  // 14.35 ms (bench/results/2026-11-30-nvidia-h200-ab69c7f-group-k-wide21.md). Env
   // MOEKIT_SM90_GROUP_K_WIDE21=0 keeps the 1x2 cluster, for A/B runs.
   constexpr int64_t kWideGroupKRows = 2048;
   static const bool wide = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE", {"0", "1"}) != 0;
