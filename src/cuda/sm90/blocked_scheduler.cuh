@@ -74,8 +74,8 @@ CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
   constexpr int64_t kTileN = decltype(cute::size<1>(typename Config::Tile{}))::value;
   constexpr int64_t kClusterM = decltype(cute::size<0>(typename Config::Cluster{}))::value;
   constexpr int64_t kClusterN = decltype(cute::size<1>(typename Config::Cluster{}))::value;
-  return ((m + kTileM - 1) / kTileM + kClusterM - 1) / kClusterM *
-         (((n + kTileN - 1) / kTileN + kClusterN - 1) / kClusterN);
+  return units_of((m + kTileM - 1) / kTileM, kClusterM) *
+         units_of((n + kTileN - 1) / kTileN, kClusterN);
 }
 template <class Config>
 int64_t tiles_per_group(int64_t m, int64_t n) {
@@ -188,7 +188,7 @@ class BlockedGroupScheduler
     const auto m = static_cast<uint32_t>(
         cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(lo)));
     const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
-    group_units_m_ = units_of((m + tm - 1) / tm, cluster_m_);
+    group_units_m_ = units_of<uint32_t>((m + tm - 1) / tm, cluster_m_);
     group_units_n_ = (group_end_ - group_start_) / group_units_m_;
     stripe_ = stripes_ != nullptr ? stripes_[lo] : 1u;
   }

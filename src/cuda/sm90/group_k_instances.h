@@ -20,12 +20,12 @@ struct GroupKInstance {
 extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32, group_k_f16_f16;
 // bf16 on the cooperative 128x256 tile, for groups of >= 2048 rows on average (kernels_group_k_wide.cu).
 extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;
+// The same with a 2x1 cluster, the default for those groups (kernels_group_k_wide21.cu).
+extern const GroupKInstance group_k_bf16_f32_wide21, group_k_bf16_bf16_wide21;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
 extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
-extern const GroupKInstance group_k_bf16_f32_wide21,  // kernels_study_wide21.cu
-    group_k_bf16_bf16_wide21;
 extern const GroupKInstance group_k_bf16_f32_pp64w21, group_k_bf16_bf16_pp64w21;  // kernels_study_pp64w21.cu
 #endif
 

@@ -236,10 +236,10 @@ const GroupKPair kGroupK[2] = {{&group_k_bf16_f32, &group_k_bf16_bf16},  // [dty
 const GroupKInstance& instance(const GroupKProblem& p) {
   const bool f16 = p.dtype == DType::F16;
   static const GroupKPair kWide{&group_k_bf16_f32_wide, &group_k_bf16_bf16_wide};
+  static const GroupKPair kWide21{&group_k_bf16_f32_wide21, &group_k_bf16_bf16_wide21};
 #ifdef MOEKIT_SM90_TILE_STUDY
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
   static const GroupKPair kEpi32{&group_k_bf16_f32_epi32, &group_k_bf16_bf16_epi32};
-  static const GroupKPair kWide21{&group_k_bf16_f32_wide21, &group_k_bf16_bf16_wide21};
   static const GroupKPair kPp64w21{&group_k_bf16_f32_pp64w21, &group_k_bf16_bf16_pp64w21};
   if (!f16) {
     switch (study_tile(Pass::Wgrad)) {
@@ -263,9 +263,17 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // uniform) and slower on small_E64, which keep ping-pong 128x128. (f16 stays on it: not timed.)
   // Env MOEKIT_SM90_GROUP_K_WIDE=0 keeps every group-K on ping-pong, for A/B runs of whole steps
   // (tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 1: the rule. Anything else is an error.
+  // Those groups run with a 2x1 cluster (x, the operand indexed by dw's columns, multicast to
+  // the two M neighbours; ConfigWide21): at ab69c7f +0.7% to +2.8% on five of the six wgrad rows
+  // it takes, ncu -1.4% / -1.5% on dsv3 fc1 / fc2, a tie on mixtral, the dsv3 step 14.28 vs
+  // 14.35 ms (bench/results/2026-11-30-nvidia-h200-ab69c7f-group-k-wide21.md). Env
+  // MOEKIT_SM90_GROUP_K_WIDE21=0 keeps the 1x2 cluster, for A/B runs.
   constexpr int64_t kWideGroupKRows = 2048;
   static const bool wide = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE", {"0", "1"}) != 0;
-  if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) return kWide.pick(p);
+  static const bool wide21 = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE21", {"0", "1"}) != 0;
+  if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
+    return (wide21 ? kWide21 : kWide).pick(p);
+  }
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 

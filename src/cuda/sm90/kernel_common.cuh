@@ -87,8 +87,9 @@ struct ConfigWide {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
-// kLarge's bf16 fprop for K >= 4096 (kernels_fprop_wide21.cu; every pass with MOEKIT_SM90_TILE=wide21,
-// kernels_study_wide21*.cu): ConfigWide with a 2x1
+// kLarge's bf16 fprop for K >= 4096 (kernels_fprop_wide21.cu) and the bf16 group-K of >= 2048 rows
+// per group (kernels_group_k_wide21.cu; every pass with MOEKIT_SM90_TILE=wide21, whose dgrad is in
+// kernels_study_wide21.cu): ConfigWide with a 2x1
 // cluster — the two CTAs of a cluster take neighbouring M tiles of one N tile, so the B tile
 // (the weights, for fprop and dgrad) is multicast instead of the A tile. It is the
 // configuration torch._grouped_mm takes on sm_90 for groups of more than 128 rows and columns

@@ -72,7 +72,11 @@ MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t units_m, uint32_t units_
 // Units along one extent of a group: `blocks` tiles (M or N blocks) in clusters of `cluster`,
 // rounded up as CUTLASS's grouped scheduler rounds a group's tiles (a CTA of the last unit may
 // get a tile past the output; the kernel's TMA loads and stores clip it).
-MOEKIT_UNITS_FN uint32_t units_of(uint32_t blocks, uint32_t cluster) { return (blocks + cluster - 1) / cluster; }
+// (32-bit in the scheduler warp, 64-bit on the host and in the setup kernels.)
+template <class T>
+MOEKIT_UNITS_FN T units_of(T blocks, T cluster) {
+  return (blocks + cluster - 1) / cluster;
+}
 
 // A CTA's place in the grid of CUTLASS's AlongM launch (grid (clusters · cluster_m, cluster_n),
 // clusters of cluster_m x cluster_n CTAs: a cluster is cluster_m consecutive x blocks by every y):
@@ -113,8 +117,8 @@ struct StripeProblem {
 };
 MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
   // In units: blocks_m unit rows of a_block bytes of A each, units_n unit columns of b_unit of B.
-  const int64_t blocks_m = ((p.rows + p.tile_m - 1) / p.tile_m + p.cluster_m - 1) / p.cluster_m;
-  const int64_t units_n = ((p.n + p.tile_n - 1) / p.tile_n + p.cluster_n - 1) / p.cluster_n;
+  const int64_t blocks_m = units_of((p.rows + p.tile_m - 1) / p.tile_m, p.cluster_m);
+  const int64_t units_n = units_of((p.n + p.tile_n - 1) / p.tile_n, p.cluster_n);
   const double a_block = double(p.cluster_m) * double(p.tile_m) * double(p.k) * 2.0;  // 16-bit
   const double b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
   const double a = double(blocks_m) * a_block, b = double(units_n) * b_unit;
