@@ -68,7 +68,7 @@ TEST(TileUnits, EveryStripeWidthMapsAGroupOntoItsTilesOneToOne) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     const uint32_t blocks_m = 1 + rng() % 60, units_n = 1 + rng() % 40;
-    for (uint32_t stripe : {1u, 2u, 4u, 8u}) {
+    for (uint32_t stripe : {1u, 2u, 4u, 8u, 16u}) {
       SCOPED_TRACE("stripe " + std::to_string(stripe) + ", " + std::to_string(blocks_m) + " x " +
                    std::to_string(units_n));
       std::vector<int> hit(size_t{blocks_m} * units_n, 0);
@@ -110,7 +110,7 @@ TEST(TileUnits, ClusterCtasSplitEachUnitIntoDistinctTiles) {
         const uint32_t units_m = units_of(blocks_m, cm), units_n = units_of(blocks_n, cn);
         ASSERT_GE(units_m * cm, blocks_m);
         ASSERT_LT(units_m * cm, blocks_m + cm);
-        for (uint32_t stripe : {1u, 4u, 8u}) {
+        for (uint32_t stripe : {1u, 4u, 8u, 16u}) {
           SCOPED_TRACE("cluster " + std::to_string(cm) + "x" + std::to_string(cn) + ", stripe " +
                        std::to_string(stripe) + ", " + std::to_string(blocks_m) + " x " +
                        std::to_string(blocks_n) + " blocks");
@@ -159,9 +159,10 @@ TEST(TileUnits, StripeEstimateCountsAClusterAlongMAsOneTallerTile) {
 }
 
 // The suite's 21 problems (design/PERFORMANCE.md: 7 shapes x fprop, dgrad, wgrad, uniform routing)
-// on the tiles the library takes for them (and the four fprop of K >= 4096 on both of theirs), with the stripe width that tools/l2-model (the LRU model
-// fit to the H200's ncu DRAM reads, L2 of 25 MB) reads the least with, among 1, 4 and 8 (ties:
-// the narrower). choose_stripe's closed-form estimate must pick the same.
+// on the tiles the library takes for them (and the seven of them that have two tiles, on the other),
+// with the stripe width that tools/l2-model (the LRU model fit to the H200's ncu DRAM reads, L2 of
+// 25 MB) reads the least with, among 1, 4, 8 and 16 (ties: the narrower; `tools/l2-model G ROWS K N
+// TMxTN CLUSTER --stripes 1,4,8,16`). choose_stripe's closed-form estimate must pick the same.
 struct SuiteProblem {
   const char* name;
   int64_t groups, rows, k, n, tile_m, tile_n, cluster_m, cluster_n;
@@ -170,15 +171,15 @@ struct SuiteProblem {
 TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
   // fprop: rows T/E, K, N on ping-pong 128x128 1x2 (kSmallM 64x128 1x1 under 128 rows; bf16 of
   // K >= 4096: cooperative 128x256 2x1); dgrad:
-  // rows, N, K on cooperative 128x256 1x2; wgrad: N, T/E, K on cooperative 128x256 1x2 from
-  // 2048 rows per group, else ping-pong 128x128 1x2.
+  // rows, N, K on cooperative 128x256 1x2; wgrad: N, T/E, K on cooperative 128x256 (bf16: 2x1,
+  // f16: 1x2) from 2048 rows per group, else ping-pong 128x128 1x2.
   const SuiteProblem suite[] = {
       {"dsv3_fc1_E8 fprop", 8, 4096, 7168, 4096, 128, 128, 1, 2, 8},
       {"dsv3_fc1_E8 dgrad", 8, 4096, 4096, 7168, 128, 256, 1, 2, 4},
-      {"dsv3_fc1_E8 wgrad", 8, 4096, 4096, 7168, 128, 256, 1, 2, 4},
+      {"dsv3_fc1_E8 wgrad", 8, 4096, 4096, 7168, 128, 256, 2, 1, 8},
       {"dsv3_fc2_E8 fprop", 8, 4096, 2048, 7168, 128, 128, 1, 2, 1},
       {"dsv3_fc2_E8 dgrad", 8, 4096, 7168, 2048, 128, 256, 1, 2, 4},
-      {"dsv3_fc2_E8 wgrad", 8, 7168, 4096, 2048, 128, 256, 1, 2, 4},
+      {"dsv3_fc2_E8 wgrad", 8, 7168, 4096, 2048, 128, 256, 2, 1, 8},
       {"dsv3_fc1_E32 fprop", 32, 1024, 7168, 4096, 128, 128, 1, 2, 1},
       {"dsv3_fc1_E32 dgrad", 32, 1024, 4096, 7168, 128, 256, 1, 2, 1},
       {"dsv3_fc1_E32 wgrad", 32, 4096, 1024, 7168, 128, 128, 1, 2, 1},
@@ -190,7 +191,7 @@ TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
       {"qwen3_fc2_E16 wgrad", 16, 4096, 1024, 1536, 128, 128, 1, 2, 1},
       {"mixtral_fc1_E8 fprop", 8, 2048, 4096, 28672, 128, 128, 1, 2, 1},
       {"mixtral_fc1_E8 dgrad", 8, 2048, 28672, 4096, 128, 256, 1, 2, 1},
-      {"mixtral_fc1_E8 wgrad", 8, 28672, 2048, 4096, 128, 256, 1, 2, 8},
+      {"mixtral_fc1_E8 wgrad", 8, 28672, 2048, 4096, 128, 256, 2, 1, 16},
       {"small_E64 fprop", 64, 64, 2048, 1024, 64, 128, 1, 1, 1},
       {"small_E64 dgrad", 64, 64, 1024, 2048, 64, 128, 1, 1, 1},
       {"small_E64 wgrad", 64, 1024, 64, 2048, 128, 128, 1, 2, 1},
@@ -199,6 +200,10 @@ TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
       {"dsv3_fc1_E32 fprop 2x1", 32, 1024, 7168, 4096, 128, 256, 2, 1, 1},
       {"qwen3_fc1_E16 fprop 2x1", 16, 1024, 4096, 3072, 128, 256, 2, 1, 1},
       {"mixtral_fc1_E8 fprop 2x1", 8, 2048, 4096, 28672, 128, 256, 2, 1, 1},
+      // bf16 group-K of >= 2048 rows per group with MOEKIT_SM90_GROUP_K_WIDE21=0 (and f16): 1x2
+      {"dsv3_fc1_E8 wgrad 1x2", 8, 4096, 4096, 7168, 128, 256, 1, 2, 4},
+      {"dsv3_fc2_E8 wgrad 1x2", 8, 7168, 4096, 2048, 128, 256, 1, 2, 4},
+      {"mixtral_fc1_E8 wgrad 1x2", 8, 28672, 2048, 4096, 128, 256, 1, 2, 8},
   };
   for (const SuiteProblem& q : suite) {
     StripeProblem p;
@@ -213,7 +218,7 @@ TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
     p.l2_bytes = 25e6;
     EXPECT_EQ(choose_stripe(p), q.best)
         << q.name << ": estimated reads per group " << stripe_reads(p, 1) << " / " << stripe_reads(p, 4)
-        << " / " << stripe_reads(p, 8) << " bytes for widths 1 / 4 / 8";
+        << " / " << stripe_reads(p, 8) << " / " << stripe_reads(p, 16) << " bytes for widths 1 / 4 / 8 / 16";
   }
 }
 

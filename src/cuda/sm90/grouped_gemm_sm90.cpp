@@ -106,7 +106,7 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
-// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8 (unset: m, and each kernel's estimate): the tile
+// MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8|16 (unset: m, and each kernel's estimate): the tile
 // raster and swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's);
 // a problem that names them keeps them.
 int raster_setting() {
@@ -114,8 +114,8 @@ int raster_setting() {
   return raster < 0 ? 0 : raster;
 }
 int swizzle_setting() {  // -1: unset (each kernel's estimate: with_stripes in its header)
-  static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8"});
-  constexpr int kSwizzle[] = {1, 2, 4, 8};
+  static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8", "16"});
+  constexpr int kSwizzle[] = {1, 2, 4, 8, 16};
   return swizzle < 0 ? -1 : kSwizzle[swizzle];
 }
 
@@ -135,8 +135,9 @@ Problem resolved(Problem q) {
 template <class Problem>
 std::string rejects_raster(const Problem& p) {
   if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
-  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8) {
-    return str("swizzle -1, 1, 2, 4 or 8, got ", p.swizzle);
+  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8 &&
+      p.swizzle != 16) {
+    return str("swizzle -1, 1, 2, 4, 8 or 16, got ", p.swizzle);
   }
   return {};
 }

@@ -50,16 +50,16 @@ struct GroupMProblem {
   DType dtype = DType::BF16;   // of a, b, bias and out: BF16 or F16
   int config = -1;             // kernel configuration: -1 = automatic; else an index (below)
   // Tile order of the persistent scheduler: raster 0 walks M first (CTAs in flight share weight
-  // tiles), 1 walks N first; swizzle 1, 2, 4 or 8: with raster 0, a group's tiles in stripes that
+  // tiles), 1 walks N first; swizzle 1, 2, 4, 8 or 16: with raster 0, a group's tiles in stripes that
   // many cluster units wide across N, N fastest inside a stripe (blocked_scheduler.cuh, `stripe`:
   // fewer operand rows in flight, so fewer DRAM reads); with raster 1, CUTLASS's own swizzle, which
   // its grouped scheduler caps at 2. (Before 2026-11-30 every swizzle went to CUTLASS's, so the
   // swizzle 4 and 8 of earlier studies ran as 2 or 1: bench/results/2026-11-29-nvidia-h200-bb650c6-
   // backends.md, 2026-11-30-nvidia-h200-99bc82c-tile-study.md, -d9871ed-swizzle-capped.md.)
-  // -1: automatic — raster 0, and per group the width (1, 4 or 8) with the fewest estimated DRAM
+  // -1: automatic — raster 0, and per group the width (1, 4, 8 or 16) with the fewest estimated DRAM
   // reads for its rows on the chosen tile, written by the setup kernel (tile_units.h,
   // choose_stripe; kernel_common.cuh, group_stripe); or env MOEKIT_SM90_RASTER=m|n and
-  // MOEKIT_SM90_SWIZZLE=1|2|4|8 for studies (tools/tile-study, tools/gemm-profile); the same
+  // MOEKIT_SM90_SWIZZLE=1|2|4|8|16 for studies (tools/tile-study, tools/gemm-profile); the same
   // settings and env apply to GroupKProblem.
   int raster = -1;
   int swizzle = -1;

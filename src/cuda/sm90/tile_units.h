@@ -93,7 +93,7 @@ MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m
   return {u.m * cluster_m + place.m, u.n * cluster_n + place.n};
 }
 
-// The stripe width a group takes when the call names none — 1 (M fastest), 4 or 8, whichever has
+// The stripe width a group takes when the call names none — 1 (M fastest), 4, 8 or 16, whichever has
 // the fewest estimated DRAM reads (ties: the narrower). Per group, from its own rows: the setup
 // kernels write each group's width (skewed routing gives some groups several times the mean rows,
 // whose panels want stripes where the mean's does not: tools/l2-model, dsv3 fc2 fprop with 8
@@ -106,9 +106,11 @@ MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m
 //               B units and a wave's A rows fit in the L2, else once per wave of the stripe
 // Checked against tools/l2-model, an LRU model of the L2 fit to the H200's ncu DRAM reads (25 MB
 // effective, half its 50 MB): the same width as the model's best on all 21 problems of the suite
-// (7 shapes x fprop, dgrad, wgrad) and on the four fprop of K >= 4096 on the 2x1 cluster
-// (tests/test_tile_units.cpp has them). Stripes of 8 everywhere
-// read up to 1.7x the best there (dsv3 fc2 fprop), M fastest up to 6.5x (mixtral fc1 wgrad).
+// (7 shapes x fprop, dgrad, wgrad, each on the tile the library takes) and on the other cluster of
+// the ones that have two (tests/test_tile_units.cpp has them). Stripes of 8 everywhere read up to
+// 1.7x the best there (dsv3 fc2 fprop), M fastest up to 12.5x (mixtral fc1 wgrad on 2x1). Width 16
+// is the best only there: on a 2x1 cluster a unit is one N block, so its 16 N blocks of 256 are one
+// stripe (the 1x2 cluster's 8 units of two).
 struct StripeProblem {
   int64_t rows = 0, k = 0, n = 0;  // one group's output rows (M) and columns (N), and its K
   int64_t tile_m = 128, tile_n = 128, cluster_m = 1, cluster_n = 1;
@@ -141,7 +143,7 @@ MOEKIT_UNITS_FN int choose_stripe(const StripeProblem& p) {
   // Wider only when strictly fewer (exact ties happen: mixtral fprop).
   int best = 1;
   double fewest = stripe_reads(p, 1);
-  for (int stripe = 4; stripe <= 8; stripe *= 2) {
+  for (int stripe = 4; stripe <= 16; stripe *= 2) {
     const double reads = stripe_reads(p, stripe);
     if (reads < fewest * (1.0 - 1e-9)) best = stripe, fewest = reads;
   }
