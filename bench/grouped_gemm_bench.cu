@@ -30,7 +30,8 @@
 // for A/B of work per cycle at one clock. Either way each backend's SM clock, board power and
 // active clock-event reasons are read (NVML, when the driver has it) halfway through its timed
 // calls, and printed and written with its numbers.
-// Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop; the first backend),
+// Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop, and wgrad for the
+// latency; the first backend),
 // each a ratio of medians measured in turns, outputs compared bit for bit:
 //   device/host splits   grouped_gemm_group_m with Splits::device(int64 counts on the GPU) vs
 //                        Splits::host (PERFORMANCE.md: device splits cost nothing extra)
@@ -38,7 +39,8 @@
 //                        output (PERFORMANCE.md: caller buffers cost nothing)
 //   alone/back-to-back   the device-split call timed alone (events around it, as every time in
 //                        the suite and in bench/peers.py) vs per call of back-to-back calls:
-//                        the host and launch latency a call pays alone (not a target)
+//                        the host and launch latency a call pays alone (not a target); fprop
+//                        and wgrad (group-K: its own setup and zero-fill kernels)
 // Routing: uniform (T/E rows each) or skewed (Dirichlet(1) split of T, seeded; some experts get
 // few or no rows). The JSON (--json) holds the splits of every configuration so bench/peers.py
 // times torch on exactly the same problems, and every backend's numbers.
@@ -570,6 +572,45 @@ bool identical_bf16(const Context& ctx, const void* a, const void* b, size_t n) 
   return host == 0;
 }
 
+// One call alone (as every timing in the suite: events around the call, host enqueue included) vs
+// per call of back-to-back calls (the host runs ahead: what a training step's stream sees); the
+// difference is the per-call host and launch latency. `out` is what `call` writes (its first
+// `valid` bf16 values): the first call's copy (in `copy`) against the last call's (repeated calls
+// must be bit-identical).
+template <class Call>
+Comparison alone_vs_back_to_back(const Context& ctx, const Options& o, const Shape& s, const char* pass,
+                                 Call call, const Tensor& out, const Tensor& copy, size_t valid,
+                                 cudaEvent_t start, cudaEvent_t stop) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  call();
+  CK(cudaMemcpyAsync(copy.data(), out.data(), valid * 2, cudaMemcpyDeviceToDevice, stream));
+  const auto alone = time_in_turns({call}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
+  const int calls = std::max(8, o.iters);
+  std::vector<double> per_call, enqueue_us;
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaEventRecord(start, stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call();
+    enqueue_us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls);
+    CK(cudaEventRecord(stop, stream));
+    CK(cudaEventSynchronize(stop));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, start, stop));
+    per_call.push_back(t / calls);
+  }
+  // The host's enqueue time per call (the loop above, which returns before the GPU finishes)
+  // says how much of the difference is host work between the start event and the launches.
+  Comparison c{s.name, "uniform", pass, "alone/back-to-back", "one call alone", "back-to-back calls"};
+  char note[64];
+  std::snprintf(note, sizeof note, "host enqueue %.1f us/call", median(enqueue_us));
+  c.note = note;
+  c.identical = identical_bf16(ctx, out.data(), copy.data(), valid);
+  c.a_ms = median(alone[0]);
+  c.b_ms = median(per_call);
+  return c;
+}
+
 // PERFORMANCE.md's two "cost nothing" targets on one shape — device vs host splits, and a caller
 // output buffer vs an internally allocated one — and the per-call latency (uniform routing,
 // fprop, the first backend of --backends, forced: the automatic choice may differ between host
@@ -605,39 +646,17 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
     c.b_ms = median(ms[1]);
     out.push_back(c);
   }
-  {  // one call alone (as every timing above: events around the call, host enqueue included)
-     // vs back-to-back calls (the host runs ahead: what a training step's stream sees); the
-     // difference is the per-call host and launch latency. Outputs: the first call's against the
-     // last's (repeated calls must be bit-identical).
+  {  // one call alone vs back-to-back calls (alone_vs_back_to_back), fprop and wgrad: the
+     // group-K call has its own setup and zero-fill kernels
     auto call = [&] { moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, device, y); };
-    call();
-    CK(cudaMemcpyAsync(y2.data(), y.data(), valid * 2, cudaMemcpyDeviceToDevice, stream));
-    const auto alone = time_in_turns({call}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
-    const int calls = std::max(8, o.iters);
-    std::vector<double> per_call, enqueue_us;
-    for (int r = 0; r < 5; ++r) {
-      CK(cudaEventRecord(start, stream));
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) call();
-      enqueue_us.push_back(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls);
-      CK(cudaEventRecord(stop, stream));
-      CK(cudaEventSynchronize(stop));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, start, stop));
-      per_call.push_back(t / calls);
-    }
-    // The host's enqueue time per call (the loop above, which returns before the GPU finishes)
-    // says how much of the difference is host work between the start event and the launches.
-    Comparison c{s.name, "uniform", "fprop", "alone/back-to-back", "one call alone",
-                 "back-to-back calls"};
-    char note[64];
-    std::snprintf(note, sizeof note, "host enqueue %.1f us/call", median(enqueue_us));
-    c.note = note;
-    c.identical = identical_bf16(ctx, y.data(), y2.data(), valid);
-    c.a_ms = median(alone[0]);
-    c.b_ms = median(per_call);
-    out.push_back(c);
+    out.push_back(alone_vs_back_to_back(ctx, o, s, "fprop", call, y, y2, valid, start, stop));
+    Tensor dy = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
+    Tensor dw = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
+    Tensor dw2 = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
+    fill_randn(ctx, dy, seed + 3);
+    auto wgrad = [&] { moekit::grouped_gemm_group_k(ctx, dy, x, device, dw, false); };
+    out.push_back(alone_vs_back_to_back(ctx, o, s, "wgrad", wgrad, dw, dw2,
+                                        static_cast<size_t>(s.E * s.N * s.K), start, stop));
   }
   {  // caller buffer vs internal allocation (GroupedLinear::forward, inference)
     moekit::GroupedLinear fc({.groups = s.E, .in = s.K, .out = s.N, .dtype = DType::BF16}, ctx);
