@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# ctest tools.gemm_hotspots: tools/gemm-hotspots' table on a fixed source-page CSV in the form ncu
+# 2025 exports it (a "Kernel Name" line before the header; per-reason stall_* columns and their
+# "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
+# without the samples column, which must fail. Usage: gemm_hotspots_test.sh TOOLS_DIR
+set -uo pipefail
+tool="$1/gemm-hotspots"
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
+cat >"$work/source.csv" <<'CSV'
+"Kernel Name","void cutlass::device_kernel<...>",""
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","# Samples","Instructions Executed","stall_barrier","stall_long_sb","stall_wait","stall_barrier (Not Issued)","stall_long_sb (Not Issued)"
+"0x7f00","      LDC R1, c[0x0][0x28]","10","10","10","1584","0","0","10","0","0"
+"0x7f10","      @P0   BRA 0x7f40","1,500","1,400","1,500","63488","0","1,485","15","0","9,999"
+"0x7f20","      WARPGROUP.DEPBAR.LE gsb0, 0x1","490","480","490","2048","450","0","40","9,999","0"
+CSV
+out=$(HOTSPOTS_TOP=2 "$tool" --table "$work/source.csv")
+expect head "$(sed -n 1p <<<"$out")" "3 SASS instructions, 2000 stall samples; top 2:"
+expect first "$(sed -n 4p <<<"$out")" "| 75.0 | 0x7f10 | @P0   BRA 0x7f40 | long_sb 99%, wait 1% |"
+expect second "$(sed -n 5p <<<"$out")" "| 24.5 | 0x7f20 | WARPGROUP.DEPBAR.LE gsb0, 0x1 | barrier 92%, wait 8% |"
+expect lines "$(wc -l <<<"$out")" 5
+sed 's/Warp Stall Sampling (All Samples)/Samples/' "$work/source.csv" >"$work/no-samples.csv"
+"$tool" --table "$work/no-samples.csv" >/dev/null 2>&1
+expect "no samples column fails" "$?" 1
+exit $fail
