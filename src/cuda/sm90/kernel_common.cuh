@@ -26,6 +26,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "core/env.h"
 #include "cuda/check.h"
 #include "cuda/device_counts.cuh"
 #include "moekit/core/dtype.h"
@@ -428,6 +429,17 @@ struct GroupedCall {
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
 };
+
+// Env MOEKIT_SM90_PREBUILT_TENSORMAPS=0 leaves the descriptors to CUTLASS (a per-SM copy rewritten
+// on each group change), for A/B runs; unset or 1: the setup kernel builds them
+// (prebuilt_tensormaps.cuh). make_arguments passes the slots, or null for CUTLASS's path.
+inline bool prebuilt_tensormaps_setting() {
+  static const bool on = detail::env_choice("MOEKIT_SM90_PREBUILT_TENSORMAPS", {"0", "1"}) != 0;
+  return on;
+}
+inline const cute::TmaDescriptor* tensormap_slots(cute::TmaDescriptor* slots) {
+  return prebuilt_tensormaps_setting() ? slots : nullptr;
+}
 
 // What a setup kernel needs of the Params to build the groups' descriptors
 // (build_group_tensormaps, prebuilt_tensormaps.cuh): the collectives' templates and arrays.

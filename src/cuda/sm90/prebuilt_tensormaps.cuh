@@ -19,7 +19,10 @@
 // the collective's tensormaps_perform_update; the overloads here take them by reference and
 // assign them. They hide the base overloads, so a CUTLASS that passes them otherwise fails to
 // compile rather than falling back. The slots reach the collectives' Params through the problem
-// shape (BlockedGroupProblemShape::tensormaps), which to_underlying_arguments receives.
+// shape (BlockedGroupProblemShape::tensormaps), which to_underlying_arguments receives. Without
+// them (null: env MOEKIT_SM90_PREBUILT_TENSORMAPS=0, for A/B runs) the collectives take CUTLASS's
+// own path; each collective object remembers which from its *_init call (it is a per-thread local
+// of the kernel, and the release calls do not get the Params).
 #pragma once
 
 #include <type_traits>
@@ -57,19 +60,29 @@ struct PrebuiltMainloop : Base {
   }
 
   // No per-SM copy: the pointers are set on each group change (below).
-  CUTLASS_DEVICE auto tensormaps_init(Params const&, TensorMapStorage&, int32_t, int32_t) {
+  CUTLASS_DEVICE auto tensormaps_init(Params const& params, TensorMapStorage& smem, int32_t sm_count,
+                                      int32_t sm_idx) {
+    prebuilt_ = params.group_tensormaps != nullptr;
+    if (!prebuilt_) return Base::tensormaps_init(params, smem, sm_count, sm_idx);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr),
                             static_cast<cute::TmaDescriptor*>(nullptr));
   }
   template <class TensorMapA, class TensorMapB, class ProblemShape_MNKL>
-  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage&, Params const& params,
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& smem, Params const& params,
                                                 cute::tuple<TensorMapA, TensorMapB>& tensormaps,
-                                                ProblemShape_MNKL, int32_t next_batch) {
+                                                ProblemShape_MNKL shape, int32_t next_batch) {
+    if (!prebuilt_) return Base::tensormaps_perform_update(smem, params, tensormaps, shape, next_batch);
     cute::get<0>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotA);
     cute::get<1>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotB);
   }
   template <class TensorMapA, class TensorMapB>
-  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage&, cute::tuple<TensorMapA, TensorMapB>&) {}
+  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem,
+                                                  cute::tuple<TensorMapA, TensorMapB>& tensormaps) {
+    if (!prebuilt_) Base::tensormaps_cp_fence_release(smem, tensormaps);
+  }
+
+ private:
+  bool prebuilt_ = true;
 };
 
 // The epilogue collective `Base` (CUTLASS's CollectiveEpilogue<Sm90PtrArrayTmaWarpSpecialized…>)
@@ -91,20 +104,35 @@ struct PrebuiltEpilogue : Base {
     return p;
   }
 
-  CUTLASS_DEVICE auto load_init(Params const&, TensorMapStorage&, int32_t, int32_t) {
+  CUTLASS_DEVICE auto load_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx) {
+    prebuilt_ = params.group_tensormaps != nullptr;
+    if (!prebuilt_) return Base::load_init(params, smem, sm_count, sm_idx);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
-  CUTLASS_DEVICE auto store_init(Params const&, TensorMapStorage&, int32_t, int32_t, int32_t) {
+  CUTLASS_DEVICE auto store_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx,
+                                 int32_t warp_group) {
+    prebuilt_ = params.group_tensormaps != nullptr;
+    if (!prebuilt_) return Base::store_init(params, smem, sm_count, sm_idx, warp_group);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
   template <bool IsLoad, class ProblemShape_MNKL>
-  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage&, Params const& params,
-                                                cute::TmaDescriptor*& tensormap, ProblemShape_MNKL,
-                                                int32_t next_batch, int32_t) {
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& smem, Params const& params,
+                                                cute::TmaDescriptor*& tensormap, ProblemShape_MNKL shape,
+                                                int32_t next_batch, int32_t warp_group) {
+    if (!prebuilt_) {
+      return Base::template tensormaps_perform_update<IsLoad>(smem, params, tensormap, shape, next_batch,
+                                                              warp_group);
+    }
     tensormap = group_tensormap(params.group_tensormaps, next_batch, IsLoad ? kSlotC : kSlotD);
   }
   template <bool IsLoad>
-  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage&, cute::TmaDescriptor*, int32_t = 0) {}
+  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem, cute::TmaDescriptor* tensormap,
+                                                  int32_t warp_group = 0) {
+    if (!prebuilt_) Base::template tensormaps_cp_fence_release<IsLoad>(smem, tensormap, warp_group);
+  }
+
+ private:
+  bool prebuilt_ = true;
 };
 
 // One descriptor as CUTLASS's tensormaps_replace_global_address and
@@ -136,6 +164,7 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
   using Epilogue = typename Kernel::CollectiveEpilogue;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
+  if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
   cute::TmaDescriptor* mine = staging + warp * kGroupTensormaps;
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
