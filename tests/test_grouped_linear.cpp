@@ -1059,6 +1059,16 @@ void expect_invalid(const std::optional<Error>& e, const std::string& buffer,
                                HasSubstr("got " + seen)));
 }
 
+// A caller buffer overlapping input `input` of the call (Overlapping): an error naming both, the
+// arena unchanged since its last snapshot, and the rig's other buffers untouched.
+void expect_overlap_rejected(const std::optional<Error>& e, const std::string& buffer,
+                             const std::string& input, const Overlapping& o, const Rig& r) {
+  expect_invalid(e, buffer, "memory that overlaps no input of the call",
+                 "memory overlapping input '" + input + "'");
+  EXPECT_TRUE(o.unchanged(r.ctx)) << "arena changed";
+  r.expect_untouched();
+}
+
 // A wrong-shaped buffer (own memory, sentinel-filled) for `which` = "output" or "grad_input".
 void expect_wrong_shape_rejected(const Context& ctx, const std::string& which, const Shape& shape,
                                  const std::string& expected_shape) {
@@ -1171,10 +1181,7 @@ TEST_P(CallerBufferRejects, OutputOverlappingInput) {
   Overlapping o(ctx(), xh, {r.T(), r.N()}, Rig::kDtype, /*overlap_elems=*/r.K());  // last row of x
   const auto e =
       caught([&] { r.p.layer->forward(o.data, Splits::host(r.p.c.counts), {.output = o.buffer}); });
-  expect_invalid(e, "output", "memory that overlaps no input of the call",
-                 "memory overlapping input 'input'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "output", "input", o, r);
 }
 
 TEST_P(CallerBufferRejects, OutputOverlappingWeight) {
@@ -1184,10 +1191,7 @@ TEST_P(CallerBufferRejects, OutputOverlappingWeight) {
   r.p.layer->set_weight(o.data);
   r.snapshot();
   const auto e = r.forward_with(o.buffer);
-  expect_invalid(e, "output", "memory that overlaps no input of the call",
-                 "memory overlapping input 'weight'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "output", "weight", o, r);
 }
 
 TEST_P(CallerBufferRejects, OutputOverlappingBias) {
@@ -1197,10 +1201,7 @@ TEST_P(CallerBufferRejects, OutputOverlappingBias) {
   r.p.layer->set_bias(o.data);
   r.snapshot();
   const auto e = r.forward_with(o.buffer);
-  expect_invalid(e, "output", "memory that overlaps no input of the call",
-                 "memory overlapping input 'bias'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "output", "bias", o, r);
 }
 
 TEST_P(CallerBufferRejects, OutputOverlappingDeviceCounts) {
@@ -1210,10 +1211,7 @@ TEST_P(CallerBufferRejects, OutputOverlappingDeviceCounts) {
   Overlapping o(ctx(), counts, {r.T(), r.N()}, Rig::kDtype, /*overlap_elems=*/2);  // 4 bytes
   const auto e =
       caught([&] { r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {.output = o.buffer}); });
-  expect_invalid(e, "output", "memory that overlaps no input of the call",
-                 "memory overlapping input 'splits'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "output", "splits", o, r);
 }
 
 TEST_P(CallerBufferRejects, GradInputOverlappingGradOutput) {
@@ -1221,10 +1219,7 @@ TEST_P(CallerBufferRejects, GradInputOverlappingGradOutput) {
   const Tensor dyh = to_host(ctx(), r.p.dy_dev);
   Overlapping o(ctx(), dyh, {r.T(), r.K()}, Rig::kDtype, /*overlap_elems=*/3);
   const auto e = caught([&] { r.p.layer->backward(r.saved, o.data, {.grad_input = o.buffer}); });
-  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
-                 "memory overlapping input 'grad_output'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "grad_input", "grad_output", o, r);
 }
 
 TEST_P(CallerBufferRejects, GradInputOverlappingInput) {
@@ -1234,12 +1229,9 @@ TEST_P(CallerBufferRejects, GradInputOverlappingInput) {
   GroupedLinear::Saved saved;
   r.p.layer->forward(o.data, Splits::host(r.p.c.counts), {}, &saved);  // x lives in the arena
   r.snapshot();
-  const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+  o.snapshot(ctx());
   const auto e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = o.buffer}); });
-  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
-                 "memory overlapping input 'input'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "grad_input", "input", o, r);
 }
 
 TEST_P(CallerBufferRejects, GradInputOverlappingWeight) {
@@ -1249,10 +1241,7 @@ TEST_P(CallerBufferRejects, GradInputOverlappingWeight) {
   r.p.layer->set_weight(o.data);
   r.snapshot();
   const auto e = r.backward_with(o.buffer);
-  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
-                 "memory overlapping input 'weight'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "grad_input", "weight", o, r);
 }
 
 TEST_P(CallerBufferRejects, GradInputOverlappingMainGrad) {
@@ -1264,10 +1253,7 @@ TEST_P(CallerBufferRejects, GradInputOverlappingMainGrad) {
   r.p.layer->set_main_grad(o.data);
   r.snapshot();
   const auto e = r.backward_with(o.buffer);
-  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
-                 "memory overlapping input 'main_grad'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "grad_input", "main_grad", o, r);
 }
 
 TEST_P(CallerBufferRejects, OutputOverlappingMainGrad) {
@@ -1279,10 +1265,7 @@ TEST_P(CallerBufferRejects, OutputOverlappingMainGrad) {
   r.p.layer->set_main_grad(o.data);
   r.snapshot();
   const auto e = r.forward_with(o.buffer);
-  expect_invalid(e, "output", "memory that overlaps no input of the call",
-                 "memory overlapping input 'main_grad'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), o.before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "output", "main_grad", o, r);
 }
 
 TEST_P(CallerBufferRejects, GradInputOverlappingDeviceCounts) {
@@ -1293,12 +1276,9 @@ TEST_P(CallerBufferRejects, GradInputOverlappingDeviceCounts) {
   GroupedLinear::Saved saved;
   r.p.layer->forward(r.p.x_dev, Splits::device(o.data), {}, &saved);
   r.snapshot();
-  const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+  o.snapshot(ctx());
   const auto e = caught([&] { r.p.layer->backward(saved, r.p.dy_dev, {.grad_input = o.buffer}); });
-  expect_invalid(e, "grad_input", "memory that overlaps no input of the call",
-                 "memory overlapping input 'splits'");
-  EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
-  r.expect_untouched();
+  expect_overlap_rejected(e, "grad_input", "splits", o, r);
 }
 
 // main_grad is written by backward: it may not overlap what backward reads (SPEC §3) — the
@@ -1324,12 +1304,9 @@ TEST_P(CallerBufferRejects, MainGradOverlappingABackwardInput) {
     r.main_grad = o.buffer;
     r.p.layer->set_main_grad(o.buffer);
     r.snapshot();
-    const std::vector<uint8_t> before = bytes_of(ctx(), o.arena.bytes);
+    o.snapshot(ctx());
     const auto e = caught([&] { r.p.layer->backward(saved, dy, {}); });
-    expect_invalid(e, "main_grad", "memory that overlaps no input of the call",
-                   "memory overlapping input '" + which + "'");
-    EXPECT_TRUE(bit_identical(bytes_of(ctx(), o.arena.bytes), before, DType::U8));
-    r.expect_untouched();
+    expect_overlap_rejected(e, "main_grad", which, o, r);
   }
 }
 
@@ -1401,8 +1378,7 @@ void expect_order(const Context& ctx, const std::string& which) {
     ASSERT_TRUE(e);
     EXPECT_THAT(e->what(), AllOf(HasSubstr("'" + which + "'"), HasSubstr("contiguous"),
                                  Not(HasSubstr("overlap"))));
-    EXPECT_TRUE(bit_identical(bytes_of(ctx, o.arena.bytes), o.before, DType::U8))
-        << "arena changed";
+    EXPECT_TRUE(o.unchanged(ctx)) << "arena changed";
   }
   EXPECT_TRUE(bit_identical(bytes_of(ctx, local), local_before, DType::F32))
       << "buffer memory changed";

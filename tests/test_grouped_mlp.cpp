@@ -1158,7 +1158,7 @@ TEST_P(GroupedMLPDevice, CallerBuffersAreCheckedAgainstEveryInputAndParameter) {
     SCOPED_TRACE(buf + " over " + in);
     const MlpOps ops = make_mlp_ops(ctx_, d);
     const Shape shape = buf == "output" ? Shape{c.T, c.N} : Shape{c.T, c.H};
-    const Overlapping o(ctx_, k.host, shape, c.dtype, /*overlap_elems=*/1);
+    Overlapping o(ctx_, k.host, shape, c.dtype, /*overlap_elems=*/1);
     auto placed = [&](const char* name, const Tensor& host_value) {
       return in == name ? o.data : to_device(ctx_, host_value);
     };
@@ -1171,20 +1171,20 @@ TEST_P(GroupedMLPDevice, CallerBuffersAreCheckedAgainstEveryInputAndParameter) {
     const Tensor x = placed("input", d.x), probs = placed("probs", d.probs);
     const Splits splits = Splits::device(placed("splits", counts_h));
     std::optional<Error> e;
-    std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    o.snapshot(ctx_);
     if (buf == "output") {
       e = caught([&] { mlp.forward(x, probs, splits, {.output = o.buffer}); });
     } else {
       GroupedMLP::Saved saved;
       mlp.forward(x, probs, splits, {}, &saved);
-      before = bytes_of(ctx_, o.arena.bytes);
+      o.snapshot(ctx_);
       e = caught([&] { mlp.backward(saved, placed("grad_output", d.dy), {.grad_input = o.buffer}); });
     }
     ASSERT_TRUE(e);
     EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
     EXPECT_THAT(e->what(), HasSubstr("'" + buf + "'"));
     EXPECT_THAT(e->what(), HasSubstr("overlapping input '" + in + "'"));
-    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+    EXPECT_TRUE(o.unchanged(ctx_));
   }
   // dtype and contiguity (before overlap, SPEC §3's order; nothing else to overlap here)
   const MlpOps ops = make_mlp_ops(ctx_, d);
@@ -1242,7 +1242,7 @@ TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreEr
                             : buf == "fc1 main_grad" ? mg1_h.shape()
                                                      : mg2_h.shape();
     const DType buf_dtype = buf == "grad_input" ? c.dtype : DType::F32;
-    const Overlapping o(ctx_, input_h, buf_shape, buf_dtype, /*overlap_elems=*/1);
+    Overlapping o(ctx_, input_h, buf_shape, buf_dtype, /*overlap_elems=*/1);
     Tensor mg1 = k.in == In::Mg1 ? o.data : to_device(ctx_, mg1_h);
     Tensor mg2 = k.in == In::Mg2 ? o.data : to_device(ctx_, mg2_h);
     if (buf == "fc1 main_grad") mg1 = o.buffer;
@@ -1256,7 +1256,7 @@ TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreEr
     const Tensor probs = k.in == In::Probs ? o.data : to_device(ctx_, d.probs);
     GroupedMLP::Saved saved;
     mlp.forward(to_device(ctx_, d.x), probs, Splits::device(counts), {}, &saved);
-    const std::vector<uint8_t> arena = bytes_of(ctx_, o.arena.bytes);
+    o.snapshot(ctx_);
     const std::vector<uint8_t> mg1_before = bytes_of(ctx_, mg1), mg2_before = bytes_of(ctx_, mg2);
     GroupedMLP::BackwardOptions options;
     if (buf == "grad_input") options.grad_input = o.buffer;
@@ -1266,7 +1266,7 @@ TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreEr
     EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
     EXPECT_THAT(e->what(), HasSubstr(str("'", k.buffer, "'")));
     EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", k.input, "'")));
-    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), arena, DType::U8));
+    EXPECT_TRUE(o.unchanged(ctx_));
     EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg1), mg1_before, DType::F32)) << "fc1 main_grad";
     EXPECT_TRUE(bit_identical(bytes_of(ctx_, mg2), mg2_before, DType::F32)) << "fc2 main_grad";
   }

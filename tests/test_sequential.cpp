@@ -490,7 +490,7 @@ TEST_P(SequentialTest, BuffersOverlappingTheCallsInputsAreErrorsThatWriteNothing
     EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
     EXPECT_THAT(e->what(), HasSubstr("op_args[GroupedLinear handle].output of op 2 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr(str("overlapping input '", inputs[i], "'")));
-    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), o.before, DType::U8));
+    EXPECT_TRUE(o.unchanged(ctx_));
   }
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, hbuf), 0, c.T, 2 * c.F, DType::BF16));
   m.ops.fc1->linear().set_main_grad(Tensor());
@@ -576,17 +576,17 @@ TEST_P(SequentialTest, GradInputOverlappingTheBackwardsDyIsAnError) {
   for (bool fuse : {false, true}) {
     SCOPED_TRACE(fuse ? "fused" : "unfused");
     const Sequential seq({m.ops.fc1, m.ops.act, m.ops.fc2}, {.fuse = fuse});
-    const Overlapping o(ctx_, m.d.dy, {c.T, c.H}, DType::BF16, /*overlap_elems=*/1);
+    Overlapping o(ctx_, m.d.dy, {c.T, c.H}, DType::BF16, /*overlap_elems=*/1);
     OpArgs args;
     args[0].grad_input = o.buffer;
     auto [y, tape] = seq.forward(m.x, m.inputs(), args);
-    const std::vector<uint8_t> before = bytes_of(ctx_, o.arena.bytes);
+    o.snapshot(ctx_);
     auto e = caught([&] { seq.backward(tape, o.data); });
     ASSERT_TRUE(e);
     EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
     EXPECT_THAT(e->what(), HasSubstr("op_args[0].grad_input of op 0 (GroupedLinear)"));
     EXPECT_THAT(e->what(), HasSubstr("overlapping input 'grad_output'"));
-    EXPECT_TRUE(bit_identical(bytes_of(ctx_, o.arena.bytes), before, DType::U8));
+    EXPECT_TRUE(o.unchanged(ctx_));
   }
 }
 

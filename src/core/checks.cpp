@@ -36,6 +36,11 @@ void check_input(std::string_view argument, const Tensor& t, const Shape& shape,
   }
 }
 
+void check_buffer_written(std::string_view argument, const Tensor& buffer, bool written,
+                          std::string_view why) {
+  if (!written) throw_invalid(argument, str("no buffer (", why, ")"), buffer.describe());
+}
+
 void check_caller_buffer(std::string_view argument, const Tensor& buffer, const Shape& shape,
                          DType dtype, Device device,
                          std::initializer_list<NamedTensor> inputs) {

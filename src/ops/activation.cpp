@@ -112,10 +112,8 @@ ScaledSwiGLU::Grads ScaledSwiGLU::backward(const Saved& saved, const Tensor& dz,
   grads.input = Tensor::empty(saved.input.shape(), saved.input.dtype(), ctx_);
   const bool accumulate = options.grad_probs.defined();
   if (accumulate) {  // checked before anything is written (a failed call writes nothing)
-    if (!saved.probs_requires_grad) {  // a buffer that would never be written
-      throw_invalid("grad_probs", "no buffer (the probs do not require grad)",
-                    options.grad_probs.describe());
-    }
+    check_buffer_written("grad_probs", options.grad_probs, saved.probs_requires_grad,
+                         "the probs do not require grad");
     check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, ctx_.device(),
                         {{"grad_output", dz},
                          {"input", saved.input},

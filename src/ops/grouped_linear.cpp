@@ -70,10 +70,7 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
   const bool need_dx = saved.input_requires_grad;
   const bool need_dw = weight_requires_grad_;
   if (options.grad_input.defined()) {
-    if (!need_dx) {
-      throw_invalid("grad_input", "no buffer (the input does not require grad)",
-                    options.grad_input.describe());
-    }
+    check_buffer_written("grad_input", options.grad_input, need_dx, "the input does not require grad");
     check_caller_buffer("grad_input", options.grad_input, {T, config_.in}, config_.dtype, dev,
                         {{"grad_output", dy}, {"weight", weight_}, {"input", saved.input},
                          {"splits", saved.splits.device_counts()}, {"main_grad", main_grad_}});

@@ -175,18 +175,14 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                          {"grad_probs", other("grad_probs", options.grad_probs)}});
   };
   if (options.grad_input.defined()) {
-    if (!s.input_requires_grad) {
-      throw_invalid("grad_input", "no buffer (the input does not require grad)",
-                    options.grad_input.describe());
-    }
+    check_buffer_written("grad_input", options.grad_input, s.input_requires_grad,
+                         "the input does not require grad");
     check_written("grad_input", options.grad_input, {T, in_features()}, dt);
   }
   const bool accumulate_dp = options.grad_probs.defined();
   if (accumulate_dp) {
-    if (!s.probs_requires_grad) {  // as grad_input: a buffer that would never be written
-      throw_invalid("grad_probs", "no buffer (the probs do not require grad)",
-                    options.grad_probs.describe());
-    }
+    check_buffer_written("grad_probs", options.grad_probs, s.probs_requires_grad,
+                         "the probs do not require grad");
     check_written("grad_probs", options.grad_probs, {T}, DType::F32);
   }
   for (const GroupedLinear* l : {&l1, &l2}) {

@@ -276,13 +276,10 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
       if (!r.tensor.defined()) continue;
       const std::string label = str(r.name, " of ", r.op);  // the key as given and its op
       if (kArguments[a] == OpArgument::GradInput) {
-        if (!in.save_for_backward) {
-          throw_invalid(label, "no buffer (save_for_backward is false: there is no backward)",
-                        r.tensor.describe());
-        }
-        if (pos == 0 && !in.input_requires_grad) {
-          throw_invalid(label, "no buffer (the input does not require grad)", r.tensor.describe());
-        }
+        check_buffer_written(label, r.tensor, in.save_for_backward,
+                             "save_for_backward is false: there is no backward");
+        check_buffer_written(label, r.tensor, pos != 0 || in.input_requires_grad,
+                             "the input does not require grad");
       }
       const Shape& shape =
           shapes[static_cast<size_t>(kArguments[a] == OpArgument::Output ? pos + 1 : pos)];

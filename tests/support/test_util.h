@@ -164,7 +164,13 @@ struct Overlapping {
     copy(ctx, host_filled(buf_shape, dtype, kSentinel), buffer);
     data = arena.at(0, data_host.shape(), data_host.dtype());
     copy(ctx, data_host, data);  // the data wins where they overlap
-    before = bytes_of(ctx, arena.bytes);
+    snapshot(ctx);
+  }
+  // `before` := the arena's bytes now (again after setup that writes into it, e.g. a forward
+  // saving into data); unchanged() compares the arena with them.
+  void snapshot(const Context& ctx) { before = bytes_of(ctx, arena.bytes); }
+  ::testing::AssertionResult unchanged(const Context& ctx) const {
+    return bit_identical(bytes_of(ctx, arena.bytes), before, DType::U8);
   }
 };
 

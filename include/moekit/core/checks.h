@@ -26,4 +26,9 @@ struct NamedTensor {
 void check_caller_buffer(std::string_view argument, const Tensor& buffer, const Shape& shape,
                          DType dtype, Device device, std::initializer_list<NamedTensor> inputs);
 
+/// A caller buffer the call would never write (`written` false, e.g. a grad_input for an input
+/// that needs no grad): InvalidArgument "expected no buffer (<why>)". Nothing when `written`.
+void check_buffer_written(std::string_view argument, const Tensor& buffer, bool written,
+                          std::string_view why);
+
 }  // namespace moekit
