@@ -455,7 +455,7 @@ TensormapTemplates<G> templates_of(const typename G::Gemm::Params& params) {
 // In a setup kernel, after its per-group arrays are written (one block, kSetupThreads threads).
 template <class G>
 __device__ void build_tensormaps(const TensormapTemplates<G>& t, int64_t groups, const typename G::Shape3* shapes) {
-  __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads / 32 * kGroupTensormaps];
+  __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads];
   __syncthreads();  // the arrays written by other threads of the block
   build_group_tensormaps<typename G::Kernel>(t.mainloop, t.epilogue, groups,
                                              [&](int64_t g) { return shapes[g]; }, staging);

@@ -153,52 +153,56 @@ CUTLASS_DEVICE void encode_group_tensormap(Tma const& tma, Element const* ptr, S
 }
 
 // Setup kernels (after the per-group arrays are written and visible to the block): the
-// descriptors of every group with tiles, one warp per group, lanes 0-3 encoding A, B, C, D in
-// shared memory `staging` (kGroupTensormaps per warp, 128-byte aligned), then the warp copying
-// them out with a release. `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
+// descriptors of every group with tiles. Work item i of a warp is one slot (i % kGroupTensormaps,
+// so the branch is warp-uniform) of 32 groups, one per lane: the lane encodes it in its own
+// shared-memory `staging[threadIdx.x]` (128-byte aligned), copies it to the group's slot with
+// plain stores, and after its last one releases them all to the tensormap proxy with one fence.
+// (tensormap.cp_fenceproxy, CUTLASS's copy-and-release, is warp-collective and fences each
+// descriptor: built that way, one warp per group, small_E64's 256 descriptors cost its fprop and
+// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.) `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
 template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
                                            int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
-  using Mainloop = typename Kernel::CollectiveMainloop;
   using Epilogue = typename Kernel::CollectiveEpilogue;
+  if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
-  if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
-  cute::TmaDescriptor* mine = staging + warp * kGroupTensormaps;
+  cute::TmaDescriptor& mine = staging[threadIdx.x];
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
   bool source = false;
   if constexpr (kSource) source = epilogue.ptr_C != nullptr;
-  for (int64_t g = warp; g < groups; g += warps) {
+  bool built = false;
+  const int64_t items = (groups + 31) / 32 * kGroupTensormaps;
+  for (int64_t i = warp; i < items; i += warps) {
+    const int slot = static_cast<int>(i % kGroupTensormaps);
+    const int64_t g = i / kGroupTensormaps * 32 + lane;
+    if (g >= groups) continue;
     const auto shape = shape_of(g);
     const int m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
-    if (m <= 0) continue;  // warp-uniform
+    if (m <= 0) continue;
     const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
     const auto mn = cute::make_shape(m, n, cute::Int<1>{});
-    if (lane == kSlotA) {
-      encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine[kSlotA]);
-    } else if (lane == kSlotB) {
-      encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine[kSlotB]);
-    } else if (lane == kSlotC) {
-      if constexpr (kSource) {
-        if (source) encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine[kSlotC]);
-      }
-    } else if (lane == kSlotD) {
-      if constexpr (kDestination) {
-        encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine[kSlotD]);
-      }
+    if (slot == kSlotA) {
+      encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
+    } else if (slot == kSlotB) {
+      encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
+    } else if (slot == kSlotC) {
+      if constexpr (!kSource) continue;
+      else if (!source) continue;
+      else encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine);
+    } else {
+      if constexpr (!kDestination) continue;
+      else encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine);
     }
-    __syncwarp();
-    cute::TmaDescriptor* out = group_tensormap(mainloop.group_tensormaps, static_cast<int32_t>(g), 0);
-    cute::tma_descriptor_cp_fence_release(out + kSlotA, mine[kSlotA]);
-    cute::tma_descriptor_cp_fence_release(out + kSlotB, mine[kSlotB]);
-    if (source) cute::tma_descriptor_cp_fence_release(out + kSlotC, mine[kSlotC]);
-    if constexpr (kDestination) {
-      cute::tma_descriptor_cp_fence_release(out + kSlotD, mine[kSlotD]);
-    }
-    __syncwarp();
+    const auto* from = reinterpret_cast<const uint4*>(&mine);
+    auto* to = reinterpret_cast<uint4*>(group_tensormap(mainloop.group_tensormaps, static_cast<int32_t>(g), slot));
+    static_assert(sizeof(cute::TmaDescriptor) == 8 * sizeof(uint4));
+    for (int w = 0; w < 8; ++w) to[w] = from[w];
+    built = true;
   }
+  if (built) cute::tma_descriptor_fence_release();
 }
 
 }  // namespace moekit::cuda::sm90
