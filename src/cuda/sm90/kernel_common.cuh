@@ -456,12 +456,9 @@ TensormapTemplates<G> templates_of(const typename G::Gemm::Params& params) {
 template <class G>
 __device__ void build_tensormaps(const TensormapTemplates<G>& t, int64_t groups, const typename G::Shape3* shapes) {
   __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads];
-  __shared__ alignas(128) cute::TmaDescriptor bases[kGroupTensormaps];
-  __shared__ TensormapExtents base_extents[kGroupTensormaps];
   __syncthreads();  // the arrays written by other threads of the block
   build_group_tensormaps<typename G::Kernel>(t.mainloop, t.epilogue, groups,
-                                             [&](int64_t g) { return shapes[g]; }, staging, bases,
-                                             base_extents);
+                                             [&](int64_t g) { return shapes[g]; }, staging);
 }
 
 }  // namespace moekit::cuda::sm90

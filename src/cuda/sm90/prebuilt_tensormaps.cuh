@@ -26,7 +26,6 @@
 #pragma once
 
 #include <type_traits>
-#include <utility>
 
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/tensor.hpp>
@@ -136,115 +135,44 @@ struct PrebuiltEpilogue : Base {
   bool prebuilt_ = true;
 };
 
-// A descriptor's global extents as CUTLASS's tensormaps_replace_global_tensor_properties makes
-// them for a (rows, cols, 1) tensor of `stride`: dims in elements, strides in bytes.
-struct TensormapExtents {
+// One descriptor as CUTLASS's tensormaps_replace_global_address and
+// tensormaps_replace_global_tensor_properties make it: the template `tma` (encoded on the host
+// by to_underlying_arguments) with the address `ptr` and a (rows, cols, 1) tensor of `stride`, in
+// shared memory `desc` (one thread).
+template <class Element, class Tma, class Shape, class Stride>
+CUTLASS_DEVICE void encode_group_tensormap(Tma const& tma, Element const* ptr, Shape shape, Stride stride,
+                                           cute::TmaDescriptor& desc) {
+  desc = *tma.get_tma_descriptor();
+  cute::tma_descriptor_replace_addr_in_shared_mem(desc, ptr);
   cute::array<uint32_t, 5> dims = {1, 1, 1, 1, 1};
   cute::array<uint64_t, 5> strides = {0, 0, 0, 0, 0};
-};
-// (`Element` the descriptor's element, as the collective's pointer array has it.)
-template <class Element, class Tma, class Shape, class Stride>
-CUTLASS_DEVICE TensormapExtents tensormap_extents(Tma const& tma, Element const*, Shape shape, Stride stride) {
-  TensormapExtents e;
   auto tensor = cute::make_tensor(static_cast<Element const*>(nullptr), cute::make_layout(shape, stride));
-  cute::detail::fill_tma_gmem_shape_stride(tma, tensor, e.dims, e.strides);
-  for (uint64_t& s : e.strides) s = s * cute::sizeof_bits_v<Element> / 8;
-  return e;
-}
-
-// tensormap.replace of one field of a descriptor in shared memory (PTX ISA; the field index is an
-// immediate). Strides: stride i of the descriptor is extents' strides[i + 1] (the innermost one is
-// implicit), as cute::tma_descriptor_replace_dims_strides_in_shared_mem sets them.
-template <int I>
-CUTLASS_DEVICE void replace_dim(cute::TmaDescriptor& desc, uint32_t v) {
-  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;" ::"r"(
-                   cute::cast_smem_ptr_to_uint(&desc)), "n"(I), "r"(v) : "memory");
-}
-template <int I>
-CUTLASS_DEVICE void replace_stride(cute::TmaDescriptor& desc, uint64_t v) {
-  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %1, %2;" ::"r"(
-                   cute::cast_smem_ptr_to_uint(&desc)), "n"(I), "l"(v) : "memory");
-}
-// `desc` holds a descriptor of extents `from`; afterwards it has `to`'s, only the fields that
-// differ rewritten (every field, when `from` is null).
-CUTLASS_DEVICE void replace_extents(cute::TmaDescriptor& desc, TensormapExtents const* from, TensormapExtents const& to) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((!from || from->dims[I] != to.dims[I] ? replace_dim<I>(desc, to.dims[I]) : void()), ...);
-  }(std::make_integer_sequence<int, 5>{});
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((!from || from->strides[I + 1] != to.strides[I + 1] ? replace_stride<I>(desc, to.strides[I + 1]) : void()), ...);
-  }(std::make_integer_sequence<int, 4>{});
+  cute::detail::fill_tma_gmem_shape_stride(tma, tensor, dims, strides);
+  for (uint64_t& s : strides) s = s * cute::sizeof_bits_v<Element> / 8;
+  cute::tma_descriptor_replace_dims_strides_in_shared_mem(desc, dims, strides);
 }
 
 // Setup kernels (after the per-group arrays are written and visible to the block): the
-// descriptors of every group with tiles, in two steps.
-//   1. Threads 0-3 each encode one slot's base in shared memory `bases`: the template (encoded on
-//      the host by to_underlying_arguments) with group 0's strides and extents (each at least 1),
-//      every field replaced.
-//   2. Work item i of a warp is one slot (i % kGroupTensormaps, so the branch is warp-uniform) of
-//      32 groups, one per lane: the lane copies the slot's base to its own `staging[threadIdx.x]`,
-//      replaces the address and the extents that differ from the base's (a group-M call: M; a
-//      group-K call: its rows), copies it to the group's slot with plain stores, and after its last
-//      one releases them all to the tensormap proxy with one fence.
-// The result is what CUTLASS's per-group rewrite makes, field for field. Why this way: the setup
-// kernel is one block on one SM, and the GEMM waits for it. Built like CUTLASS (every field, one
-// warp per group, its warp-collective tensormap.cp_fenceproxy copy-and-release per descriptor),
-// small_E64's 256 descriptors cost its fprop and dgrad 10-12% of the call in the GEMM suite
-// (cda6ba7); one per thread with every field replaced and one fence per thread, the setup kernel
-// still took 10.3 µs against 4.9 without descriptors (ncu, 6453b23).
-// `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
+// descriptors of every group with tiles. Work item i of a warp is one slot (i % kGroupTensormaps,
+// so the branch is warp-uniform) of 32 groups, one per lane: the lane encodes it in its own
+// shared-memory `staging[threadIdx.x]` (128-byte aligned), copies it to the group's slot with
+// plain stores, and after its last one releases them all to the tensormap proxy with one fence.
+// (tensormap.cp_fenceproxy, CUTLASS's copy-and-release, is warp-collective and fences each
+// descriptor: built that way, one warp per group, small_E64's 256 descriptors cost its fprop and
+// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.) `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
 template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
-                                           int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging,
-                                           cute::TmaDescriptor* bases, TensormapExtents* base_extents) {
+                                           int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
   if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  cute::TmaDescriptor& mine = staging[threadIdx.x];
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
   bool source = false;
   if constexpr (kSource) source = epilogue.ptr_C != nullptr;
-  // f(template, address, extents) for group g's descriptor in `slot`, of shape (m, n, k); false
-  // when the call has no such descriptor (no C; no D).
-  auto with_slot = [&](int slot, int64_t g, int m, int n, int k, auto&& f) -> bool {
-    const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
-    const auto mn = cute::make_shape(m, n, cute::Int<1>{});
-    if (slot == kSlotA) {
-      f(mainloop.tma_load_a, mainloop.ptr_A[g], tensormap_extents(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g]));
-    } else if (slot == kSlotB) {
-      f(mainloop.tma_load_b, mainloop.ptr_B[g], tensormap_extents(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g]));
-    } else if (slot == kSlotC) {
-      if constexpr (kSource) {
-        if (!source) return false;
-        f(epilogue.tma_load_c, epilogue.ptr_C[g], tensormap_extents(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g]));
-      } else {
-        return false;
-      }
-    } else {
-      if constexpr (kDestination) {
-        f(epilogue.tma_store_d, epilogue.ptr_D[g], tensormap_extents(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g]));
-      } else {
-        return false;
-      }
-    }
-    return true;
-  };
-
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid < kGroupTensormaps && groups > 0) {
-    const auto shape = shape_of(0);
-    const int m = cute::max(cute::get<0>(shape), 1), n = cute::max(cute::get<1>(shape), 1);
-    const int k = cute::max(cute::get<2>(shape), 1);
-    with_slot(tid, 0, m, n, k, [&](auto const& tma, auto const*, TensormapExtents const& e) {
-      bases[tid] = *tma.get_tma_descriptor();
-      replace_extents(bases[tid], nullptr, e);
-      base_extents[tid] = e;
-    });
-  }
-  __syncthreads();
-
-  const int lane = tid % 32, warp = tid / 32, warps = static_cast<int>(blockDim.x / 32);
-  cute::TmaDescriptor& mine = staging[tid];
   bool built = false;
   const int64_t items = (groups + 31) / 32 * kGroupTensormaps;
   for (int64_t i = warp; i < items; i += warps) {
@@ -254,12 +182,20 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
     const auto shape = shape_of(g);
     const int m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
     if (m <= 0) continue;
-    const bool has = with_slot(slot, g, m, n, k, [&](auto const&, auto const* ptr, TensormapExtents const& e) {
-      mine = bases[slot];
-      cute::tma_descriptor_replace_addr_in_shared_mem(mine, ptr);
-      replace_extents(mine, &base_extents[slot], e);
-    });
-    if (!has) continue;
+    const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
+    const auto mn = cute::make_shape(m, n, cute::Int<1>{});
+    if (slot == kSlotA) {
+      encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
+    } else if (slot == kSlotB) {
+      encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
+    } else if (slot == kSlotC) {
+      if constexpr (!kSource) continue;
+      else if (!source) continue;
+      else encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine);
+    } else {
+      if constexpr (!kDestination) continue;
+      else encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine);
+    }
     const auto* from = reinterpret_cast<const uint4*>(&mine);
     auto* to = reinterpret_cast<uint4*>(group_tensormap(mainloop.group_tensormaps, static_cast<int32_t>(g), slot));
     static_assert(sizeof(cute::TmaDescriptor) == 8 * sizeof(uint4));
