@@ -159,7 +159,10 @@ CUTLASS_DEVICE void encode_group_tensormap(Tma const& tma, Element const* ptr, S
 // plain stores, and after its last one releases them all to the tensormap proxy with one fence.
 // (tensormap.cp_fenceproxy, CUTLASS's copy-and-release, is warp-collective and fences each
 // descriptor: built that way, one warp per group, small_E64's 256 descriptors cost its fprop and
-// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.) `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
+// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.
+// This way the setup kernel still takes ~10 µs there against ~5 without descriptors: ncu,
+// bench/results/2026-11-30-nvidia-h200-6453b23-prebuilt-tensormaps.md.)
+// `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
 template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
