@@ -2,7 +2,9 @@
 # ctest tools.gemm_hotspots: tools/gemm-hotspots' table on a fixed source-page CSV in the form ncu
 # 2025 exports it (a "Kernel Name" line before the header; per-reason stall_* columns and their
 # "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
-# without the samples column, which must fail. Usage: gemm_hotspots_test.sh TOOLS_DIR
+# without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
+# records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
+# name otherwise. Usage: gemm_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-hotspots"
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
@@ -21,4 +23,23 @@ expect lines "$(wc -l <<<"$out")" 5
 sed 's/Warp Stall Sampling (All Samples)/Samples/' "$work/source.csv" >"$work/no-samples.csv"
 "$tool" --table "$work/no-samples.csv" >/dev/null 2>&1
 expect "no samples column fails" "$?" 1
+# A stand-in ncu: the profiling run records its -k filter and -o report; --import prints the CSV.
+cat >"$work/ncu" <<SH
+#!/usr/bin/env bash
+if [[ \$1 == --import ]]; then cat "$work/source.csv"; exit 0; fi
+while (( \$# )); do
+  case \$1 in -k) echo "k \$2" >>"$work/ncu.args" ;; -o) echo "o \${2##*/}" >>"$work/ncu.args" ;; esac
+  shift
+done
+SH
+chmod +x "$work/ncu"
+GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" "$tool" small_E64 fprop >"$work/run1.log" 2>&1
+expect "default run" "$?" 0
+HOTSPOTS_KERNEL=regex:setup GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
+  "$tool" small_E64 fprop skewed >"$work/run2.log" 2>&1
+expect "setup run" "$?" 0
+expect "ncu arguments" "$(tr '\n' ' ' <"$work/ncu.args")" \
+  "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup "
+expect "setup title" "$(grep '^#' "$work/run2.log")" \
+  "# small_E64 skewed fprop (default), kernel regex:setup: SASS hotspots"
 exit $fail

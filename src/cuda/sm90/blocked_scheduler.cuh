@@ -55,6 +55,9 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
   const uint32_t* stripes = nullptr;  // [groups] each group's width (setup kernel); null: all 1
   const uint32_t* unit_starts = nullptr;
+  // [groups x kGroupTensormaps] every group's TMA descriptors, built by the setup kernel
+  // (prebuilt_tensormaps.cuh); the collectives' Params take it from here.
+  const cute::TmaDescriptor* tensormaps = nullptr;
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N

@@ -88,6 +88,7 @@ struct GroupKArrays {
   typename G::StrideD* stride_d;
   uint32_t* unit_starts;                 // [groups + 1] (blocked_scheduler.cuh)
   uint32_t* stripes;                     // [groups] each group's stripe width (same)
+  cute::TmaDescriptor* tensormaps;       // [groups x kGroupTensormaps] (prebuilt_tensormaps.cuh)
 
   static GroupKArrays carve(WorkspaceCarver& w, const GroupKProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -102,6 +103,7 @@ struct GroupKArrays {
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
     r.stripes = w.take<uint32_t>(groups);
+    r.tensormaps = w.take<cute::TmaDescriptor>(groups * kGroupTensormaps);
     return r;
   }
 };
@@ -117,7 +119,8 @@ struct GroupKSetupInputs {
 };
 
 template <class G>
-__global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out) {
+__global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out,
+                                                              const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
@@ -138,6 +141,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k);
   });
   scan_unit_starts(out.unit_starts, in.counts.groups);
+  build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 
 // dw[g] = 0 for the groups the setup kernel flagged: grid (x: blocks per group, y: groups), 16-byte
@@ -175,6 +179,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.host_problem_shapes = nullptr;
   args.problem_shape.order = group_k_order<G>(p, hw);
   args.problem_shape.unit_starts = arr.unit_starts;
+  args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
@@ -204,7 +209,11 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   const GroupKCall<G> call(p, workspace);
   const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate,
                              stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
-  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
+  // The cached Params bake in beta and the tile order.
+  auto params = call.gemm_params(p, workspace, stream, name,
+                                       (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
+                                       p.raster, p.swizzle);
+  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays, templates_of<G>(params));
   MOEKIT_CUDA_CHECK_LAUNCH();
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
@@ -213,9 +222,7 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
                           kZeroThreads, 0, stream>>>(call.arrays.zero, p.dw, group_bytes);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
-  // The cached Params bake in beta and the tile order.
-  call.run_gemm(p, workspace, stream, name, (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
-                p.raster, p.swizzle);
+  call.run_gemm(params, p, stream, name);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

@@ -115,6 +115,7 @@ struct GroupArrays {
   typename G::StrideD* stride_d;             // [groups]
   uint32_t* unit_starts;                     // [groups + 1] (blocked_scheduler.cuh)
   uint32_t* stripes;                         // [groups] each group's stripe width (same)
+  cute::TmaDescriptor* tensormaps;           // [groups x kGroupTensormaps] (prebuilt_tensormaps.cuh)
 
   static GroupArrays carve(WorkspaceCarver& w, const GroupMProblem& p) {
     const int64_t groups = p.counts.groups;
@@ -136,6 +137,7 @@ struct GroupArrays {
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
     r.stripes = w.take<uint32_t>(groups);
+    r.tensormaps = w.take<cute::TmaDescriptor>(groups * kGroupTensormaps);
     // Last: the only array whose size depends on the rows. The cached Params (kernel_common.cuh,
     // ParamsKey: no row count) point into the arrays above, which must not move with the rows.
     r.partial = w.take<float>(G::kFusedDSwiGlu && p.dglu_dprobs ? p.counts.rows * dglu_n_tiles<G>(p) : 0);
@@ -162,7 +164,8 @@ struct GroupMSetupInputs {
 // ---- the setup kernel: device counts → per-group shapes, pointers, strides ----
 // One block (for_each_group: validation, then a scan of the counts into row offsets).
 template <class G>
-__global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs in, GroupArrays<G> out) {
+__global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs in, GroupArrays<G> out,
+                                                              const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
@@ -190,6 +193,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
   });
   scan_unit_starts(out.unit_starts, in.counts.groups);
+  build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 
 // ---- SwiGLU backward: dprobs from the epilogue's per-N-tile partials ----
@@ -227,6 +231,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
   args.problem_shape.host_problem_shapes = nullptr;
   args.problem_shape.order = group_m_order(p);
   args.problem_shape.unit_starts = arr.unit_starts;
+  args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
   typename G::HNode::Arguments h{
@@ -268,11 +273,12 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
                              p.glu_probs,  p.dglu_h,    p.dglu_dh,   p.dglu_dprobs != nullptr,
                              dglu_n_tiles<G>(p),
                              stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
-  group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays);
-  MOEKIT_CUDA_CHECK_LAUNCH();
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
-  call.run_gemm(p, workspace, stream, name, variant, p.raster, p.swizzle);
+  auto params = call.gemm_params(p, workspace, stream, name, variant, p.raster, p.swizzle);
+  group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays, templates_of<G>(params));
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  call.run_gemm(params, p, stream, name);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {
       constexpr int kThreads = 256;

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/sm90/prebuilt_tensormaps.cuh"
 #include "cuda/sm90/tile_units.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -25,6 +26,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "core/env.h"
 #include "cuda/check.h"
 #include "cuda/device_counts.cuh"
 #include "moekit/core/dtype.h"
@@ -145,18 +147,20 @@ struct ConfigLargeEpi32 : ConfigLarge {
 // adds what both kernels build the same way around them — the warp-specialised mainloop (its
 // stages take what the epilogue leaves of shared memory), the kernel, and the per-group shape and
 // stride types the setup kernels fill.
+// Both collectives take every group's TMA descriptors from the setup kernel
+// (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change.
 template <class P>
 struct GroupedGemm : P {
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CollectiveMainloop = PrebuiltMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
       typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
       typename P::Config::Tile, typename P::Config::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage))>,
-      typename P::Config::Schedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
-                                                      typename P::CollectiveEpilogue>;
+      typename P::Config::Schedule>::CollectiveOp>;
+  using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
@@ -407,13 +411,17 @@ struct GroupedCall {
     bytes = w.total();
   }
 
-  // Launches the grouped GEMM (after the setup kernel filled `arrays`), its Params cached under
-  // `variant` (what else they bake in: bias or not, beta) and the tile order.
-  void run_gemm(const Problem& p, void* workspace, cudaStream_t stream, const char* name,
-                int variant, int raster = 0, int swizzle = 1) const {
+  // The grouped GEMM's Params, cached under `variant` (what else they bake in: bias or not, beta)
+  // and the tile order. Before the setup kernel: it builds the groups' TMA descriptors from the
+  // templates in them (templates_of).
+  typename G::Gemm::Params gemm_params(const Problem& p, void* workspace, cudaStream_t stream,
+                                       const char* name, int variant, int raster = 0, int swizzle = 1) const {
     const ParamsKey key{device, p.counts.groups, p.n, p.k, workspace, variant, raster, swizzle};
-    auto params = cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw),
-                                                  workspace, stream, name);
+    return cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw), workspace, stream, name);
+  }
+  // Launches it, after the setup kernel filled `arrays`.
+  void run_gemm(typename G::Gemm::Params& params, const Problem& p, cudaStream_t stream,
+                const char* name) const {
     // Programmatic dependent launch (p.pdl == 1): the GEMM's CTAs may be scheduled while the
     // setup kernel (or group-K's zero fill) still runs; every thread waits for it to complete,
     // its writes visible, before the first read (GridDependencyWait, blocked_scheduler.cuh).
@@ -421,5 +429,36 @@ struct GroupedCall {
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
 };
+
+// Env MOEKIT_SM90_PREBUILT_TENSORMAPS=0 leaves the descriptors to CUTLASS (a per-SM copy rewritten
+// on each group change), for A/B runs; unset or 1: the setup kernel builds them
+// (prebuilt_tensormaps.cuh). make_arguments passes the slots, or null for CUTLASS's path.
+inline bool prebuilt_tensormaps_setting() {
+  static const bool on = detail::env_choice("MOEKIT_SM90_PREBUILT_TENSORMAPS", {"0", "1"}) != 0;
+  return on;
+}
+inline const cute::TmaDescriptor* tensormap_slots(cute::TmaDescriptor* slots) {
+  return prebuilt_tensormaps_setting() ? slots : nullptr;
+}
+
+// What a setup kernel needs of the Params to build the groups' descriptors
+// (build_group_tensormaps, prebuilt_tensormaps.cuh): the collectives' templates and arrays.
+template <class G>
+struct TensormapTemplates {
+  typename G::Kernel::CollectiveMainloop::Params mainloop;
+  typename G::Kernel::CollectiveEpilogue::Params epilogue;
+};
+template <class G>
+TensormapTemplates<G> templates_of(const typename G::Gemm::Params& params) {
+  return {params.mainloop, params.epilogue};
+}
+// In a setup kernel, after its per-group arrays are written (one block, kSetupThreads threads).
+template <class G>
+__device__ void build_tensormaps(const TensormapTemplates<G>& t, int64_t groups, const typename G::Shape3* shapes) {
+  __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads];
+  __syncthreads();  // the arrays written by other threads of the block
+  build_group_tensormaps<typename G::Kernel>(t.mainloop, t.epilogue, groups,
+                                             [&](int64_t g) { return shapes[g]; }, staging);
+}
 
 }  // namespace moekit::cuda::sm90
