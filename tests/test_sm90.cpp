@@ -96,6 +96,16 @@ std::string case_name(const ::testing::TestParamInfo<Sm90Case>& info) { return i
 // Readable parameter in ctest's listing (instead of gtest's byte dump).
 void PrintTo(const Sm90Case& c, std::ostream* os) { *os << c.name; }
 
+// G groups of 0-12 rows (about a quarter empty, seeded): more groups than the setup kernels'
+// block has threads (256: for_each_group's chunks) and than one pass of their descriptor build
+// covers (64 groups: prebuilt_tensormaps.cuh), as 256-expert layers have.
+std::vector<int64_t> many_small_groups(int64_t G, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> counts(static_cast<size_t>(G));
+  for (auto& m : counts) m = rng() % 4 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 12);
+  return counts;
+}
+
 const Sm90Case kCases[] = {
     // name, dtype, dgrad, bias, counts dtype, T, K, N, counts (zero-row groups and tails)
     {"Bf16FpropBiasI32ZeroGroupsTail", DType::BF16, false, true, DType::I32, 1100, 256, 136,
@@ -112,6 +122,11 @@ const Sm90Case kCases[] = {
     // cluster's second CTA past the rows; N = 264: one partial N tile)
     {"Bf16FpropLargeKWide21BiasZeroGroupsTail", DType::BF16, false, true, DType::I32, 1300, 4096,
      264, {0, 500, 1, 0, 640, 3, 0}},
+    // 300 groups (T: their rows and a tail of 9)
+    {"Bf16FpropBiasI32ThreeHundredGroups", DType::BF16, false, true, DType::I32,
+     sum_of(many_small_groups(300, 7)) + 9, 64, 136, many_small_groups(300, 7)},
+    {"F16DgradI64ThreeHundredGroups", DType::F16, true, false, DType::I64,
+     sum_of(many_small_groups(300, 8)) + 9, 72, 128, many_small_groups(300, 8)},
 };
 
 class CudaSm90Gemm : public ::testing::TestWithParam<Sm90Case> {};
@@ -289,6 +304,11 @@ const Sm90WgradCase kWgradCases[] = {
      264, {0, 4000}},
     {"Bf16ToBf16LargeGroupsWideTile", DType::BF16, DType::BF16, false, DType::I32, 6200, 136, 320,
      {2100, 2047, 1990}},
+    // 300 groups (many_small_groups; T: their rows and a tail of 9); accumulating: C's descriptors
+    {"Bf16ToF32AccumulateThreeHundredGroups", DType::BF16, DType::F32, true, DType::I32,
+     sum_of(many_small_groups(300, 9)) + 9, 64, 136, many_small_groups(300, 9)},
+    {"Bf16ToBf16I64ThreeHundredGroups", DType::BF16, DType::BF16, false, DType::I64,
+     sum_of(many_small_groups(300, 10)) + 9, 136, 64, many_small_groups(300, 10)},
 };
 
 class CudaSm90Wgrad : public ::testing::TestWithParam<Sm90WgradCase> {};
