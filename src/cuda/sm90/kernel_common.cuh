@@ -456,9 +456,10 @@ TensormapTemplates<G> templates_of(const typename G::Gemm::Params& params) {
 template <class G>
 __device__ void build_tensormaps(const TensormapTemplates<G>& t, int64_t groups, const typename G::Shape3* shapes) {
   __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads];
+  __shared__ int64_t target[kSetupThreads];
   __syncthreads();  // the arrays written by other threads of the block
   build_group_tensormaps<typename G::Kernel>(t.mainloop, t.epilogue, groups,
-                                             [&](int64_t g) { return shapes[g]; }, staging);
+                                             [&](int64_t g) { return shapes[g]; }, staging, target);
 }
 
 }  // namespace moekit::cuda::sm90

@@ -153,57 +153,77 @@ CUTLASS_DEVICE void encode_group_tensormap(Tma const& tma, Element const* ptr, S
 }
 
 // Setup kernels (after the per-group arrays are written and visible to the block): the
-// descriptors of every group with tiles. Work item i of a warp is one slot (i % kGroupTensormaps,
-// so the branch is warp-uniform) of 32 groups, one per lane: the lane encodes it in its own
-// shared-memory `staging[threadIdx.x]` (128-byte aligned), copies it to the group's slot with
-// plain stores, and after its last one releases them all to the tensormap proxy with one fence.
-// (tensormap.cp_fenceproxy, CUTLASS's copy-and-release, is warp-collective and fences each
-// descriptor: built that way, one warp per group, small_E64's 256 descriptors cost its fprop and
-// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.
-// This way the setup kernel still takes ~10 µs there against ~5 without descriptors: ncu,
-// bench/results/2026-11-30-nvidia-h200-6453b23-prebuilt-tensormaps.md.)
-// `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
+// descriptors of every group with tiles, in rounds of one per thread. Item i is slot
+// (i / 32) % kGroupTensormaps (warp-uniform, so the branch is) of group (i / 128)·32 + i % 32: the
+// thread encodes it in its own `staging[threadIdx.x]` (128-byte aligned shared memory) and notes
+// its destination in `target[threadIdx.x]` (-1: nothing); then warp 0 alone copies the round out,
+// eight lanes per descriptor (coalesced 16-byte stores), and after the last round releases them
+// all to the tensormap proxy with one fence per lane — 32 fencing threads whatever the group count.
+// (History, small_E64's 256 groups: CUTLASS's warp-collective copy-and-release per descriptor,
+// one warp per group, cost its fprop and dgrad 10-12% of the call at cda6ba7; each thread storing
+// and fencing its own descriptors (6453b23) still took the setup kernel ~10 µs against ~5 without
+// descriptors: ncu, bench/results/2026-11-30-nvidia-h200-6453b23-prebuilt-tensormaps.md.)
+// `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built. Every thread of the block
+// calls it (it synchronises the block).
 template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
-                                           int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
+                                           int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging,
+                                           int64_t* target) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
   if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32);
+  constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);  // 8 lanes per descriptor
+  static_assert(kWords == 8);
+  const int lane = static_cast<int>(threadIdx.x % 32), threads = static_cast<int>(blockDim.x);
   cute::TmaDescriptor& mine = staging[threadIdx.x];
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
   bool source = false;
   if constexpr (kSource) source = epilogue.ptr_C != nullptr;
   bool built = false;
-  const int64_t items = (groups + 31) / 32 * kGroupTensormaps;
-  for (int64_t i = warp; i < items; i += warps) {
-    const int slot = static_cast<int>(i % kGroupTensormaps);
-    const int64_t g = i / kGroupTensormaps * 32 + lane;
-    if (g >= groups) continue;
-    const auto shape = shape_of(g);
-    const int m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
-    if (m <= 0) continue;
-    const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
-    const auto mn = cute::make_shape(m, n, cute::Int<1>{});
-    if (slot == kSlotA) {
-      encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
-    } else if (slot == kSlotB) {
-      encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
-    } else if (slot == kSlotC) {
-      if constexpr (!kSource) continue;
-      else if (!source) continue;
-      else encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine);
-    } else {
-      if constexpr (!kDestination) continue;
-      else encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine);
+  const int64_t items = (groups + 31) / 32 * 32 * kGroupTensormaps;
+  for (int64_t round = 0; round < items; round += threads) {
+    const int64_t i = round + threadIdx.x;
+    const int slot = static_cast<int>(i / 32 % kGroupTensormaps);
+    const int64_t g = i / (32 * kGroupTensormaps) * 32 + lane;
+    int64_t to = -1;
+    int m = 0, n = 0, k = 0;
+    if (g < groups) {
+      const auto shape = shape_of(g);
+      m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
     }
-    const auto* from = reinterpret_cast<const uint4*>(&mine);
-    auto* to = reinterpret_cast<uint4*>(group_tensormap(mainloop.group_tensormaps, static_cast<int32_t>(g), slot));
-    static_assert(sizeof(cute::TmaDescriptor) == 8 * sizeof(uint4));
-    for (int w = 0; w < 8; ++w) to[w] = from[w];
-    built = true;
+    if (m > 0) {
+      const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
+      const auto mn = cute::make_shape(m, n, cute::Int<1>{});
+      to = g * kGroupTensormaps + slot;
+      if (slot == kSlotA) {
+        encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
+      } else if (slot == kSlotB) {
+        encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
+      } else if (slot == kSlotC) {
+        if constexpr (kSource) {
+          if (source) encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine);
+          else to = -1;
+        } else {
+          to = -1;
+        }
+      } else {
+        if constexpr (kDestination) encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine);
+        else to = -1;
+      }
+    }
+    target[threadIdx.x] = to;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int word = lane % kWords;
+      auto* out = reinterpret_cast<uint4*>(const_cast<cute::TmaDescriptor*>(mainloop.group_tensormaps));
+      for (int d = lane / kWords; d < threads; d += 32 / kWords) {
+        if (target[d] < 0) continue;
+        out[target[d] * kWords + word] = reinterpret_cast<const uint4*>(&staging[d])[word];
+        built = true;
+      }
+    }
+    __syncthreads();  // staging and target are rewritten by the next round
   }
   if (built) cute::tma_descriptor_fence_release();
 }
