@@ -169,7 +169,7 @@ template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
                                            int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging,
-                                           int64_t* target) {
+                                           int64_t* target, int study = 0) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
   if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
   constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);  // 8 lanes per descriptor
@@ -196,7 +196,11 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
       const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
       const auto mn = cute::make_shape(m, n, cute::Int<1>{});
       to = g * kGroupTensormaps + slot;
-      if (slot == kSlotA) {
+      if (study == 1) {  // STUDY (temporary): the loads only
+        const void* p = slot == kSlotA ? static_cast<const void*>(mainloop.ptr_A[g])
+                                       : static_cast<const void*>(mainloop.ptr_B[g]);
+        to = p == nullptr ? -2 : -1;
+      } else if (slot == kSlotA) {
         encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
       } else if (slot == kSlotB) {
         encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
@@ -214,7 +218,7 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
     }
     target[threadIdx.x] = to;
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < 32 && study != 1 && study != 2) {
       const int word = lane % kWords;
       auto* out = reinterpret_cast<uint4*>(const_cast<cute::TmaDescriptor*>(mainloop.group_tensormaps));
       for (int d = lane / kWords; d < threads; d += 32 / kWords) {
@@ -225,7 +229,7 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
     }
     __syncthreads();  // staging and target are rewritten by the next round
   }
-  if (built) cute::tma_descriptor_fence_release();
+  if (built && study != 3) cute::tma_descriptor_fence_release();
 }
 
 }  // namespace moekit::cuda::sm90
