@@ -447,21 +447,18 @@ template <class G>
 struct TensormapTemplates {
   typename G::Kernel::CollectiveMainloop::Params mainloop;
   typename G::Kernel::CollectiveEpilogue::Params epilogue;
-  int study = 0;  // STUDY (temporary): env MOEKIT_SM90_SETUP_STUDY, build_group_tensormaps
 };
 template <class G>
 TensormapTemplates<G> templates_of(const typename G::Gemm::Params& params) {
-  static const int study = detail::env_choice("MOEKIT_SM90_SETUP_STUDY", {"0", "1", "2", "3"});
-  return {params.mainloop, params.epilogue, study < 0 ? 0 : study};
+  return {params.mainloop, params.epilogue};
 }
 // In a setup kernel, after its per-group arrays are written (one block, kSetupThreads threads).
 template <class G>
 __device__ void build_tensormaps(const TensormapTemplates<G>& t, int64_t groups, const typename G::Shape3* shapes) {
   __shared__ alignas(128) cute::TmaDescriptor staging[kSetupThreads];
-  __shared__ int64_t target[kSetupThreads];
   __syncthreads();  // the arrays written by other threads of the block
   build_group_tensormaps<typename G::Kernel>(t.mainloop, t.epilogue, groups,
-                                             [&](int64_t g) { return shapes[g]; }, staging, target, t.study);
+                                             [&](int64_t g) { return shapes[g]; }, staging);
 }
 
 }  // namespace moekit::cuda::sm90
