@@ -10,7 +10,7 @@
 // new group, and ncu puts 10.6% of small_E64 fprop's stall samples on each tile's first k-block
 // (bench/results/2026-11-30-nvidia-h200-43c1e0e-mlp.md). Here the setup kernel writes group g's
 // descriptors to slots [g·kGroupTensormaps + {A, B, C, D}] of the call's workspace, with the same
-// replacements CUTLASS makes (encode_group_tensormap), and the collectives below only point the
+// replacements CUTLASS makes (tensormap_fields), and the collectives below only point the
 // kernel's descriptor pointers at them: no copy, no release; the acquire before first use stays
 // (the tensormap proxy is not acquired at kernel start: PTX ISA, memory consistency model).
 //
@@ -135,32 +135,95 @@ struct PrebuiltEpilogue : Base {
   bool prebuilt_ = true;
 };
 
-// One descriptor as CUTLASS's tensormaps_replace_global_address and
-// tensormaps_replace_global_tensor_properties make it: the template `tma` (encoded on the host
-// by to_underlying_arguments) with the address `ptr` and a (rows, cols, 1) tensor of `stride`, in
-// shared memory `desc` (one thread).
-template <class Element, class Tma, class Shape, class Stride>
-CUTLASS_DEVICE void encode_group_tensormap(Tma const& tma, Element const* ptr, Shape shape, Stride stride,
-                                           cute::TmaDescriptor& desc) {
-  desc = *tma.get_tma_descriptor();
-  cute::tma_descriptor_replace_addr_in_shared_mem(desc, ptr);
+// What distinguishes one group's descriptor from the template: the address, and the (rows, cols, 1)
+// tensor of `stride` as CUTLASS's tensormaps_replace_global_tensor_properties puts it (dims, and
+// strides in bytes; strides[0] is implicit).
+struct TensormapFields {
+  uint64_t address = 0;
   cute::array<uint32_t, 5> dims = {1, 1, 1, 1, 1};
   cute::array<uint64_t, 5> strides = {0, 0, 0, 0, 0};
+};
+template <class Element, class Tma, class Shape, class Stride>
+CUTLASS_DEVICE TensormapFields tensormap_fields(Tma const& tma, Element const* ptr, Shape shape, Stride stride) {
+  TensormapFields f;
+  f.address = reinterpret_cast<uint64_t>(ptr);
   auto tensor = cute::make_tensor(static_cast<Element const*>(nullptr), cute::make_layout(shape, stride));
-  cute::detail::fill_tma_gmem_shape_stride(tma, tensor, dims, strides);
-  for (uint64_t& s : strides) s = s * cute::sizeof_bits_v<Element> / 8;
-  cute::tma_descriptor_replace_dims_strides_in_shared_mem(desc, dims, strides);
+  cute::detail::fill_tma_gmem_shape_stride(tma, tensor, f.dims, f.strides);
+  for (uint64_t& s : f.strides) s = s * cute::sizeof_bits_v<Element> / 8;
+  return f;
+}
+
+// One field of a descriptor in shared memory (CuTe replaces all dims and strides at once).
+template <int I>
+CUTLASS_DEVICE void replace_tensormap_dim(uint32_t smem_desc, uint32_t dim) {
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;"
+               :: "r"(smem_desc), "n"(I), "r"(dim) : "memory");
+}
+template <int I>
+CUTLASS_DEVICE void replace_tensormap_stride(uint32_t smem_desc, uint64_t stride) {
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %1, %2;"
+               :: "r"(smem_desc), "n"(I), "l"(stride) : "memory");
+}
+
+// One warp's 32 descriptors of one operand, one per lane (`valid`: the lane has one; `f` its
+// fields), in the warp's `staging[0, 32)` (shared memory, 128-byte aligned). Lanes' descriptors are
+// 128 bytes apart, so the same field of every lane is in the same bank: each replacement made by
+// all lanes is a 32-way conflict, which is what building the descriptors cost (ncu at 52b1391:
+// ~2 µs of small_E64's 192 with ten replacements a lane). So the first valid lane alone makes the
+// template into its descriptor with all of them, the warp copies that one into the other 31 slots
+// (eight lanes per descriptor, conflict-free), and each other lane replaces only the address and
+// the dims and strides that differ from the first lane's (for group-M: the rows, if any). Returns
+// with the descriptors in staging, after a __syncwarp.
+CUTLASS_DEVICE void build_warp_tensormaps(cute::TmaDescriptor const* tmpl, bool valid, TensormapFields const& f,
+                                          cute::TmaDescriptor* staging) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const unsigned valid_lanes = __ballot_sync(0xffffffffu, valid);
+  if (valid_lanes == 0) return;
+  const int first = __ffs(valid_lanes) - 1;
+  if (lane == first) {
+    staging[lane] = *tmpl;
+    cute::tma_descriptor_replace_addr_in_shared_mem(staging[lane], reinterpret_cast<void const*>(f.address));
+    cute::tma_descriptor_replace_dims_strides_in_shared_mem(staging[lane], f.dims, f.strides);
+  }
+  __syncwarp();
+  constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
+  static_assert(kWords == 8);
+  const uint4 word = reinterpret_cast<const uint4*>(&staging[first])[lane % kWords];
+  for (int d = lane / kWords; d < 32; d += 32 / kWords) {
+    if (d != first) reinterpret_cast<uint4*>(&staging[d])[lane % kWords] = word;
+  }
+  cute::array<uint32_t, 5> dims;
+  cute::array<uint64_t, 5> strides;
+  for (int i = 0; i < 5; ++i) dims[i] = __shfl_sync(0xffffffffu, f.dims[i], first);
+  for (int i = 1; i < 5; ++i) strides[i] = __shfl_sync(0xffffffffu, f.strides[i], first);
+  __syncwarp();
+  if (valid && lane != first) {
+    cute::TmaDescriptor& mine = staging[lane];
+    cute::tma_descriptor_replace_addr_in_shared_mem(mine, reinterpret_cast<void const*>(f.address));
+    const uint32_t at = cute::cast_smem_ptr_to_uint(&mine);
+    if (f.dims[0] != dims[0]) replace_tensormap_dim<0>(at, f.dims[0]);
+    if (f.dims[1] != dims[1]) replace_tensormap_dim<1>(at, f.dims[1]);
+    if (f.dims[2] != dims[2]) replace_tensormap_dim<2>(at, f.dims[2]);
+    if (f.dims[3] != dims[3]) replace_tensormap_dim<3>(at, f.dims[3]);
+    if (f.dims[4] != dims[4]) replace_tensormap_dim<4>(at, f.dims[4]);
+    if (f.strides[1] != strides[1]) replace_tensormap_stride<0>(at, f.strides[1]);
+    if (f.strides[2] != strides[2]) replace_tensormap_stride<1>(at, f.strides[2]);
+    if (f.strides[3] != strides[3]) replace_tensormap_stride<2>(at, f.strides[3]);
+    if (f.strides[4] != strides[4]) replace_tensormap_stride<3>(at, f.strides[4]);
+  }
+  __syncwarp();
 }
 
 // Setup kernels (after the per-group arrays are written and visible to the block): the
 // descriptors of every group with tiles. Work item i of a warp is one slot (i % kGroupTensormaps,
-// so the branch is warp-uniform) of 32 groups, one per lane: the lane encodes it in its own
-// shared-memory `staging[threadIdx.x]` (128-byte aligned), copies it to the group's slot with
-// plain stores, and after its last one releases them all to the tensormap proxy with one fence.
-// (tensormap.cp_fenceproxy, CUTLASS's copy-and-release, is warp-collective and fences each
-// descriptor: built that way, one warp per group, small_E64's 256 descriptors cost its fprop and
-// dgrad 10-12% of the call in the GEMM suite at cda6ba7, the GEMM waiting for the setup kernel.
-// This way the setup kernel still takes ~10 µs there against ~5 without descriptors: ncu,
+// warp-uniform) of 32 groups, one per lane: built in the warp's 32 slots of `staging` (one per
+// thread of the block; build_warp_tensormaps), then copied to the groups' slots with coalesced
+// 16-byte stores (eight lanes per descriptor), and after the last one released to the tensormap
+// proxy with one fence per lane that stored. No block-wide synchronisation. (History, small_E64,
+// 64 groups: one warp per group with CUTLASS's warp-collective copy-and-release per descriptor
+// cost its fprop and dgrad 10-12% of the call at cda6ba7; one descriptor per thread with ten
+// replacements, 32-way bank conflicts, and a strided copy took the setup kernel ~10 µs against ~5
+// without descriptors at 6453b23 and 52b1391: ncu,
 // bench/results/2026-11-30-nvidia-h200-6453b23-prebuilt-tensormaps.md.)
 // `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
 template <class Kernel, class ShapeOf>
@@ -169,43 +232,62 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
                                            int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
   if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
+  constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
-  cute::TmaDescriptor& mine = staging[threadIdx.x];
+  cute::TmaDescriptor* mine = staging + warp * 32;
+  auto* out = reinterpret_cast<uint4*>(const_cast<cute::TmaDescriptor*>(mainloop.group_tensormaps));
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
   bool source = false;
   if constexpr (kSource) source = epilogue.ptr_C != nullptr;
-  bool built = false;
+  bool stored = false;
   const int64_t items = (groups + 31) / 32 * kGroupTensormaps;
   for (int64_t i = warp; i < items; i += warps) {
     const int slot = static_cast<int>(i % kGroupTensormaps);
+    if (slot == kSlotC && !(kSource && source)) continue;
+    if (slot == kSlotD && !kDestination) continue;
     const int64_t g = i / kGroupTensormaps * 32 + lane;
-    if (g >= groups) continue;
-    const auto shape = shape_of(g);
-    const int m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
-    if (m <= 0) continue;
+    int m = 0, n = 0, k = 0;
+    if (g < groups) {
+      const auto shape = shape_of(g);
+      m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
+    }
+    const bool valid = m > 0;
     const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
     const auto mn = cute::make_shape(m, n, cute::Int<1>{});
+    TensormapFields f;
+    cute::TmaDescriptor const* tmpl = nullptr;
     if (slot == kSlotA) {
-      encode_group_tensormap(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g], mine);
+      tmpl = mainloop.tma_load_a.get_tma_descriptor();
+      if (valid) f = tensormap_fields(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g]);
     } else if (slot == kSlotB) {
-      encode_group_tensormap(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g], mine);
+      tmpl = mainloop.tma_load_b.get_tma_descriptor();
+      if (valid) f = tensormap_fields(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g]);
     } else if (slot == kSlotC) {
-      if constexpr (!kSource) continue;
-      else if (!source) continue;
-      else encode_group_tensormap(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g], mine);
+      if constexpr (kSource) {
+        tmpl = epilogue.tma_load_c.get_tma_descriptor();
+        if (valid) f = tensormap_fields(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g]);
+      }
     } else {
-      if constexpr (!kDestination) continue;
-      else encode_group_tensormap(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g], mine);
+      if constexpr (kDestination) {
+        tmpl = epilogue.tma_store_d.get_tma_descriptor();
+        if (valid) f = tensormap_fields(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g]);
+      }
     }
-    const auto* from = reinterpret_cast<const uint4*>(&mine);
-    auto* to = reinterpret_cast<uint4*>(group_tensormap(mainloop.group_tensormaps, static_cast<int32_t>(g), slot));
-    static_assert(sizeof(cute::TmaDescriptor) == 8 * sizeof(uint4));
-    for (int w = 0; w < 8; ++w) to[w] = from[w];
-    built = true;
+    build_warp_tensormaps(tmpl, valid, f, mine);
+    // Lane l copies word l % 8 of descriptors l / 8, l / 8 + 4, ...: each store instruction
+    // writes four whole descriptors.
+    const int64_t to = valid ? g * kGroupTensormaps + slot : -1;
+    for (int d = 0; d < 32; d += 32 / kWords) {
+      const int64_t dst = __shfl_sync(0xffffffffu, to, d + lane / kWords);
+      if (dst < 0) continue;
+      out[dst * kWords + lane % kWords] = reinterpret_cast<const uint4*>(&mine[d + lane / kWords])[lane % kWords];
+      stored = true;
+    }
+    __syncwarp();  // the warp's staging is rewritten by its next item
   }
-  if (built) cute::tma_descriptor_fence_release();
+  if (stored) cute::tma_descriptor_fence_release();
 }
 
 }  // namespace moekit::cuda::sm90
