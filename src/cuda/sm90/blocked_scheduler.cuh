@@ -58,9 +58,6 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   // [groups x kGroupTensormaps] every group's TMA descriptors, built by the setup kernel
   // (prebuilt_tensormaps.cuh); the collectives' Params take it from here.
   const cute::TmaDescriptor* tensormaps = nullptr;
-  // With them: acquire (and prefetch) a group's descriptors when the kernel switches its pointers
-  // to them, instead of right before their first use (env MOEKIT_SM90_TENSORMAP_PREFETCH).
-  bool tensormap_prefetch = false;
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N

@@ -440,13 +440,6 @@ inline bool prebuilt_tensormaps_setting() {
 inline const cute::TmaDescriptor* tensormap_slots(cute::TmaDescriptor* slots) {
   return prebuilt_tensormaps_setting() ? slots : nullptr;
 }
-// Env MOEKIT_SM90_TENSORMAP_PREFETCH=0|1 (unset: 0): with the prebuilt descriptors, acquire and
-// prefetch a group's descriptors when the kernel switches to that group (after the previous
-// tile's loads are issued; for D before the tile's MMA) rather than right before first use.
-inline bool tensormap_prefetch_setting() {
-  static const bool on = detail::env_choice("MOEKIT_SM90_TENSORMAP_PREFETCH", {"0", "1"}) == 1;
-  return on;
-}
 
 // What a setup kernel needs of the Params to build the groups' descriptors
 // (build_group_tensormaps, prebuilt_tensormaps.cuh): the collectives' templates and arrays.

@@ -41,17 +41,6 @@ CUTLASS_DEVICE cute::TmaDescriptor* group_tensormap(const cute::TmaDescriptor* s
   return const_cast<cute::TmaDescriptor*>(slots) + int64_t{group} * kGroupTensormaps + slot;
 }
 
-// Params::early_acquire (env MOEKIT_SM90_TENSORMAP_PREFETCH=1): the tensormap-proxy acquire of a
-// group's descriptors, and a prefetch of them into the SM's descriptor cache, when the kernel
-// switches its pointers to them (perform_update: the producer after issuing the previous tile's
-// loads, the consumers before the tile's MMA) instead of right before their first use
-// (fence_acquire). Nothing writes them during the GEMM (the setup kernel did, and released them).
-template <class... Descriptors>
-CUTLASS_DEVICE void acquire_and_prefetch(Descriptors const*... d) {
-  (cute::tma_descriptor_fence_acquire(d), ...);
-  (cute::prefetch_tma_descriptor(d), ...);
-}
-
 // The mainloop collective `Base` (CUTLASS's MainloopSm90ArrayTmaGmmaWarpSpecialized) on the
 // prebuilt A and B descriptors.
 template <class Base>
@@ -59,7 +48,6 @@ struct PrebuiltMainloop : Base {
   using typename Base::TensorMapStorage;
   struct Params : Base::Params {
     const cute::TmaDescriptor* group_tensormaps = nullptr;
-    bool early_acquire = false;
   };
 
   template <class ProblemShape>
@@ -68,7 +56,6 @@ struct PrebuiltMainloop : Base {
     Params p;
     static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem_shapes, args, workspace);
     p.group_tensormaps = problem_shapes.tensormaps;
-    p.early_acquire = problem_shapes.tensormap_prefetch;
     return p;
   }
 
@@ -76,7 +63,6 @@ struct PrebuiltMainloop : Base {
   CUTLASS_DEVICE auto tensormaps_init(Params const& params, TensorMapStorage& smem, int32_t sm_count,
                                       int32_t sm_idx) {
     prebuilt_ = params.group_tensormaps != nullptr;
-    early_acquire_ = prebuilt_ && params.early_acquire;
     if (!prebuilt_) return Base::tensormaps_init(params, smem, sm_count, sm_idx);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr),
                             static_cast<cute::TmaDescriptor*>(nullptr));
@@ -88,11 +74,6 @@ struct PrebuiltMainloop : Base {
     if (!prebuilt_) return Base::tensormaps_perform_update(smem, params, tensormaps, shape, next_batch);
     cute::get<0>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotA);
     cute::get<1>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotB);
-    if (early_acquire_) acquire_and_prefetch(cute::get<0>(tensormaps), cute::get<1>(tensormaps));
-  }
-  template <class TensorMapA, class TensorMapB>
-  CUTLASS_DEVICE void tensormaps_fence_acquire(cute::tuple<TensorMapA, TensorMapB> const& tensormaps) {
-    if (!early_acquire_) Base::tensormaps_fence_acquire(tensormaps);
   }
   template <class TensorMapA, class TensorMapB>
   CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem,
@@ -102,7 +83,6 @@ struct PrebuiltMainloop : Base {
 
  private:
   bool prebuilt_ = true;
-  bool early_acquire_ = false;
 };
 
 // The epilogue collective `Base` (CUTLASS's CollectiveEpilogue<Sm90PtrArrayTmaWarpSpecialized…>)
@@ -113,7 +93,6 @@ struct PrebuiltEpilogue : Base {
   using typename Base::TensorMapStorage;
   struct Params : Base::Params {
     const cute::TmaDescriptor* group_tensormaps = nullptr;
-    bool early_acquire = false;
   };
 
   template <class ProblemShape>
@@ -122,20 +101,17 @@ struct PrebuiltEpilogue : Base {
     Params p;
     static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem_shapes, args, workspace);
     p.group_tensormaps = problem_shapes.tensormaps;
-    p.early_acquire = problem_shapes.tensormap_prefetch;
     return p;
   }
 
   CUTLASS_DEVICE auto load_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx) {
     prebuilt_ = params.group_tensormaps != nullptr;
-    early_acquire_ = prebuilt_ && params.early_acquire;
     if (!prebuilt_) return Base::load_init(params, smem, sm_count, sm_idx);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
   CUTLASS_DEVICE auto store_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx,
                                  int32_t warp_group) {
     prebuilt_ = params.group_tensormaps != nullptr;
-    early_acquire_ = prebuilt_ && params.early_acquire;
     if (!prebuilt_) return Base::store_init(params, smem, sm_count, sm_idx, warp_group);
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
@@ -148,11 +124,6 @@ struct PrebuiltEpilogue : Base {
                                                               warp_group);
     }
     tensormap = group_tensormap(params.group_tensormaps, next_batch, IsLoad ? kSlotC : kSlotD);
-    if (early_acquire_ && (!IsLoad || !std::is_void_v<typename Base::ElementC>)) acquire_and_prefetch(tensormap);
-  }
-  template <bool IsLoad>
-  CUTLASS_DEVICE void tensormaps_fence_acquire(cute::TmaDescriptor const* tensormap) {
-    if (!early_acquire_) Base::template tensormaps_fence_acquire<IsLoad>(tensormap);
   }
   template <bool IsLoad>
   CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem, cute::TmaDescriptor* tensormap,
@@ -162,7 +133,6 @@ struct PrebuiltEpilogue : Base {
 
  private:
   bool prebuilt_ = true;
-  bool early_acquire_ = false;
 };
 
 // What distinguishes one group's descriptor from the template: the address, and the (rows, cols, 1)
