@@ -4,7 +4,8 @@
 # "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
 # without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
 # records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
-# name otherwise. Usage: gemm_hotspots_test.sh TOOLS_DIR
+# name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING.
+# Usage: gemm_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-hotspots"
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
@@ -28,7 +29,11 @@ cat >"$work/ncu" <<SH
 #!/usr/bin/env bash
 if [[ \$1 == --import ]]; then cat "$work/source.csv"; exit 0; fi
 while (( \$# )); do
-  case \$1 in -k) echo "k \$2" >>"$work/ncu.args" ;; -o) echo "o \${2##*/}" >>"$work/ncu.args" ;; esac
+  case \$1 in
+    -k) echo "k \$2" >>"$work/ncu.args" ;;
+    -o) echo "o \${2##*/}" >>"$work/ncu.args" ;;
+    --warp-sampling-interval) echo "s \$2" >>"$work/ncu.args" ;;
+  esac
   shift
 done
 SH
@@ -38,8 +43,11 @@ expect "default run" "$?" 0
 HOTSPOTS_KERNEL=regex:setup GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
   "$tool" small_E64 fprop skewed >"$work/run2.log" 2>&1
 expect "setup run" "$?" 0
+HOTSPOTS_SAMPLING=0 GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
+  "$tool" small_E64 dgrad >"$work/run3.log" 2>&1
+expect "sampling run" "$?" 0
 expect "ncu arguments" "$(tr '\n' ' ' <"$work/ncu.args")" \
-  "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup "
+  "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup k regex:device_kernel s 0 o small_E64-dgrad-uniform "
 expect "setup title" "$(grep '^#' "$work/run2.log")" \
   "# small_E64 skewed fprop (default), kernel regex:setup: SASS hotspots"
 exit $fail
