@@ -144,7 +144,8 @@ struct TensormapFields {
   cute::array<uint64_t, 5> strides = {0, 0, 0, 0, 0};
 };
 template <class Element, class Tma, class Shape, class Stride>
-CUTLASS_DEVICE TensormapFields tensormap_fields(Tma const& tma, Element const* ptr, Shape shape, Stride stride) {
+CUTLASS_DEVICE TensormapFields tensormap_fields(Tma const& tma, Element const* ptr, Shape shape,
+                                                Stride stride) {
   TensormapFields f;
   f.address = reinterpret_cast<uint64_t>(ptr);
   auto tensor = cute::make_tensor(static_cast<Element const*>(nullptr), cute::make_layout(shape, stride));
@@ -174,8 +175,8 @@ CUTLASS_DEVICE void replace_tensormap_stride(uint32_t smem_desc, uint64_t stride
 // (eight lanes per descriptor, conflict-free), and each other lane replaces only the address and
 // the dims and strides that differ from the first lane's (for group-M: the rows, if any). Returns
 // with the descriptors in staging, after a __syncwarp.
-CUTLASS_DEVICE void build_warp_tensormaps(cute::TmaDescriptor const* tmpl, bool valid, TensormapFields const& f,
-                                          cute::TmaDescriptor* staging) {
+CUTLASS_DEVICE void build_warp_tensormaps(cute::TmaDescriptor const* tmpl, bool valid,
+                                          TensormapFields const& f, cute::TmaDescriptor* staging) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const unsigned valid_lanes = __ballot_sync(0xffffffffu, valid);
   if (valid_lanes == 0) return;
@@ -235,7 +236,7 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
   constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
-  cute::TmaDescriptor* mine = staging + warp * 32;
+  cute::TmaDescriptor* warp_staging = staging + warp * 32;
   auto* out = reinterpret_cast<uint4*>(const_cast<cute::TmaDescriptor*>(mainloop.group_tensormaps));
   constexpr bool kSource = !std::is_void_v<typename Epilogue::ElementC>;
   constexpr bool kDestination = !std::is_void_v<typename Epilogue::ElementD>;
@@ -275,14 +276,15 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
         if (valid) f = tensormap_fields(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g]);
       }
     }
-    build_warp_tensormaps(tmpl, valid, f, mine);
+    build_warp_tensormaps(tmpl, valid, f, warp_staging);
     // Lane l copies word l % 8 of descriptors l / 8, l / 8 + 4, ...: each store instruction
     // writes four whole descriptors.
     const int64_t to = valid ? g * kGroupTensormaps + slot : -1;
     for (int d = 0; d < 32; d += 32 / kWords) {
       const int64_t dst = __shfl_sync(0xffffffffu, to, d + lane / kWords);
       if (dst < 0) continue;
-      out[dst * kWords + lane % kWords] = reinterpret_cast<const uint4*>(&mine[d + lane / kWords])[lane % kWords];
+      const auto* from = reinterpret_cast<const uint4*>(&warp_staging[d + lane / kWords]);
+      out[dst * kWords + lane % kWords] = from[lane % kWords];
       stored = true;
     }
     __syncwarp();  // the warp's staging is rewritten by its next item
