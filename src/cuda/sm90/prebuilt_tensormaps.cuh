@@ -130,6 +130,14 @@ struct PrebuiltEpilogue : Base {
                                                   int32_t warp_group = 0) {
     if (!prebuilt_) Base::template tensormaps_cp_fence_release<IsLoad>(smem, tensormap, warp_group);
   }
+  // The kernels update the store descriptor in warp 0 of each consumer warpgroup only (the warp
+  // whose elected thread issues the TMA stores) but acquire it in every thread: with CUTLASS's
+  // per-SM copy all of them hold its address, here warps 1-3 still hold store_init's null, and an
+  // acquire of address 0 is not one to make. They issue nothing with it: no acquire.
+  template <bool IsLoad>
+  CUTLASS_DEVICE void tensormaps_fence_acquire(cute::TmaDescriptor const* tensormap) {
+    if (!prebuilt_ || tensormap != nullptr) Base::template tensormaps_fence_acquire<IsLoad>(tensormap);
+  }
 
  private:
   bool prebuilt_ = true;
