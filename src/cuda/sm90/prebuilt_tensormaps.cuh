@@ -35,6 +35,9 @@ namespace moekit::cuda::sm90 {
 // Descriptor slots per group, in this order.
 inline constexpr int kGroupTensormaps = 4;
 enum TensormapSlot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotD = 3 };
+// 16-byte words of a descriptor (a warp copies four descriptors per store instruction).
+inline constexpr int kTensormapWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
+static_assert(kTensormapWords == 8);
 
 CUTLASS_DEVICE cute::TmaDescriptor* group_tensormap(const cute::TmaDescriptor* slots, int32_t group,
                                                     int slot) {
@@ -195,8 +198,7 @@ CUTLASS_DEVICE void build_warp_tensormaps(cute::TmaDescriptor const* tmpl, bool 
     cute::tma_descriptor_replace_dims_strides_in_shared_mem(staging[lane], f.dims, f.strides);
   }
   __syncwarp();
-  constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
-  static_assert(kWords == 8);
+  constexpr int kWords = kTensormapWords;
   const uint4 word = reinterpret_cast<const uint4*>(&staging[first])[lane % kWords];
   for (int d = lane / kWords; d < 32; d += 32 / kWords) {
     if (d != first) reinterpret_cast<uint4*>(&staging[d])[lane % kWords] = word;
@@ -241,7 +243,7 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
                                            int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
   if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
-  constexpr int kWords = sizeof(cute::TmaDescriptor) / sizeof(uint4);
+  constexpr int kWords = kTensormapWords;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
   cute::TmaDescriptor* warp_staging = staging + warp * 32;
