@@ -270,7 +270,33 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// Waits for the grid this one was launched after with programmatic dependent launch to complete
+// (its memory visible); a no-op for a kernel launched without it.
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- host side ----
+// Launches kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch after
+// the kernel before it on the stream when `programmatic` (the kernel then decides where it waits:
+// wait_for_prerequisite_grid).
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                   bool programmatic, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  config.attrs = programmatic ? &attr : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  MOEKIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // The per-device caches below (facts queried once per device) hold 64 devices.
 template <class T>
 T& device_slot(std::array<T, 64>& cache, int device) {
