@@ -5,14 +5,27 @@
 // moekit calls themselves (small_E64: 64 experts, 4096 rows, N 2048, K 1024; device splits), so
 // their difference is moekit's own host work.
 //
-//   moekit_host_latency [--backend sm90|cublas] [--iters 200] [--reps 7]
+//   moekit_host_latency [--backend sm90|cublas] [--iters 200] [--reps 7] [--profile PASS]
 //
 // Each line: the median over reps of (host time of `iters` operations / iters), in µs; the
 // stream is synchronised between reps so the launch queue never fills (a full queue blocks the
 // host and would be timed as enqueue).
+// --profile fprop|dgrad|wgrad: then samples where the host spends one moekit call (a signal to the
+// main thread every 200 µs of wall time, its stack kept while it enqueues, never while it waits
+// for the GPU) and prints one line per sample frame: "<hits> <module> <offset>" with the
+// frame's depth, to be symbolised by addr2line (tools/host-profile does both).
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <map>
+#include <utility>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,18 +78,95 @@ double host_us(const std::function<void()>& op, int iters, int reps, cudaStream_
   return median(us);
 }
 
+// ---- the sampler: the main thread's return addresses at each timer signal, while `g_enqueue` is set ----
+constexpr int kDepth = 48;
+constexpr int kMaxSamples = 200000;
+struct Sample {
+  int depth;
+  void* pc[kDepth];
+};
+Sample* g_samples = nullptr;
+std::atomic<int> g_count{0};
+std::atomic<bool> g_enqueue{false};
+pid_t g_main_tid = 0;
+
+void on_sigprof(int) {
+  if (!g_enqueue.load(std::memory_order_relaxed)) return;
+  const int i = g_count.fetch_add(1, std::memory_order_relaxed);
+  if (i >= kMaxSamples) return;
+  g_samples[i].depth = backtrace(g_samples[i].pc, kDepth);
+}
+
+// Samples `calls` enqueues of `op`, `batch` at a time with the stream drained in between, and
+// prints the frames: "frame <depth> <module> <hex offset> <hits>" (depth 0: the sampled PC;
+// frames 0-1 are the handler's own and are skipped).
+void profile(const std::function<void()>& op, int calls, int batch, cudaStream_t stream) {
+  g_samples = new Sample[kMaxSamples];
+  g_main_tid = static_cast<pid_t>(syscall(SYS_gettid));
+  struct sigaction sa {};
+  sa.sa_handler = on_sigprof;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGPROF, &sa, nullptr);
+  void* warm[4];
+  backtrace(warm, 4);  // loads libgcc's unwinder outside the handler
+  sigevent ev{};
+  ev.sigev_notify = SIGEV_THREAD_ID;
+  ev.sigev_signo = SIGPROF;
+  ev._sigev_un._tid = g_main_tid;
+  timer_t timer;
+  if (timer_create(CLOCK_MONOTONIC, &ev, &timer) != 0) {
+    std::perror("timer_create");
+    std::exit(1);
+  }
+  const itimerspec every{{0, 200000}, {0, 200000}};
+  timer_settime(timer, 0, &every, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  double enqueue_us = 0;
+  for (int done = 0; done < calls; done += batch) {
+    const auto b0 = std::chrono::steady_clock::now();
+    g_enqueue = true;
+    for (int i = 0; i < batch; ++i) op();
+    g_enqueue = false;
+    enqueue_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count();
+    CK(cudaStreamSynchronize(stream));
+  }
+  timer_delete(timer);
+  const int n = std::min(g_count.load(), kMaxSamples);
+  std::printf("profile: %d calls, %.2f us/call enqueue, %d samples in %.1f s\n", calls, enqueue_us / calls, n,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // (depth, pc) -> hits; a frame counted once per sample even when recursion repeats it.
+  std::map<std::pair<int, void*>, int> hits;
+  for (int i = 0; i < n; ++i) {
+    for (int d = 2; d < g_samples[i].depth; ++d) ++hits[{d - 2, g_samples[i].pc[d]}];
+  }
+  for (const auto& [key, count] : hits) {
+    Dl_info info{};
+    // Return addresses (depth > 0) point after the call: one byte back lands in the call.
+    const auto pc = reinterpret_cast<uintptr_t>(key.second) - (key.first > 0 ? 1 : 0);
+    if (dladdr(reinterpret_cast<void*>(pc), &info) && info.dli_fname) {
+      std::printf("frame %d %s 0x%lx %d\n", key.first, info.dli_fname,
+                  static_cast<unsigned long>(pc - reinterpret_cast<uintptr_t>(info.dli_fbase)), count);
+    } else {
+      std::printf("frame %d ? 0x%lx %d\n", key.first, static_cast<unsigned long>(pc), count);
+    }
+  }
+  delete[] g_samples;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string backend = "sm90";
+  std::string backend = "sm90", profile_pass;
   int iters = 200, reps = 7;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--backend") backend = argv[i + 1];
     else if (a == "--iters") iters = std::atoi(argv[i + 1]);
     else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (a == "--profile") profile_pass = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: moekit_host_latency [--backend sm90|cublas] [--iters N] [--reps N]\n");
+      std::fprintf(stderr, "usage: moekit_host_latency [--backend sm90|cublas] [--iters N] [--reps N] "
+                           "[--profile fprop|dgrad|wgrad]\n");
       return 2;
     }
   }
@@ -111,6 +201,13 @@ int main(int argc, char** argv) {
     empty_large<<<1, 256, 0, stream>>>(Large{});
     CK(cudaGetLastError());
   });
+  row("cudaLaunchKernelEx 1 x 256, no attributes, 1536 bytes", [&] {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1);
+    config.blockDim = dim3(256);
+    config.stream = stream;
+    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+  });
   row("cudaLaunchKernelEx 132 CTAs, cluster 1x2, PDL, 1536 bytes", [&] {
     cudaLaunchAttribute attrs[2]{};
     attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -143,15 +240,22 @@ int main(int argc, char** argv) {
   Tensor counts_dev = Tensor::empty({E}, DType::I64, ctx);
   CK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
   const Splits device = Splits::device(counts_dev), host = Splits::host(counts);
-  row("moekit fprop small_E64, device splits", [&] {
+  const std::function<void()> fprop = [&] {
     moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, device, y);
-  });
-  row("moekit dgrad small_E64, device splits", [&] {
-    moekit::grouped_gemm_group_m(ctx, dy, w, BOp::Plain, device, x);
-  });
-  row("moekit wgrad small_E64 (bf16 dw), device splits", [&] {
-    moekit::grouped_gemm_group_k(ctx, dy, x, device, dw, false);
-  });
+  };
+  const std::function<void()> dgrad = [&] { moekit::grouped_gemm_group_m(ctx, dy, w, BOp::Plain, device, x); };
+  const std::function<void()> wgrad = [&] { moekit::grouped_gemm_group_k(ctx, dy, x, device, dw, false); };
+  if (!profile_pass.empty()) {
+    if (profile_pass != "fprop" && profile_pass != "dgrad" && profile_pass != "wgrad") {
+      std::fprintf(stderr, "--profile fprop, dgrad or wgrad, got %s\n", profile_pass.c_str());
+      return 2;
+    }
+    profile(profile_pass == "fprop" ? fprop : profile_pass == "dgrad" ? dgrad : wgrad, 100000, 40, stream);
+    return 0;
+  }
+  row("moekit fprop small_E64, device splits", fprop);
+  row("moekit dgrad small_E64, device splits", dgrad);
+  row("moekit wgrad small_E64 (bf16 dw), device splits", wgrad);
   row("moekit fprop small_E64, host splits", [&] {
     moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, host, y);
   });

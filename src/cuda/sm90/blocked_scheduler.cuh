@@ -107,14 +107,11 @@ void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripe
 // before it waits for the grid this one depends on (griddepcontrol.wait: a no-op unless the
 // kernel was launched with programmatic dependent launch, run_gemm), so the setup kernel's
 // writes are visible before anything reads them. (The ptr-array kernels of CUTLASS 4.2 do not
-// wait themselves.) Then it lets a kernel launched after this one with programmatic dependent
-// launch be scheduled (group-K's zero fill: group_k_kernel.cuh), onto the SMs whose CTAs have
-// finished — every CTA of this persistent grid is resident by then.
+// wait themselves.)
 struct GridDependencyWait {
   CUTLASS_HOST_DEVICE GridDependencyWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   }
 };

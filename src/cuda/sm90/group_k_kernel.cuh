@@ -144,35 +144,20 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 
-// dw[g] = 0 for the groups the setup kernel flagged, with 16-byte stores (n·k·sizeof(ElementD) is
-// a multiple of 16: k is a multiple of 8): every block walks the flags and writes its share of
-// each flagged group. It runs after the GEMM, which has no tiles in those groups: launched with
-// programmatic dependent launch it is scheduled as soon as every GEMM CTA has read the setup
-// kernel's arrays (GridDependencyWait, blocked_scheduler.cuh), so it runs on the SMs the GEMM's
-// last tiles leave idle, and the flags it reads are complete (read through L2: written by the
-// setup kernel, which completed before). It completes after the GEMM (its last step waits for
-// it), so what the stream runs next sees both. (Internal linkage: both instance TUs include this.)
+// dw[g] = 0 for the groups the setup kernel flagged: grid (x: blocks per group, y: groups), 16-byte
+// stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8).
+// (Internal linkage: both instance TUs include this header.)
 constexpr int kZeroThreads = 256;
 namespace {
-__global__ void __launch_bounds__(kZeroThreads)
-    zero_flagged_groups(const int* zero, int64_t groups, void* dw, int64_t group_bytes) {
-  __shared__ int flags[kZeroThreads];
+__global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* zero, void* dw, int64_t group_bytes) {
+  allow_dependent_launch();
+  if (!zero[blockIdx.y]) return;
+  uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + blockIdx.y * group_bytes);
   const int64_t vectors = group_bytes / 16;
-  for (int64_t base = 0; base < groups; base += kZeroThreads) {
-    const int64_t chunk = min(groups - base, int64_t{kZeroThreads});
-    __syncthreads();  // the previous chunk's flags are read
-    if (threadIdx.x < chunk) flags[threadIdx.x] = __ldcg(zero + base + threadIdx.x);
-    __syncthreads();
-    for (int64_t j = 0; j < chunk; ++j) {
-      if (!flags[j]) continue;
-      uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + (base + j) * group_bytes);
-      for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
-           i += int64_t{gridDim.x} * kZeroThreads) {
-        p[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
+  for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
+       i += int64_t{gridDim.x} * kZeroThreads) {
+    p[i] = make_uint4(0, 0, 0, 0);
   }
-  wait_for_prerequisite_grid();
 }
 }  // namespace
 
@@ -230,15 +215,14 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
                                        p.raster, p.swizzle);
   group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays, templates_of<G>(params));
   MOEKIT_CUDA_CHECK_LAUNCH();
-  call.run_gemm(params, p, stream, name);
-  if (!p.accumulate && p.counts.groups > 0) {
-    // Two blocks per SM at most, each writing its share of every flagged group.
+  if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
-    const int64_t blocks = std::clamp<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 1,
-                                               2 * int64_t{call.hw.sm_count});
-    launch_kernel(zero_flagged_groups, dim3(static_cast<unsigned>(blocks)), dim3(kZeroThreads), stream,
-                  p.pdl == 1, static_cast<const int*>(call.arrays.zero), p.counts.groups, p.dw, group_bytes);
+    const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
+    zero_flagged_groups<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
+                          kZeroThreads, 0, stream>>>(call.arrays.zero, p.dw, group_bytes);
+    MOEKIT_CUDA_CHECK_LAUNCH();
   }
+  call.run_gemm(params, p, stream, name);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

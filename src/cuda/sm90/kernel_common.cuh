@@ -270,14 +270,6 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
-// Waits for the grid this one was launched after with programmatic dependent launch to complete
-// (its memory visible); a no-op for a kernel launched without it.
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // ---- host side ----
 // Launches kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch after
 // the kernel before it on the stream when `programmatic` (the kernel then decides where it waits:
