@@ -213,16 +213,16 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   auto params = call.gemm_params(p, workspace, stream, name,
                                        (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
                                        p.raster, p.swizzle);
-  group_k_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays, templates_of<G>(params));
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads)}, stream, in, call.arrays, templates_of<G>(params));
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
     const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
-    zero_flagged_groups<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
-                          kZeroThreads, 0, stream>>>(call.arrays.zero, p.dw, group_bytes);
-    MOEKIT_CUDA_CHECK_LAUNCH();
+    launch_kernel(zero_flagged_groups,
+                  {.grid = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
+                   .block = dim3(kZeroThreads)},
+                  stream, static_cast<const int*>(call.arrays.zero), p.dw, group_bytes);
   }
-  call.run_gemm(params, p, stream, name);
+  call.run_gemm(params, p, stream);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

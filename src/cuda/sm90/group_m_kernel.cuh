@@ -276,17 +276,16 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
   auto params = call.gemm_params(p, workspace, stream, name, variant, p.raster, p.swizzle);
-  group_m_setup<G><<<1, kSetupThreads, 0, stream>>>(in, call.arrays, templates_of<G>(params));
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  call.run_gemm(params, p, stream, name);
+  launch_kernel(group_m_setup<G>, {.block = dim3(kSetupThreads)}, stream, in, call.arrays, templates_of<G>(params));
+  call.run_gemm(params, p, stream);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {
       constexpr int kThreads = 256;
       const int64_t blocks = std::min<int64_t>((p.counts.rows + kThreads - 1) / kThreads, 4096);
       if (blocks > 0) {
-        sum_dp_partials<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-            p.counts, call.arrays.partial, dglu_n_tiles<G>(p), p.dglu_dprobs, p.dglu_accumulate);
-        MOEKIT_CUDA_CHECK_LAUNCH();
+        launch_kernel(sum_dp_partials, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)},
+                      stream, p.counts, static_cast<const float*>(call.arrays.partial), dglu_n_tiles<G>(p),
+                      p.dglu_dprobs, p.dglu_accumulate);
       }
     }
   }
