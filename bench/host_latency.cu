@@ -225,6 +225,25 @@ int main(int argc, char** argv) {
     CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
   });
 
+  // As the GEMMs launch: dynamic shared memory near the SM's limit (the grouped kernels take what
+  // the epilogue leaves, ~200 KiB), no cluster (ConfigSmallM), PDL.
+  int smem_limit = 0;
+  CK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CK(cudaFuncSetAttribute(empty_large, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+  row("cudaLaunchKernelEx 132 CTAs, PDL, 1536 bytes, max dynamic smem", [&] {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(132);
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = static_cast<size_t>(smem_limit);
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+  });
+
   // small_E64 through the public API (the suite's shape; inputs uninitialised: only the host's
   // enqueue is timed, and the kernels' time never reaches the host loop).
   const int64_t E = 64, T = 4096, N = 2048, K = 1024;
