@@ -48,8 +48,17 @@ const GroupMSet kSets[2][kConfigCount] = {
       &group_m_f16_dswiglu_small}},
 };
 
+// MOEKIT_SM90_CONFIG=large|small (unset: the rule below) forces the group-M configuration of
+// every problem that does not name one, for A/B runs — e.g. a skewed split of small groups on
+// kLarge's taller tiles (bench/results/2026-12-01-nvidia-h200-96f3761-small-e64-dgrad-profile.md).
+int config_setting() {
+  static const int config = detail::env_choice("MOEKIT_SM90_CONFIG", {"large", "small"});
+  return config < 0 ? -1 : (config == 0 ? kLarge : kSmallM);
+}
+
 int choose_config(const GroupMProblem& p) {
   if (p.config >= 0 && p.config < kConfigCount) return p.config;
+  if (config_setting() >= 0) return config_setting();
   // Few rows per group: the GEMM streams weights (memory bound); 64-row tiles waste less of the
   // tensor cores on rows past m_g than 256-row tiles, and a deep pipeline keeps loads in flight.
   // The mean is all the host knows (the counts are on the device).
