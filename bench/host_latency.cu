@@ -244,6 +244,24 @@ int main(int argc, char** argv) {
     CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
   });
 
+  // A call's pair: a one-block kernel, then another kernel with PDL after it (the setup kernel and
+  // the GEMM). Against the two rows above: whether a programmatic edge between two different
+  // kernels costs the host more than PDL after the same kernel.
+  row("pair: <<<1, 256>>> then cudaLaunchKernelEx 132 CTAs, PDL, max smem", [&] {
+    empty_small<<<1, 256, 0, stream>>>(Small{});
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(132);
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = static_cast<size_t>(smem_limit);
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+  });
+
   // small_E64 through the public API (the suite's shape; inputs uninitialised: only the host's
   // enqueue is timed, and the kernels' time never reaches the host loop).
   const int64_t E = 64, T = 4096, N = 2048, K = 1024;
