@@ -241,5 +241,56 @@ TEST(TileUnits, StripeReadsCountPanelsByHand) {
   EXPECT_EQ(choose_stripe(p), 1);
 }
 
+// choose_stripe's early exit (A and B fit in the L2 together: width 1 without the estimates) picks
+// what comparing the four estimates picks, on random groups around that bound (rows 1-4096, K and
+// N 64-8192, both tiles and cluster shapes the kernels use, L2 sizes from 4 to 50 MB): the exit
+// is exact, not a heuristic. And it is taken where it is meant to be: small_E64's groups.
+TEST(TileUnits, StripeEarlyExitPicksWhatTheEstimatesPick) {
+  std::mt19937_64 rng(20261201);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  int exits = 0, estimated = 0;
+  for (int i = 0; i < 20000; ++i) {
+    StripeProblem p;
+    p.rows = pick(1, 4096);
+    p.k = 8 * pick(8, 1024);
+    p.n = 8 * pick(8, 1024);
+    const bool small = rng() % 2 == 0;
+    p.tile_m = small ? 64 : 128;
+    p.tile_n = small ? 128 : 128 * pick(1, 2);
+    const int cluster = static_cast<int>(pick(0, 2));  // 1x1, 1x2, 2x1
+    p.cluster_m = cluster == 2 ? 2 : 1;
+    p.cluster_n = cluster == 1 ? 2 : 1;
+    p.clusters = 132 / (p.cluster_m * p.cluster_n);
+    p.l2_bytes = 1e6 * static_cast<double>(pick(4, 50));
+    // The comparison choose_stripe makes when it does not exit early.
+    int best = 1;
+    double fewest = stripe_reads(p, 1);
+    for (int stripe = 4; stripe <= 16; stripe *= 2) {
+      const double reads = stripe_reads(p, stripe);
+      if (reads < fewest * (1.0 - 1e-9)) best = stripe, fewest = reads;
+    }
+    const StripeBytes b = stripe_bytes(p);
+    (b.a + b.b <= p.l2_bytes ? exits : estimated) += 1;
+    ASSERT_EQ(choose_stripe(p), best) << "rows " << p.rows << " k " << p.k << " n " << p.n << " tile "
+                                      << p.tile_m << "x" << p.tile_n << " cluster " << p.cluster_m << "x"
+                                      << p.cluster_n << " L2 " << p.l2_bytes;
+  }
+  EXPECT_GT(exits, 1000);  // both paths taken many times
+  EXPECT_GT(estimated, 1000);
+  StripeProblem small_e64;  // fprop on kSmallM: 64 rows, K 1024, N 2048, 132 clusters, 25 MB
+  small_e64.rows = 64;
+  small_e64.k = 1024;
+  small_e64.n = 2048;
+  small_e64.tile_m = 64;
+  small_e64.tile_n = 128;
+  small_e64.clusters = 132;
+  small_e64.l2_bytes = 25e6;
+  const StripeBytes b = stripe_bytes(small_e64);
+  EXPECT_LE(b.a + b.b, small_e64.l2_bytes);
+  EXPECT_EQ(choose_stripe(small_e64), 1);
+}
+
 }  // namespace
 }  // namespace moekit::cuda::sm90

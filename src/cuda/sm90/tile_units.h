@@ -117,13 +117,26 @@ struct StripeProblem {
   int64_t clusters = 66;   // units (clusters) in flight
   double l2_bytes = 25e6;  // the L2 capacity the estimate assumes (effective, not nominal)
 };
+// A group's operands in units: blocks_m unit rows of a_block bytes of A each, units_n unit
+// columns of b_unit bytes of B; a and b all of each.
+struct StripeBytes {
+  int64_t blocks_m = 0, units_n = 0;
+  double a_block = 0, b_unit = 0, a = 0, b = 0;
+};
+MOEKIT_UNITS_FN StripeBytes stripe_bytes(const StripeProblem& p) {
+  StripeBytes s;
+  s.blocks_m = units_of((p.rows + p.tile_m - 1) / p.tile_m, p.cluster_m);
+  s.units_n = units_of((p.n + p.tile_n - 1) / p.tile_n, p.cluster_n);
+  s.a_block = double(p.cluster_m) * double(p.tile_m) * double(p.k) * 2.0;  // 16-bit
+  s.b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
+  s.a = double(s.blocks_m) * s.a_block;
+  s.b = double(s.units_n) * s.b_unit;
+  return s;
+}
 MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
-  // In units: blocks_m unit rows of a_block bytes of A each, units_n unit columns of b_unit of B.
-  const int64_t blocks_m = units_of((p.rows + p.tile_m - 1) / p.tile_m, p.cluster_m);
-  const int64_t units_n = units_of((p.n + p.tile_n - 1) / p.tile_n, p.cluster_n);
-  const double a_block = double(p.cluster_m) * double(p.tile_m) * double(p.k) * 2.0;  // 16-bit
-  const double b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
-  const double a = double(blocks_m) * a_block, b = double(units_n) * b_unit;
+  const StripeBytes s = stripe_bytes(p);
+  const int64_t blocks_m = s.blocks_m, units_n = s.units_n;
+  const double a_block = s.a_block, b_unit = s.b_unit, a = s.a, b = s.b;
   const double wave = double(p.clusters);
   if (stripe <= 1 || units_n == 1) {
     const double units_per_wave = wave / double(blocks_m) > 1.0 ? wave / double(blocks_m) : 1.0;
@@ -140,6 +153,13 @@ MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
 }
 MOEKIT_UNITS_FN int choose_stripe(const StripeProblem& p) {
   if (p.rows <= 0 || p.k <= 0 || p.n <= 0 || p.clusters <= 0) return 1;
+  // A group whose A and B fit in the L2 together is read once with M fastest (A + B), and no
+  // width reads less (each reads A at least once per stripe, B at least once): 1, without the
+  // four estimates. Small groups (small_E64: every group) take this exit; the setup kernel, which
+  // the GEMM waits for, spent 0.5-0.7 µs on the estimates there (fp64 divisions;
+  // bench/results/2026-12-01-nvidia-h200-96f3761-summary.md).
+  const StripeBytes s = stripe_bytes(p);
+  if (s.a + s.b <= p.l2_bytes) return 1;
   // Wider only when strictly fewer (exact ties happen: mixtral fprop).
   int best = 1;
   double fewest = stripe_reads(p, 1);
