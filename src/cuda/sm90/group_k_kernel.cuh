@@ -213,16 +213,17 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   auto params = call.gemm_params(p, workspace, stream, name,
                                        (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
                                        p.raster, p.swizzle);
-  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads)}, stream, in, call.arrays, templates_of<G>(params));
+  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads), .name = "setup"}, stream, in, call.arrays,
+                templates_of<G>(params));
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
     const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
     launch_kernel(zero_flagged_groups,
                   {.grid = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
-                   .block = dim3(kZeroThreads)},
+                   .block = dim3(kZeroThreads), .name = "zero fill"},
                   stream, static_cast<const int*>(call.arrays.zero), p.dw, group_bytes);
   }
-  call.run_gemm(params, p, stream);
+  call.run_gemm(params, p, stream, name);
 }
 
 // Defines the GroupKInstance `symbol` (declared in group_k_instances.h) for one configuration.

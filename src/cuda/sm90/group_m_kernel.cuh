@@ -276,14 +276,16 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
   auto params = call.gemm_params(p, workspace, stream, name, variant, p.raster, p.swizzle);
-  launch_kernel(group_m_setup<G>, {.block = dim3(kSetupThreads)}, stream, in, call.arrays, templates_of<G>(params));
-  call.run_gemm(params, p, stream);
+  launch_kernel(group_m_setup<G>, {.block = dim3(kSetupThreads), .name = "setup"}, stream, in, call.arrays,
+                templates_of<G>(params));
+  call.run_gemm(params, p, stream, name);
   if constexpr (G::kFusedDSwiGlu) {
     if (p.dglu_dprobs) {
       constexpr int kThreads = 256;
       const int64_t blocks = std::min<int64_t>((p.counts.rows + kThreads - 1) / kThreads, 4096);
       if (blocks > 0) {
-        launch_kernel(sum_dp_partials, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)},
+        launch_kernel(sum_dp_partials,
+                      {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads), .name = "dprobs sum"},
                       stream, p.counts, static_cast<const float*>(call.arrays.partial), dglu_n_tiles<G>(p),
                       p.dglu_dprobs, p.dglu_accumulate);
       }

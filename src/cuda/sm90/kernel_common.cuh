@@ -279,6 +279,7 @@ struct LaunchShape {
   size_t smem = 0;
   dim3 cluster{1, 1, 1};  // the cluster attribute is set only for clusters of more than one CTA
   bool programmatic = false;
+  const char* name = "kernel";  // what a failed launch's error names: "setup", a GEMM's label
 };
 
 // Every sm90 launch goes through cudaLaunchKernelEx: on the H200 machine its host cost is below
@@ -310,7 +311,11 @@ void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, cudaStre
   config.stream = stream;
   config.attrs = n > 0 ? attrs : nullptr;
   config.numAttrs = n;
-  MOEKIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) {
+    throw_status(str("launch of sm90 kernel '", shape.name, "'").c_str(), cudaGetErrorName(e), cudaGetErrorString(e),
+                 __FILE__, __LINE__);
+  }
 }
 
 // The per-device caches below (facts queried once per device) hold 64 devices.
@@ -463,9 +468,11 @@ struct GroupedCall {
   }
   // Launches it, after the setup kernel filled `arrays`: what GemmUniversalAdapter::run does
   // (its grid, block, shared memory and cluster), through launch_kernel.
-  void run_gemm(const typename G::Gemm::Params& params, const Problem& p, cudaStream_t stream) const {
+  void run_gemm(const typename G::Gemm::Params& params, const Problem& p, cudaStream_t stream,
+                const char* name) const {
     using Cluster = typename G::Config::Cluster;
     LaunchShape shape;
+    shape.name = name;
     shape.grid = G::Gemm::get_grid_shape(params);
     shape.block = G::Kernel::get_block_shape();
     shape.smem = static_cast<size_t>(G::Kernel::SharedStorageSize);
