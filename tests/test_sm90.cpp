@@ -97,7 +97,7 @@ std::string case_name(const ::testing::TestParamInfo<Sm90Case>& info) { return i
 void PrintTo(const Sm90Case& c, std::ostream* os) { *os << c.name; }
 
 // G groups of 0-12 rows (about a quarter empty, seeded): more groups than the setup kernels'
-// block has threads (256: for_each_group's chunks) and than one pass of their descriptor build
+// block has threads (256: scan_groups' chunks) and than one pass of their descriptor build
 // covers (64 groups: prebuilt_tensormaps.cuh), as 256-expert layers have.
 std::vector<int64_t> many_small_groups(int64_t G, uint64_t seed) {
   std::mt19937_64 rng(seed);

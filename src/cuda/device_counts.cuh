@@ -21,6 +21,20 @@ __device__ __forceinline__ int64_t count_at(const DeviceCounts& c, int64_t g) {
                : static_cast<int64_t>(static_cast<const int32_t*>(c.counts)[g]);
 }
 
+/// Why one count m_g is invalid on its own (0: it is not): negative, or above T (then the sum
+/// cannot be checked without overflow: the call is invalid anyway). The sum S <= T is the caller's.
+__device__ __forceinline__ uint32_t count_error(int64_t m, int64_t rows) {
+  return m < 0 ? kDeviceCountNegative : m > rows ? kDeviceCountsExceedRows : 0u;
+}
+
+/// ORs `reason` (non-zero) into the error word, from thread 0 of block (0,0,0) only: one report per
+/// launch.
+__device__ __forceinline__ void report_count_error(const DeviceCounts& c, uint32_t reason) {
+  if (c.error_word && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    atomicOr(c.error_word, reason);
+  }
+}
+
 /// Block-cooperative (every thread of the block calls it; blockDim.x a multiple of 32, <= 1024):
 /// S = Σ m_g when the counts are valid, else -1, and then thread 0 of block (0,0,0) ORs the
 /// reason into error_word (one report per launch). A count above T is caught on its own, so the
@@ -35,9 +49,9 @@ __device__ __forceinline__ int64_t block_valid_rows(const DeviceCounts& c) {
   uint32_t my_bad = 0;
   for (int64_t g = threadIdx.x; g < c.groups; g += blockDim.x) {
     const int64_t m = count_at(c, g);
-    if (m < 0) my_bad |= kDeviceCountNegative;
-    else if (m > c.rows) my_bad |= kDeviceCountsExceedRows;
-    else sum += static_cast<unsigned long long>(m);
+    const uint32_t why = count_error(m, c.rows);
+    my_bad |= why;
+    if (!why) sum += static_cast<unsigned long long>(m);
   }
   if (my_bad) atomicOr(&bad, my_bad);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -49,10 +63,7 @@ __device__ __forceinline__ int64_t block_valid_rows(const DeviceCounts& c) {
   for (int w = 0; w < warps; ++w) total += warp_sums[w];
   uint32_t reason = bad;
   if (reason == 0 && total > static_cast<unsigned long long>(c.rows)) reason = kDeviceCountsExceedRows;
-  if (reason != 0 && c.error_word && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 &&
-      blockIdx.z == 0) {
-    atomicOr(c.error_word, reason);
-  }
+  if (reason != 0) report_count_error(c, reason);
   __syncthreads();
   return reason == 0 ? static_cast<int64_t>(total) : -1;
 }

@@ -37,7 +37,7 @@ namespace moekit::cuda::sm90 {
 // takes in each). In the chunked orders a CTA changes group about once per c units, while the
 // clusters in flight still work on neighbouring tiles (the L2 sharing that the blocked order
 // loses on group-M problems).
-// unit_starts [groups + 1] (device, written by the call's setup kernel: scan_unit_starts): the
+// unit_starts [groups + 1] (device, written by the call's setup kernel: scan_groups): the
 // first unit of each group in the sequence, and the total last. The scheduler's own path (an
 // order other than CUTLASS's, or stripes) reads it: the total in one load, and a unit's group by
 // binary search, where walking the groups' shapes cost every thread O(groups) dependent loads at
@@ -108,12 +108,14 @@ void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripe
 // kernel was launched with programmatic dependent launch, run_gemm), so the setup kernel's
 // writes are visible before anything reads them. (The ptr-array kernels of CUTLASS 4.2 do not
 // wait themselves.)
-struct GridDependencyWait {
-  CUTLASS_HOST_DEVICE GridDependencyWait() {
+// (wait_for_prior_grid: also what group-K's zero fill waits with.)
+CUTLASS_HOST_DEVICE void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  }
+}
+struct GridDependencyWait {
+  CUTLASS_HOST_DEVICE GridDependencyWait() { wait_for_prior_grid(); }
 };
 
 template <class Shape, int kStages>

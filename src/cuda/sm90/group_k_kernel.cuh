@@ -124,7 +124,10 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
-  for_each_group(in.counts, [&](int64_t g, int64_t m, int64_t off, bool valid) {
+  // A non-empty group's tiles: n x k output, whatever its rows.
+  const auto units_of = [&](int64_t) { return units_per_group<typename G::Config>(in.n, in.k); };
+  const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool valid) {
+    const int64_t m = at.m, off = at.off;
     out.shapes[g] = m > 0 ? typename G::Shape3(n, k, static_cast<int>(m)) : typename G::Shape3(0, k, 0);
     out.ptr_a[g] = static_cast<const E*>(in.dy) + off * in.n;
     out.ptr_b[g] = static_cast<const E*>(in.x) + off * in.k;
@@ -135,28 +138,40 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, 1, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(k, 1, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
-    // Its tiles: n x k output, whatever its rows (none when empty).
-    out.unit_starts[g] = m > 0 ? static_cast<uint32_t>(units_per_group<typename G::Config>(in.n, in.k)) : 0u;
+    out.unit_starts[g] = static_cast<uint32_t>(at.unit);
     // Output rows n, K a group's rows, columns k.
     out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k);
   });
-  scan_unit_starts(out.unit_starts, in.counts.groups);
+  if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 
-// dw[g] = 0 for the groups the setup kernel flagged: grid (x: blocks per group, y: groups), 16-byte
-// stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8).
-// (Internal linkage: both instance TUs include this header.)
+// dw[g] = 0 for the groups the setup kernel flagged, 16-byte stores (n·k·sizeof(ElementD) is a
+// multiple of 16: k is a multiple of 8). A grid of at most two blocks per SM walks the groups in
+// order, each flagged one filled by all of it: one wave whatever the group count (a block per
+// group and slice, most of them finding nothing to do, was 64 x G blocks). Launched with
+// programmatic dependent launch after the setup kernel: every block waits for it (its flags)
+// before anything else, and since none exits before that wait, the GEMM — which waits for this
+// grid — also runs after the setup kernel. (Internal linkage: both instance TUs include this.)
 constexpr int kZeroThreads = 256;
 namespace {
-__global__ void __launch_bounds__(kZeroThreads) zero_flagged_groups(const int* zero, void* dw, int64_t group_bytes) {
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_flagged_groups(const int* zero, int64_t groups, void* dw, int64_t group_bytes) {
   allow_dependent_launch();
-  if (!zero[blockIdx.y]) return;
-  uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + blockIdx.y * group_bytes);
+  wait_for_prior_grid();
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t vectors = group_bytes / 16;
-  for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
-       i += int64_t{gridDim.x} * kZeroThreads) {
-    p[i] = make_uint4(0, 0, 0, 0);
+  for (int64_t base = 0; base < groups; base += 32) {
+    // The same 32 flags in every warp: block-uniform loops, no barrier.
+    unsigned flagged = __ballot_sync(0xffffffffu, base + lane < groups && zero[base + lane] != 0);
+    for (; flagged != 0; flagged &= flagged - 1) {
+      const int64_t g = base + __ffs(flagged) - 1;
+      uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + g * group_bytes);
+      for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
+           i += int64_t{gridDim.x} * kZeroThreads) {
+        p[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
   }
 }
 }  // namespace
@@ -217,11 +232,12 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
                 templates_of<G>(params));
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
-    const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads, 64);
+    const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads,
+                                             2 * int64_t{call.hw.sm_count});
     launch_kernel(zero_flagged_groups,
-                  {.grid = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.counts.groups)),
-                   .block = dim3(kZeroThreads), .name = "zero fill"},
-                  stream, static_cast<const int*>(call.arrays.zero), p.dw, group_bytes);
+                  {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kZeroThreads),
+                   .programmatic = p.pdl == 1, .name = "zero fill"},
+                  stream, static_cast<const int*>(call.arrays.zero), p.counts.groups, p.dw, group_bytes);
   }
   call.run_gemm(params, p, stream, name);
 }

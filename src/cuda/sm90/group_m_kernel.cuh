@@ -162,14 +162,17 @@ struct GroupMSetupInputs {
 };
 
 // ---- the setup kernel: device counts → per-group shapes, pointers, strides ----
-// One block (for_each_group: validation, then a scan of the counts into row offsets).
+// One block (scan_groups: the counts read once, validated and scanned into row offsets and tile
+// units together).
 template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs in, GroupArrays<G> out,
                                                               const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
-  for_each_group(in.counts, [&](int64_t g, int64_t m, int64_t off, bool) {
+  const auto units_of = [&](int64_t m) { return units_per_group<typename G::Config>(m, in.n); };
+  const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool) {
+    const int64_t m = at.m, off = at.off;
     out.shapes[g] = typename G::Shape3(static_cast<int>(m), n, k);
     out.ptr_a[g] = static_cast<const E*>(in.a) + off * in.k;
     out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
@@ -189,10 +192,10 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
-    out.unit_starts[g] = static_cast<uint32_t>(units_per_group<typename G::Config>(m, in.n));
+    out.unit_starts[g] = static_cast<uint32_t>(at.unit);
     out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
   });
-  scan_unit_starts(out.unit_starts, in.counts.groups);
+  if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 

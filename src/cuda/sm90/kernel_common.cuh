@@ -200,65 +200,83 @@ class WorkspaceCarver {
 // ---- setup kernels: one block turns the device counts into per-group arrays ----
 constexpr int kSetupThreads = 256;
 
-// Inclusive block-wide prefix sum of one value per thread (kSetupThreads threads); `*total` gets
-// the block's sum. Every thread calls it; it may be called again right after.
-__device__ inline int64_t block_inclusive_scan(int64_t v, int64_t* warp_sums, int64_t* total) {
+// A group's place in the call (setup kernels): its rows m_g, its first row off_g, and its first
+// tile unit (the units of the groups before it; blocked_scheduler.cuh reads them).
+struct GroupPlace {
+  int64_t m = 0, off = 0, unit = 0;
+};
+
+// Rows and tile units, summed together by one scan.
+struct RowsUnits {
+  int64_t rows = 0, units = 0;
+};
+
+// Inclusive block-wide prefix sums of one (rows, units) pair per thread (kSetupThreads threads);
+// `*total` gets the block's sums. Every thread calls it. Two barriers: a caller that calls it
+// again passes the other of two `warp_sums` / `total` buffers (the barriers of the call between
+// separate a buffer's reads from its next writes).
+__device__ inline RowsUnits block_inclusive_scan(RowsUnits v, RowsUnits* warp_sums, RowsUnits* total) {
+  constexpr int kWarps = kSetupThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int d = 1; d < 32; d *= 2) {
-    const int64_t n = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += n;
+    const int64_t rows = __shfl_up_sync(0xffffffffu, v.rows, d);
+    const int64_t units = __shfl_up_sync(0xffffffffu, v.units, d);
+    if (lane >= d) v.rows += rows, v.units += units;
   }
   if (lane == 31) warp_sums[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    int64_t w = lane < kSetupThreads / 32 ? warp_sums[lane] : 0;
+    RowsUnits w = lane < kWarps ? warp_sums[lane] : RowsUnits{};
     for (int d = 1; d < 32; d *= 2) {
-      const int64_t n = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += n;
+      const int64_t rows = __shfl_up_sync(0xffffffffu, w.rows, d);
+      const int64_t units = __shfl_up_sync(0xffffffffu, w.units, d);
+      if (lane >= d) w.rows += rows, w.units += units;
     }
-    if (lane < kSetupThreads / 32) warp_sums[lane] = w;
-    if (lane == kSetupThreads / 32 - 1) *total = w;
+    if (lane < kWarps) warp_sums[lane] = w;
+    if (lane == kWarps - 1) *total = w;
   }
   __syncthreads();
-  const int64_t result = v + (warp > 0 ? warp_sums[warp - 1] : 0);
-  __syncthreads();  // warp_sums is reused by the next call
-  return result;
+  if (warp > 0) v.rows += warp_sums[warp - 1].rows, v.units += warp_sums[warp - 1].units;
+  return v;
 }
 
-// Calls visit(g, m_g, off_g) for every group, from the threads of one block, in chunks of
-// kSetupThreads groups. Invalid counts (block_valid_rows < 0: the error word is set) visit every
-// group with m_g = 0 — so the GEMM that follows reads and writes nothing.
-template <class Visit>
-__device__ inline void for_each_group(const DeviceCounts& c, Visit visit) {
-  __shared__ int64_t warp_sums[kSetupThreads / 32];
-  __shared__ int64_t chunk_total;
-  const bool valid = block_valid_rows(c) >= 0;
-  int64_t carry = 0;
-  for (int64_t base = 0; base < c.groups; base += kSetupThreads) {
+// Every group's place from the device counts, each read once, by the threads of one block in
+// chunks of kSetupThreads groups (group g on thread g mod kSetupThreads): visit(g, place, true) for
+// every group; `units_of(m)` gives a group's tile units (called for m > 0 only). Valid counts
+// (SPEC §1): returns the units of all groups. Invalid ones: the reason goes to the error word (as
+// block_valid_rows reports it), every group is visited again, on the same thread, with an empty
+// place and false — what the GEMM after it then reads has no rows and no tiles — and it returns 0.
+// (Validity needs the sum of all chunks, hence the second visit rather than a first pass.)
+template <class UnitsOf, class Visit>
+__device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, Visit visit) {
+  __shared__ RowsUnits warp_sums[2][kSetupThreads / 32];
+  __shared__ RowsUnits chunk_total[2];
+  __shared__ uint32_t bad;
+  if (threadIdx.x == 0) bad = 0;  // before any atomicOr below: the scans' barriers come between
+  RowsUnits carry;
+  uint32_t my_bad = 0;
+  for (int64_t base = 0, chunk = 0; base < c.groups; base += kSetupThreads, chunk ^= 1) {
     const int64_t g = base + threadIdx.x;
-    const int64_t m = (valid && g < c.groups) ? count_at(c, g) : 0;
-    const int64_t inclusive = block_inclusive_scan(m, warp_sums, &chunk_total);
-    if (g < c.groups) visit(g, m, carry + inclusive - m, valid);
-    carry += chunk_total;
+    int64_t m = g < c.groups ? count_at(c, g) : 0;
+    const uint32_t why = count_error(m, c.rows);
+    my_bad |= why;
+    if (why) m = 0;  // takes no rows: the offsets stay in range until the call is declared invalid
+    const RowsUnits mine{m, m > 0 ? static_cast<int64_t>(units_of(m)) : 0};
+    const RowsUnits upto = block_inclusive_scan(mine, warp_sums[chunk], &chunk_total[chunk]);
+    if (g < c.groups) {
+      visit(g, GroupPlace{m, carry.rows + upto.rows - mine.rows, carry.units + upto.units - mine.units}, true);
+    }
+    carry.rows += chunk_total[chunk].rows;
+    carry.units += chunk_total[chunk].units;
   }
-}
-
-// In place over a [groups + 1] array that holds each group's cluster units in [0, groups): each
-// group's first unit in the tile sequence, and the total in [groups] (the blocked and chunked
-// tile orders read it: blocked_scheduler.cuh). One block, after for_each_group, whose visit for
-// group g ran on this same thread (g mod kSetupThreads).
-__device__ inline void scan_unit_starts(uint32_t* a, int64_t groups) {
-  __shared__ int64_t warp_sums[kSetupThreads / 32];
-  __shared__ int64_t chunk_total;
-  int64_t carry = 0;
-  for (int64_t base = 0; base < groups; base += kSetupThreads) {
-    const int64_t g = base + threadIdx.x;
-    const int64_t u = g < groups ? a[g] : 0;
-    const int64_t inclusive = block_inclusive_scan(u, warp_sums, &chunk_total);
-    if (g < groups) a[g] = static_cast<uint32_t>(carry + inclusive - u);
-    carry += chunk_total;
-  }
-  if (threadIdx.x == 0) a[groups] = static_cast<uint32_t>(carry);
+  if (my_bad) atomicOr(&bad, my_bad);
+  __syncthreads();
+  uint32_t reason = bad;
+  if (reason == 0 && carry.rows > c.rows) reason = kDeviceCountsExceedRows;
+  if (reason == 0) return carry.units;
+  report_count_error(c, reason);
+  for (int64_t g = threadIdx.x; g < c.groups; g += kSetupThreads) visit(g, GroupPlace{}, false);
+  return 0;
 }
 
 // Lets the kernel launched next on the stream with programmatic dependent launch (the GEMM after
