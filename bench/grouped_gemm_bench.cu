@@ -4,7 +4,7 @@
 // How to run (GPU machine):
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
-//                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns]
+//                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns|back-to-back]
 // Backends: each configuration is run through every backend of --backends that has an entry in
 // the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) and group-K (wgrad)
 // both have "sm90" and "cublas". A backend that
@@ -27,7 +27,10 @@
 // the energy it spends per cycle, and a backend timed in turns with another runs at their shared
 // clock (PERFORMANCE.md, "The step runs clock-limited": the dsv3 step on cuBLAS ran at 1560 MHz,
 // on sm90 at 1380-1395, same cap). --timing turns: warm-up and timed calls in turns (4 rounds),
-// for A/B of work per cycle at one clock. Either way each backend's SM clock, board power and
+// for A/B of work per cycle at one clock. --timing back-to-back: as alone, but each timed run is
+// 16 calls enqueued back to back, its time / 16 per call — what a training step's stream sees,
+// the host's enqueue hidden behind the GPU's work (the small calls' A/B: tools/ab-bench AB_TIMING).
+// Either way each backend's SM clock, board power and
 // active clock-event reasons are read (NVML, when the driver has it) halfway through its timed
 // calls, and printed and written with its numbers.
 // Comparisons (--compare, default qwen3_fc2_E16,small_E64; uniform; fprop, and wgrad for the
@@ -383,7 +386,12 @@ std::string shell_line(const char* cmd) {
 const std::vector<std::string> kPasses{"fprop", "dgrad", "wgrad", "wgrad_f32"};
 
 // How the backends of one configuration are timed (--timing; the header says why).
-enum class Timing { Alone, Turns };
+enum class Timing { Alone, Turns, BackToBack };
+const char* timing_name(Timing t) {
+  return t == Timing::Alone ? "alone" : t == Timing::Turns ? "turns" : "back-to-back";
+}
+// Calls per timed run with --timing back-to-back.
+constexpr int kBackToBackCalls = 16;
 
 struct Options {
   std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes = kPasses;
@@ -505,19 +513,20 @@ std::vector<Timed> time_calls(const std::vector<std::function<void()>>& fns, Tim
     }
   };
   std::vector<Timed> out(fns.size());
+  const int calls = timing == Timing::BackToBack ? kBackToBackCalls : 1;
   auto timed = [&](size_t f, int n, bool sample_midway) {
     for (int i = 0; i < n; ++i) {
       CK(cudaEventRecord(start, stream));
-      fns[f]();
+      for (int c = 0; c < calls; ++c) fns[f]();
       CK(cudaEventRecord(stop, stream));
       CK(cudaEventSynchronize(stop));
       float t = 0;
       CK(cudaEventElapsedTime(&t, start, stop));
-      out[f].ms.push_back(t);
+      out[f].ms.push_back(t / calls);
       if (sample_midway && i == n / 2) out[f].clock = Nvml::instance().sample();
     }
   };
-  if (timing == Timing::Alone) {
+  if (timing != Timing::Turns) {
     for (size_t f = 0; f < fns.size(); ++f) {
       warm({&fns[f]});
       timed(f, iters, true);
@@ -712,7 +721,9 @@ int run(const Options& o) {
               "%s), bf16 in, bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 "
               "accumulation; MHz: the SM clock halfway through a backend's timed runs%s\n\n",
               o.warmup, o.warmup_ms, o.iters,
-              o.timing == Timing::Alone ? "each backend alone" : "backends in turns",
+              o.timing == Timing::Alone  ? "each backend alone"
+              : o.timing == Timing::Turns ? "backends in turns"
+                                          : "each backend alone, per call of 16 back to back",
               Nvml::instance().sample().valid ? "" : " (NVML not available: -)");
   std::printf("%-15s %-8s %-9s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
   for (const auto& b : o.backends) {
@@ -833,7 +844,7 @@ int run(const Options& o) {
           } else if (!it->ran()) {
             std::printf(" | %-6s %8s %7s %-4s %5s", name.c_str(), "skip", "-", "", "");
           } else {
-            std::printf(" | %-6s %8.3f %7.1f %-4s %5s", name.c_str(), it->median_ms, it->tflops,
+            std::printf(" | %-6s %8.4f %7.1f %-4s %5s", name.c_str(), it->median_ms, it->tflops,
                         it->check.pass() ? "PASS" : "FAIL",
                         it->clock.valid ? std::to_string(it->clock.mhz).c_str() : "-");
           }
@@ -892,7 +903,7 @@ int run(const Options& o) {
       << json_escape(clocks_before) << "\",\n  \"clocks_after\": \"" << json_escape(clocks_after)
       << "\",\n  \"dtype\": \"bf16\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup
       << ",\n  \"warmup_ms\": " << o.warmup_ms << ",\n  \"timing\": \""
-      << (o.timing == Timing::Alone ? "alone" : "turns")
+      << timing_name(o.timing)
       << "\",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
@@ -953,7 +964,7 @@ int run(const Options& o) {
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
                "[--passes fprop,dgrad,wgrad,wgrad_f32] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
                "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none] "
-               "[--timing alone|turns]\nshapes:",
+               "[--timing alone|turns|back-to-back]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
   std::fprintf(stderr, "\n");
@@ -983,8 +994,10 @@ int main(int argc, char** argv) {
     else if (a == "--backends" || a == "--backend") o.backends = split_list(value());
     else if (a == "--timing") {
       const std::string v = value();
-      if (v != "alone" && v != "turns") usage(("--timing alone or turns, got " + v).c_str());
-      o.timing = v == "alone" ? Timing::Alone : Timing::Turns;
+      if (v != "alone" && v != "turns" && v != "back-to-back") {
+        usage(("--timing alone, turns or back-to-back, got " + v).c_str());
+      }
+      o.timing = v == "alone" ? Timing::Alone : v == "turns" ? Timing::Turns : Timing::BackToBack;
     }
     else if (a == "--compare") {
       const std::string v = value();
