@@ -260,32 +260,32 @@ CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::
     if (slot == kSlotD && !kDestination) continue;
     const int64_t g = i / kGroupTensormaps * 32 + lane;
     int m = 0, n = 0, k = 0;
-    if (g < groups) {
-      const auto shape = shape_of(g);
-      m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
-    }
-    const bool valid = m > 0;
-    const auto mk = cute::make_shape(m, k, cute::Int<1>{}), nk = cute::make_shape(n, k, cute::Int<1>{});
-    const auto mn = cute::make_shape(m, n, cute::Int<1>{});
     TensormapFields f;
     cute::TmaDescriptor const* tmpl = nullptr;
+    // The slot's pointer and stride are loaded with the shape, before it is looked at: one trip to
+    // L2 for the three, where loading them once the shape said the group has rows took two.
+    const auto fields = [&](auto const& tma, auto const* ptrs, auto const* strides, auto extents) {
+      tmpl = tma.get_tma_descriptor();
+      if (g >= groups) return;
+      const auto shape = shape_of(g);
+      const auto ptr = ptrs[g];
+      const auto stride = strides[g];
+      m = cute::get<0>(shape), n = cute::get<1>(shape), k = cute::get<2>(shape);
+      if (m > 0) f = tensormap_fields(tma, ptr, extents(m, n, k), stride);
+    };
+    const auto mk = [](int m, int, int k) { return cute::make_shape(m, k, cute::Int<1>{}); };
+    const auto nk = [](int, int n, int k) { return cute::make_shape(n, k, cute::Int<1>{}); };
+    const auto mn = [](int m, int n, int) { return cute::make_shape(m, n, cute::Int<1>{}); };
     if (slot == kSlotA) {
-      tmpl = mainloop.tma_load_a.get_tma_descriptor();
-      if (valid) f = tensormap_fields(mainloop.tma_load_a, mainloop.ptr_A[g], mk, mainloop.dA[g]);
+      fields(mainloop.tma_load_a, mainloop.ptr_A, mainloop.dA, mk);
     } else if (slot == kSlotB) {
-      tmpl = mainloop.tma_load_b.get_tma_descriptor();
-      if (valid) f = tensormap_fields(mainloop.tma_load_b, mainloop.ptr_B[g], nk, mainloop.dB[g]);
+      fields(mainloop.tma_load_b, mainloop.ptr_B, mainloop.dB, nk);
     } else if (slot == kSlotC) {
-      if constexpr (kSource) {
-        tmpl = epilogue.tma_load_c.get_tma_descriptor();
-        if (valid) f = tensormap_fields(epilogue.tma_load_c, epilogue.ptr_C[g], mn, epilogue.dC[g]);
-      }
+      if constexpr (kSource) fields(epilogue.tma_load_c, epilogue.ptr_C, epilogue.dC, mn);
     } else {
-      if constexpr (kDestination) {
-        tmpl = epilogue.tma_store_d.get_tma_descriptor();
-        if (valid) f = tensormap_fields(epilogue.tma_store_d, epilogue.ptr_D[g], mn, epilogue.dD[g]);
-      }
+      if constexpr (kDestination) fields(epilogue.tma_store_d, epilogue.ptr_D, epilogue.dD, mn);
     }
+    const bool valid = m > 0;
     build_warp_tensormaps(tmpl, valid, f, warp_staging);
     // Lane l copies word l % 8 of descriptors l / 8, l / 8 + 4, ...: each store instruction
     // writes four whole descriptors.
