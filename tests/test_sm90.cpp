@@ -384,6 +384,47 @@ TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
   }
 }
 
+// Invalid device counts in the second 256-group chunk of the setup kernels' scan (scan_groups):
+// the first chunk's groups are visited before the call is known to be invalid, then every group
+// again with no rows. Group-M (fprop, its output guarded) and group-K (dw, accumulating or not:
+// the zero fill's flags of the first chunk's empty groups are withdrawn) write nothing; the error
+// word says why.
+TEST(CudaSm90, InvalidCountsInALaterScanChunkWriteNothing) {
+  MOEKIT_REQUIRE_SM90();
+  const Context ctx = Context::cuda(0).with_backend("sm90");  // an error word of its own
+  const std::vector<int64_t> good = many_small_groups(300, 12);
+  const int64_t G = 300, T = sum_of(good) + 9, K = 64, N = 72;
+  ASSERT_GT(std::count(good.begin(), good.begin() + 256, int64_t{0}), 0) << "no empty group to flag";
+  std::vector<int64_t> negative = good, too_many = good;
+  negative[280] = -1;
+  too_many[290] += 10;  // S = T + 1: each count is within T, only the total is over it
+  const std::pair<std::vector<int64_t>, uint32_t> bad[] = {{negative, Context::kNegativeCount},
+                                                           {too_many, Context::kCountsExceedRows}};
+  const Tensor x = to_device(ctx, test::random_normal({T, K}, DType::BF16, 71));
+  const Tensor w = to_device(ctx, test::random_normal({G, N, K}, DType::BF16, 72, 0.125));
+  const Tensor dy = to_device(ctx, test::random_normal({T, N}, DType::BF16, 73));
+  Guarded y(ctx, T, N, DType::BF16);
+  Tensor dw = Tensor::empty({G, N, K}, DType::BF16, ctx);
+  Tensor dw32 = Tensor::empty({G, N, K}, DType::F32, ctx);
+  for (const auto& [cnt, bit] : bad) {
+    SCOPED_TRACE(bit == Context::kNegativeCount ? "negative count" : "sum above T");
+    ASSERT_EQ(sum_of(too_many), T + 1);
+    const Tensor counts = to_device(ctx, test::counts_tensor(cnt, DType::I64));
+    grouped_gemm_group_m(ctx, x, w, BOp::Transposed, Splits::device(counts), y.view, Tensor());
+    EXPECT_EQ(ctx.device_error_bits(), bit) << "group-M";
+    EXPECT_TRUE(y.untouched_outside(0)) << "group-M";
+    for (Tensor* out : {&dw, &dw32}) {
+      const bool accumulate = out->dtype() == DType::F32;
+      fill(ctx, *out, test::kSentinel);
+      const std::vector<uint8_t> before = test::bytes_of(ctx, *out);
+      grouped_gemm_group_k(ctx, dy, x, Splits::device(counts), *out, accumulate);
+      EXPECT_EQ(ctx.device_error_bits(), bit) << "group-K";
+      EXPECT_TRUE(test::bit_identical(test::bytes_of(ctx, *out), before, out->dtype()))
+          << "group-K" << (accumulate ? ", accumulating" : "");
+    }
+  }
+}
+
 // The fused MLP kernels (fc1 + SwiGLU, fc2 dgrad + SwiGLU backward: the production path) with
 // invalid device counts: h, z, dh and dprobs keep every byte (accumulating or not) and the
 // context's error word gets the bit (SPEC §1).
