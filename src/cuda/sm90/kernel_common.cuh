@@ -122,6 +122,18 @@ struct ConfigPingPong64W21 : ConfigSmallWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=wideepi; kernels_study_wideepi.cu): ConfigWide for the bf16
+// group-K with an epilogue subtile chosen as the ping-pong tile's is (GroupKParts::epilogue_tile):
+// 128x128 for a 16-bit dw (two passes per 128x256 tile, against eight of CUTLASS's automatic
+// 128x32), 128x64 for an f32 dw. small_E64's wgrad (one K block per tile) is epilogue-bound: on
+// ping-pong the two warpgroups' epilogues take turns (16.8% of its stall samples wait at the
+// order barrier, 4f1c247), where both cooperative warpgroups store at once; the cooperative tiles
+// lost 12-15% there at 99bc82c, but on CUTLASS's subtile, while ping-pong had gained 24% from its
+// own (c50fd9d). This separates the two.
+struct ConfigWideTunedEpilogue : ConfigWide {
+  static constexpr bool kTunedEpilogue = true;
+};
+
 // Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
 // the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
 // third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
