@@ -37,6 +37,12 @@ struct GroupMParts {
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
+  // A and B swapped (a study configuration with kSwapAB, e.g. ConfigSwapSmall): the GEMM's M is the
+  // output's columns (the weights' rows) and its N the group's rows, D column-major — cuBLAS's
+  // shape for few rows per group (its small_E64 kernel: 512 columns x 64 rows per tile). Problem
+  // shape per group (N, m_g, K); plain epilogues only.
+  static constexpr bool kSwapAB = requires { Config::kSwapAB; };
+  static_assert(!kSwapAB || kFusion == Fusion::None, "the swapped operands take no fused epilogue");
   static constexpr bool kFusedSwiGlu = kFusion == Fusion::SwiGlu;
   static constexpr bool kFusedDSwiGlu = kFusion == Fusion::DSwiGlu;
   using Tile = typename Config::Tile;
@@ -45,13 +51,20 @@ struct GroupMParts {
   // store; CUTLASS names the node's ElementAux where it needs an element type).
   using ElementD = std::conditional_t<kFusion == Fusion::DSwiGlu, void, Element>;
   // Problem shape per group: (m_g, N, K).
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
-  using LayoutD = cutlass::layout::RowMajor;
+  // Swapped: A = the weights (K-major for fprop, M-major for dgrad), B = the rows (K-major), D =
+  // the output rows seen as columns.
+  using LayoutA = std::conditional_t<kSwapAB && !kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using LayoutB = std::conditional_t<kBKMajor || kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using LayoutD = std::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlign = 8;  // elements per 16 bytes (TMA)
 
-  using BiasLoad = cutlass::epilogue::fusion::Sm90RowBroadcast<
-      0, typename Config::Tile, Element*, float, cute::Stride<cute::_0, cute::_1, cute::_0>, kAlign>;
+  // bias_g[n] along the output's columns: the GEMM's N, or its M when swapped.
+  using BiasLoad = std::conditional_t<
+      kSwapAB,
+      cutlass::epilogue::fusion::Sm90ColBroadcast<0, typename Config::Tile, Element*, float,
+                                                  cute::Stride<cute::_1, cute::_0, cute::_0>, 1>,
+      cutlass::epilogue::fusion::Sm90RowBroadcast<0, typename Config::Tile, Element*, float,
+                                                  cute::Stride<cute::_0, cute::_1, cute::_0>, kAlign>>;
   using HNode = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Element, float,
                                              cutlass::FloatRoundStyle::round_to_nearest>,
@@ -170,12 +183,20 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
-  const auto units_of = [&](int64_t m) { return units_per_group<typename G::Config>(m, in.n); };
+  const auto units_of = [&](int64_t m) {
+    return G::kSwapAB ? units_per_group<typename G::Config>(in.n, m) : units_per_group<typename G::Config>(m, in.n);
+  };
   const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool) {
     const int64_t m = at.m, off = at.off;
-    out.shapes[g] = typename G::Shape3(static_cast<int>(m), n, k);
-    out.ptr_a[g] = static_cast<const E*>(in.a) + off * in.k;
-    out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
+    if constexpr (G::kSwapAB) {  // (N, m_g, K): A the weights, B the rows, D column-major
+      out.shapes[g] = typename G::Shape3(n, static_cast<int>(m), k);
+      out.ptr_a[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
+      out.ptr_b[g] = static_cast<const E*>(in.a) + off * in.k;
+    } else {
+      out.shapes[g] = typename G::Shape3(static_cast<int>(m), n, k);
+      out.ptr_a[g] = static_cast<const E*>(in.a) + off * in.k;
+      out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
+    }
     if (in.out) out.ptr_d[g] = static_cast<E*>(in.out) + off * in.n;
     if (in.bias) out.ptr_bias[g] = static_cast<const E*>(in.bias) + g * in.n;
     if constexpr (G::kFusedSwiGlu) {
@@ -188,12 +209,20 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
       if (in.partials) out.ptr_partial[g] = out.partial + off * in.n_tiles;
       if (in.probs) out.ptr_probs[g] = in.probs + off;
     }
-    // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N).
-    out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
-    out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
-    out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
+    // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N; swapped:
+    // K or N, K, and N).
+    if constexpr (G::kSwapAB) {
+      out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, k, 1));
+      out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(1, k, 1));
+      out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, 1, 1));
+      out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, in.k, m);
+    } else {
+      out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
+      out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
+      out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
+      out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
+    }
     out.unit_starts[g] = static_cast<uint32_t>(at.unit);
-    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
   });
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);

@@ -122,6 +122,19 @@ struct ConfigPingPong64W21 : ConfigSmallWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=swap; kernels_study_swap.cu): kSmallM's plain bf16 fprop and
+// dgrad with A and B swapped (GroupMParts::kSwapAB) on the cooperative 256x64 tile: 256 output
+// columns x 64 rows per tile, each warpgroup 128x64. cuBLAS's small_E64 kernel (a 512x64 tile
+// in those terms, 83% of DRAM peak against our 76%, a third of the instructions; ncu, 4f1c247)
+// takes 4 tiles per group where kSmallM takes 16 (dgrad) — this one 8.
+struct ConfigSwapSmall {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_256, cute::_64, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr bool kSwapAB = true;
+};
+
 // Tile studies only (MOEKIT_SM90_TILE=wideepi; kernels_study_wideepi.cu): ConfigWide for the bf16
 // group-K with an epilogue subtile chosen as the ping-pong tile's is (GroupKParts::epilogue_tile):
 // 128x128 for a 16-bit dw (two passes per 128x256 tile, against eight of CUTLASS's automatic

@@ -56,8 +56,9 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
 # (MOEKIT_SM90_TILE=wide21, kernels_study_wide21.cu: its dgrad; the rest is in every build), and ping-pong
 # 64x256 with a 2x1 cluster (MOEKIT_SM90_TILE=pp64w21, kernels_study_pp64w21.cu,
 # kernels_study_pp64w21_fused.cu), and the bf16 group-K on cooperative 128x256 with its epilogue
-# subtile chosen as ping-pong's (MOEKIT_SM90_TILE=wideepi, kernels_study_wideepi.cu), chosen at run time.
-option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21|wideepi)" OFF)
+# subtile chosen as ping-pong's (MOEKIT_SM90_TILE=wideepi, kernels_study_wideepi.cu), and kSmallM's plain fprop and dgrad with A
+# and B swapped (MOEKIT_SM90_TILE=swap, kernels_study_swap.cu), chosen at run time.
+option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21|wideepi|swap)" OFF)
 if(MOEKIT_SM90_TILE_STUDY)
   target_sources(moekit_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_study.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide.cu
@@ -66,7 +67,8 @@ if(MOEKIT_SM90_TILE_STUDY)
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide21.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21_fused.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wideepi.cu)
+                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wideepi.cu
+                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_swap.cu)
   target_compile_definitions(moekit PRIVATE MOEKIT_SM90_TILE_STUDY=1)
 endif()
 set_target_properties(moekit_sm90 PROPERTIES
