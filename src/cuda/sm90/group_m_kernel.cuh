@@ -183,20 +183,21 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
   allow_dependent_launch();
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
+  // The GEMM's (M, N) for a group of m rows: (m, N), or (N, m) with A and B swapped (kSwapAB).
+  const auto mn_of = [&](int64_t m) {
+    return G::kSwapAB ? cute::make_tuple(in.n, m) : cute::make_tuple(m, in.n);
+  };
   const auto units_of = [&](int64_t m) {
-    return G::kSwapAB ? units_per_group<typename G::Config>(in.n, m) : units_per_group<typename G::Config>(m, in.n);
+    return units_per_group<typename G::Config>(cute::get<0>(mn_of(m)), cute::get<1>(mn_of(m)));
   };
   const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool) {
     const int64_t m = at.m, off = at.off;
-    if constexpr (G::kSwapAB) {  // (N, m_g, K): A the weights, B the rows, D column-major
-      out.shapes[g] = typename G::Shape3(n, static_cast<int>(m), k);
-      out.ptr_a[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
-      out.ptr_b[g] = static_cast<const E*>(in.a) + off * in.k;
-    } else {
-      out.shapes[g] = typename G::Shape3(static_cast<int>(m), n, k);
-      out.ptr_a[g] = static_cast<const E*>(in.a) + off * in.k;
-      out.ptr_b[g] = static_cast<const E*>(in.b) + g * in.n * in.k;
-    }
+    const auto [gemm_m, gemm_n] = mn_of(m);
+    out.shapes[g] = typename G::Shape3(static_cast<int>(gemm_m), static_cast<int>(gemm_n), k);
+    const E* rows = static_cast<const E*>(in.a) + off * in.k;
+    const E* weights = static_cast<const E*>(in.b) + g * in.n * in.k;
+    out.ptr_a[g] = G::kSwapAB ? weights : rows;
+    out.ptr_b[g] = G::kSwapAB ? rows : weights;
     if (in.out) out.ptr_d[g] = static_cast<E*>(in.out) + off * in.n;
     if (in.bias) out.ptr_bias[g] = static_cast<const E*>(in.bias) + g * in.n;
     if constexpr (G::kFusedSwiGlu) {
@@ -209,19 +210,14 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
       if (in.partials) out.ptr_partial[g] = out.partial + off * in.n_tiles;
       if (in.probs) out.ptr_probs[g] = in.probs + off;
     }
-    // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N; swapped:
-    // K or N, K, and N).
-    if constexpr (G::kSwapAB) {
-      out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, k, 1));
-      out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(1, k, 1));
-      out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, 1, 1));
-      out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, in.k, m);
-    } else {
-      out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
-      out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(n, k, 1));
-      out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(1, n, 1));
-      out.stripes[g] = group_stripe<typename G::Config>(in.stripe, m, in.k, in.n);
-    }
+    // Packed strides; they do not depend on m_g (leading dimensions K, K or N, and N), so the
+    // rows' extent is given as 1.
+    const auto [stride_m, stride_n] = mn_of(1);
+    out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(static_cast<int>(stride_m), k, 1));
+    out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(static_cast<int>(stride_n), k, 1));
+    out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{},
+                                                       cute::make_shape(static_cast<int>(stride_m), static_cast<int>(stride_n), 1));
+    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, gemm_m, in.k, gemm_n);
     out.unit_starts[g] = static_cast<uint32_t>(at.unit);
   });
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
