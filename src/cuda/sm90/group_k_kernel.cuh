@@ -125,6 +125,7 @@ template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out,
                                                               const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
+  wait_for_prior_grid();  // launched with PDL (group_*_launch): the counts and the workspace are the prior kernels'
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   // A non-empty group's tiles: n x k output, whatever its rows.
@@ -231,7 +232,9 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   auto params = call.gemm_params(p, workspace, stream, name,
                                        (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),
                                        p.raster, p.swizzle);
-  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads), .name = "setup"}, stream, in, call.arrays,
+  // With PDL after whatever kernel precedes it on the stream (it waits for that grid before it
+  // reads or writes anything: wait_for_prior_grid), so its launch overlaps that kernel's end.
+  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads), .programmatic = p.pdl == 1, .name = "setup"}, stream, in, call.arrays,
                 templates_of<G>(params));
   if (!p.accumulate) {
     const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));

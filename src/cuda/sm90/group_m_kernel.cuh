@@ -181,6 +181,7 @@ template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs in, GroupArrays<G> out,
                                                               const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
+  wait_for_prior_grid();  // launched with PDL (group_*_launch): the counts and the workspace are the prior kernels'
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   // The GEMM's (M, N) for a group of m rows: (m, N), or (N, m) with A and B swapped (kSwapAB).
@@ -304,7 +305,9 @@ void launch(const GroupMProblem& p, void* workspace, cudaStream_t stream, const 
   const int variant = (p.bias != nullptr ? 1 : 0) | (p.glu_probs != nullptr ? 2 : 0) |
                       (p.dglu_dprobs != nullptr ? 4 : 0) | (group_m_order(p) << 3);
   auto params = call.gemm_params(p, workspace, stream, name, variant, p.raster, p.swizzle);
-  launch_kernel(group_m_setup<G>, {.block = dim3(kSetupThreads), .name = "setup"}, stream, in, call.arrays,
+  // With PDL after whatever kernel precedes it on the stream (it waits for that grid before it
+  // reads or writes anything: wait_for_prior_grid), so its launch overlaps that kernel's end.
+  launch_kernel(group_m_setup<G>, {.block = dim3(kSetupThreads), .programmatic = p.pdl == 1, .name = "setup"}, stream, in, call.arrays,
                 templates_of<G>(params));
   call.run_gemm(params, p, stream, name);
   if constexpr (G::kFusedDSwiGlu) {
