@@ -37,7 +37,8 @@ extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,
     group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
 extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
     group_m_bf16_nmajor_small256;
-extern const GroupMInstance group_m_bf16_kmajor_swap, group_m_bf16_nmajor_swap;  // kernels_study_swap.cu
+extern const GroupMInstance group_m_bf16_kmajor_swap, group_m_bf16_nmajor_swap,  // kernels_study_swap.cu
+    group_m_bf16_kmajor_swap21, group_m_bf16_nmajor_swap21;
 extern const GroupMInstance group_m_bf16_nmajor_wide21,  // kernels_study_wide21.cu
     group_m_bf16_dswiglu_wide21;
 extern const GroupMInstance group_m_bf16_kmajor_pp64w21, group_m_bf16_nmajor_pp64w21,  // kernels_study_pp64w21.cu

@@ -75,12 +75,13 @@ int choose_config(const GroupMProblem& p) {
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
 //   swap      kSmallM's plain bf16 fprop and dgrad with A and B swapped, cooperative 256x64
+//   swap21    swap with a 2x1 cluster (the two CTAs share the group's rows: a 512x64 cluster tile)
 //   wideepi   the bf16 group-K on cooperative 128x256 with its epilogue subtile chosen as ping-pong's
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad (unset: every pass) puts the study tile on that one pass
 // (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward; wgrad:
 // group-K), the others on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi, Swap };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi, Swap, Swap21 };  // env order
 enum class Pass { Fprop, Dgrad, Wgrad };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad"});
@@ -88,7 +89,7 @@ bool study_pass(Pass pass) {
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "wideepi", "swap"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "wideepi", "swap", "swap21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -178,6 +179,7 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::WideEpi:
       case StudyTile::Swap:
+      case StudyTile::Swap21:
       case StudyTile::Small256:
       case StudyTile::None: break;
     }
@@ -191,6 +193,11 @@ const GroupMInstance& instance(const GroupMProblem& p) {
                                &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
   if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Swap) {
     return kSwap.pick(p);
+  }
+  static const GroupMSet kSwap21{&group_m_bf16_kmajor_swap21, &group_m_bf16_nmajor_swap21,
+                                 &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
+  if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Swap21) {
+    return kSwap21.pick(p);
   }
 #else
   (void)study_tile(pass);  // reports a setting this build cannot honour
@@ -270,6 +277,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::WideEpi: return kWideEpi.pick(p);
       case StudyTile::Swap:  // group-K keeps its tile
+      case StudyTile::Swap21:
       case StudyTile::Small256:
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;

@@ -135,6 +135,14 @@ struct ConfigSwapSmall {
   static constexpr bool kSwapAB = true;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=swap21; kernels_study_swap.cu): ConfigSwapSmall with a 2x1
+// cluster — the two CTAs take neighbouring 256-column slices of one group's output and share its
+// 64 rows (B, multicast): a 512x64 cluster tile, the shape of cuBLAS's small_E64 kernel
+// (nvjet_sm90_tst_512x64_64x2_2x1_v_bz_coopB).
+struct ConfigSwapSmall21 : ConfigSwapSmall {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
+
 // Tile studies only (MOEKIT_SM90_TILE=wideepi; kernels_study_wideepi.cu): ConfigWide for the bf16
 // group-K with an epilogue subtile chosen as the ping-pong tile's is (GroupKParts::epilogue_tile):
 // 128x128 for a 16-bit dw (two passes per 128x256 tile, against eight of CUTLASS's automatic

@@ -57,8 +57,8 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
 # 64x256 with a 2x1 cluster (MOEKIT_SM90_TILE=pp64w21, kernels_study_pp64w21.cu,
 # kernels_study_pp64w21_fused.cu), and the bf16 group-K on cooperative 128x256 with its epilogue
 # subtile chosen as ping-pong's (MOEKIT_SM90_TILE=wideepi, kernels_study_wideepi.cu), and kSmallM's plain fprop and dgrad with A
-# and B swapped (MOEKIT_SM90_TILE=swap, kernels_study_swap.cu), chosen at run time.
-option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21|wideepi|swap)" OFF)
+# and B swapped (MOEKIT_SM90_TILE=swap, with a 2x1 cluster swap21: kernels_study_swap.cu), chosen at run time.
+option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21|wideepi|swap|swap21)" OFF)
 if(MOEKIT_SM90_TILE_STUDY)
   target_sources(moekit_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_study.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide.cu
