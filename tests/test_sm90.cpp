@@ -122,6 +122,13 @@ const Sm90Case kCases[] = {
     // cluster's second CTA past the rows; N = 264: one partial N tile)
     {"Bf16FpropLargeKWide21BiasZeroGroupsTail", DType::BF16, false, true, DType::I32, 1300, 4096,
      264, {0, 500, 1, 0, 640, 3, 0}},
+    // < 128 rows per group, output columns filling 512-column slices: bf16 fprop and dgrad with A
+    // and B swapped on the 512x64 cluster tile (ConfigSmallSwap; N = 1000: the last slice 24
+    // columns short, the cluster's second CTA partly past them)
+    {"Bf16FpropBiasSmallGroupsSwappedZeroGroupsTail", DType::BF16, false, true, DType::I32, 700, 256,
+     1000, {0, 70, 1, 0, 129, 64, 65, 0, 3, 100, 0, 0, 50, 33, 2, 0}},
+    {"Bf16DgradSmallGroupsSwappedI64", DType::BF16, true, false, DType::I64, 1200, 1536, 392,
+     {90, 0, 0, 200, 1, 127, 64, 0, 300, 17, 0, 5}},
     // 300 groups (T: their rows and a tail of 9)
     {"Bf16FpropBiasI32ThreeHundredGroups", DType::BF16, false, true, DType::I32,
      sum_of(many_small_groups(300, 7)) + 9, 64, 136, many_small_groups(300, 7)},
@@ -724,6 +731,11 @@ const FusedCase kFusedCases[] = {
     // < 128 rows per group: the 64x128 (kSmallM) instance
     {"Bf16SmallTilesProbsI32", DType::BF16, false, true, DType::I32, 16, 700, 128, 64,
      {0, 70, 1, 0, 129, 64, 65, 0, 3, 100, 0, 0, 50, 33, 2, 0}},
+    // < 128 rows per group, F = 512: the fused instances on 64x128, their plain twins (the two
+    // calls: fc1 of 2F = 1024 columns, fc2's dgrad of F) swapped on the 512x64 cluster tile
+    // (ConfigSmallSwap)
+    {"Bf16SmallTilesPlainTwinSwappedBiasProbs", DType::BF16, true, true, DType::I32, 8, 600, 256, 512,
+     {0, 120, 7, 0, 64, 200, 1, 90}},
     {"F16LargeTilesBiasNoProbsOneGroup", DType::F16, true, false, DType::I64, 2, 900, 512, 96,
      {0, 900}},
     {"F16SmallTilesHostSplits", DType::F16, true, true, DType::U8, 8, 500, 64, 32,

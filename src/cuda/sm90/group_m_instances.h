@@ -28,6 +28,9 @@ extern const GroupMInstance group_m_bf16_dswiglu_large, group_m_bf16_dswiglu_sma
     group_m_f16_dswiglu_large, group_m_f16_dswiglu_small;
 // bf16 fprop of K >= 4096 on the cooperative 128x256 tile, cluster 2x1 (kernels_fprop_wide21.cu).
 extern const GroupMInstance group_m_bf16_kmajor_wide21, group_m_bf16_swiglu_wide21;
+// kSmallM's plain bf16 fprop and dgrad with A and B swapped, cooperative 256x64, cluster 2x1, for
+// outputs whose columns fill 512-column slices (kernels_small_swap.cu).
+extern const GroupMInstance group_m_bf16_kmajor_small_swap, group_m_bf16_nmajor_small_swap;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;
@@ -37,8 +40,6 @@ extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,
     group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
 extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
     group_m_bf16_nmajor_small256;
-extern const GroupMInstance group_m_bf16_kmajor_swap, group_m_bf16_nmajor_swap,  // kernels_study_swap.cu
-    group_m_bf16_kmajor_swap21, group_m_bf16_nmajor_swap21;
 extern const GroupMInstance group_m_bf16_nmajor_wide21,  // kernels_study_wide21.cu
     group_m_bf16_dswiglu_wide21;
 extern const GroupMInstance group_m_bf16_kmajor_pp64w21, group_m_bf16_nmajor_pp64w21,  // kernels_study_pp64w21.cu

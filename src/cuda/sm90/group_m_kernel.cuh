@@ -37,7 +37,7 @@ struct GroupMParts {
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
-  // A and B swapped (a study configuration with kSwapAB, e.g. ConfigSwapSmall): the GEMM's M is the
+  // A and B swapped (a configuration with kSwapAB: ConfigSmallSwap): the GEMM's M is the
   // output's columns (the weights' rows) and its N the group's rows, D column-major — cuBLAS's
   // shape for few rows per group (its small_E64 kernel: 512 columns x 64 rows per tile). Problem
   // shape per group (N, m_g, K); plain epilogues only.

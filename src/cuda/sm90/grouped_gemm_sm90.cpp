@@ -74,14 +74,12 @@ int choose_config(const GroupMProblem& p) {
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
-//   swap      kSmallM's plain bf16 fprop and dgrad with A and B swapped, cooperative 256x64
-//   swap21    swap with a 2x1 cluster (the two CTAs share the group's rows: a 512x64 cluster tile)
 //   wideepi   the bf16 group-K on cooperative 128x256 with its epilogue subtile chosen as ping-pong's
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad (unset: every pass) puts the study tile on that one pass
 // (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward; wgrad:
 // group-K), the others on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi, Swap, Swap21 };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi };  // env order
 enum class Pass { Fprop, Dgrad, Wgrad };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad"});
@@ -89,7 +87,7 @@ bool study_pass(Pass pass) {
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "wideepi", "swap", "swap21"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "wideepi"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -178,8 +176,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::WideEpi:
-      case StudyTile::Swap:
-      case StudyTile::Swap21:
       case StudyTile::Small256:
       case StudyTile::None: break;
     }
@@ -188,16 +184,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
                                    &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
   if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Small256) {
     return kSmall256.pick(p);
-  }
-  static const GroupMSet kSwap{&group_m_bf16_kmajor_swap, &group_m_bf16_nmajor_swap,
-                               &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
-  if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Swap) {
-    return kSwap.pick(p);
-  }
-  static const GroupMSet kSwap21{&group_m_bf16_kmajor_swap21, &group_m_bf16_nmajor_swap21,
-                                 &group_m_bf16_swiglu_small, &group_m_bf16_dswiglu_small};
-  if (config == kSmallM && p.dtype == DType::BF16 && study_tile(pass) == StudyTile::Swap21) {
-    return kSwap21.pick(p);
   }
 #else
   (void)study_tile(pass);  // reports a setting this build cannot honour
@@ -210,6 +196,17 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   if (fprop_wide21 && config == kLarge && pass == Pass::Fprop && p.dtype == DType::BF16 &&
       p.k >= kWide21FpropK) {
     return p.glu_z ? group_m_bf16_swiglu_wide21 : group_m_bf16_kmajor_wide21;
+  }
+  // kSmallM's plain bf16 problems whose output columns fill 512-column slices (at most an eighth of
+  // a slice's columns past n in all): A and B swapped on a 512x64 cluster tile (ConfigSmallSwap,
+  // kernel_common.cuh, says what it was measured against; measured on n = 1024 and 2048 only).
+  // The fused SwiGLU instances stay on ConfigSmallM. Env MOEKIT_SM90_SMALL_SWAP=0 keeps every
+  // kSmallM problem on ConfigSmallM, for A/B runs; unset or 1: the rule.
+  static const bool small_swap = detail::env_choice("MOEKIT_SM90_SMALL_SWAP", {"0", "1"}) != 0;
+  constexpr int64_t kSwapSlice = 512;
+  if (small_swap && config == kSmallM && p.dtype == DType::BF16 && !p.glu_z && !p.dglu_dh &&
+      8 * ((p.n + kSwapSlice - 1) / kSwapSlice * kSwapSlice - p.n) <= p.n) {
+    return p.b_transposed ? group_m_bf16_kmajor_small_swap : group_m_bf16_nmajor_small_swap;
   }
   return kSets[p.dtype == DType::F16 ? 1 : 0][config].pick(p);
 }
@@ -276,8 +273,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::WideEpi: return kWideEpi.pick(p);
-      case StudyTile::Swap:  // group-K keeps its tile
-      case StudyTile::Swap21:
       case StudyTile::Small256:
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;

@@ -40,7 +40,8 @@ namespace moekit::cuda::sm90 {
 
 // ---- tile configurations (GroupMProblem::config kLarge: ConfigLarge for fprop and wgrad,
 // ConfigWide for dgrad, and for bf16 wgrad of >= 2048 rows per group, ConfigWide21 for bf16 fprop
-// of K >= 4096; kSmallM: ConfigSmallM; grouped_gemm_sm90.cpp, instance) ----
+// of K >= 4096; kSmallM: ConfigSmallM, and ConfigSmallSwap for plain bf16 problems whose output
+// columns fill 512-column slices; grouped_gemm_sm90.cpp, instance) ----
 // ConfigLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
 // the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
 // Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
@@ -122,25 +123,23 @@ struct ConfigPingPong64W21 : ConfigSmallWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
-// Tile studies only (MOEKIT_SM90_TILE=swap; kernels_study_swap.cu): kSmallM's plain bf16 fprop and
-// dgrad with A and B swapped (GroupMParts::kSwapAB) on the cooperative 256x64 tile: 256 output
-// columns x 64 rows per tile, each warpgroup 128x64. cuBLAS's small_E64 kernel (a 512x64 tile
-// in those terms, 83% of DRAM peak against our 76%, a third of the instructions; ncu, 4f1c247)
-// takes 4 tiles per group where kSmallM takes 16 (dgrad) — this one 8.
-struct ConfigSwapSmall {
+// kSmallM's plain bf16 fprop and dgrad when the output's columns fill 512-column slices
+// (kernels_small_swap.cu; grouped_gemm_sm90.cpp, instance): A and B swapped (GroupMParts::kSwapAB:
+// the weights as the GEMM's M, a group's rows its N, D column-major) on the cooperative 256x64 tile
+// with a 2x1 cluster — the two CTAs take neighbouring 256-column slices of one group's output and
+// share its 64 rows (B, multicast): a 512x64 cluster tile, the shape of cuBLAS's small_E64 kernel
+// (nvjet_sm90_tst_512x64_64x2_2x1_v_bz_coopB, 83% of DRAM peak against ConfigSmallM's 76% under
+// ncu, a third of the instructions: bench/results/2026-12-01-nvidia-h200-4319faa-setup-scan.md).
+// Tile study on small_E64 (bench/results/2026-12-01-nvidia-h200-344c3ae-small-swap.md; 16 calls
+// back to back, 3 turns): dgrad -2.5% uniform, -8% skewed per call against ConfigSmallM, fprop
+// a tie uniform, -3 to -7% skewed; the same tile with a 1x1 cluster as fast on dgrad, slower on
+// skewed fprop. The fused SwiGLU instances keep ConfigSmallM (no swapped fused epilogue).
+struct ConfigSmallSwap {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
   using Tile = cute::Shape<cute::_256, cute::_64, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr bool kSwapAB = true;
-};
-
-// Tile studies only (MOEKIT_SM90_TILE=swap21; kernels_study_swap.cu): ConfigSwapSmall with a 2x1
-// cluster — the two CTAs take neighbouring 256-column slices of one group's output and share its
-// 64 rows (B, multicast): a 512x64 cluster tile, the shape of cuBLAS's small_E64 kernel
-// (nvjet_sm90_tst_512x64_64x2_2x1_v_bz_coopB).
-struct ConfigSwapSmall21 : ConfigSwapSmall {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  static constexpr bool kSwapAB = true;
 };
 
 // Tile studies only (MOEKIT_SM90_TILE=wideepi; kernels_study_wideepi.cu): ConfigWide for the bf16
