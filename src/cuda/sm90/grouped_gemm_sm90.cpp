@@ -76,14 +76,17 @@ int choose_config(const GroupMProblem& p) {
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
 //   wideepi   the bf16 group-K on cooperative 128x256 with its epilogue subtile chosen as ping-pong's
 // Any other value is an error, and so is any of them in a build without the study instances.
-// MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad (unset: every pass) puts the study tile on that one pass
-// (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward; wgrad:
-// group-K), the others on their default tiles, for per-pass A/B runs of whole steps.
+// MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad|dswiglu (unset: every pass) puts the study tile on that
+// one pass (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward;
+// wgrad: group-K; dswiglu: the dgrad with the SwiGLU backward only, e.g. the fused backward on
+// ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
+// on their default tiles, for per-pass A/B runs of whole steps.
 enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi };  // env order
-enum class Pass { Fprop, Dgrad, Wgrad };  // env order
+enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
-  static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad"});
-  return only < 0 || only == static_cast<int>(pass);
+  static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad", "dswiglu"});
+  return only < 0 || only == static_cast<int>(pass) ||
+         (only == static_cast<int>(Pass::Dgrad) && pass == Pass::DSwiGlu);
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
@@ -154,7 +157,9 @@ std::string rejects_raster(const Problem& p) {
 
 const GroupMInstance& instance(const GroupMProblem& p) {
   const int config = choose_config(p);
-  const Pass pass = p.glu_z || (!p.dglu_dh && p.b_transposed) ? Pass::Fprop : Pass::Dgrad;
+  const Pass pass = p.glu_z || (!p.dglu_dh && p.b_transposed) ? Pass::Fprop
+                    : p.dglu_dh                                 ? Pass::DSwiGlu
+                                                                : Pass::Dgrad;
 #ifdef MOEKIT_SM90_TILE_STUDY
   // bf16 problems that would take kLarge, on the study tile (kernels_study*.cu).
   static const GroupMSet kCoop{&group_m_bf16_kmajor_coop, &group_m_bf16_nmajor_coop,
