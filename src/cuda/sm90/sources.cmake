@@ -49,7 +49,7 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_wide21.cu  # bf16 group-K of large groups, 2x1 (2)
   ${CMAKE_CURRENT_LIST_DIR}/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
 )
-# Tile studies (off by default: seven more translation units, ~2-5 minutes of CPU each):
+# Tile studies (off by default: eight more translation units, ~2-5 minutes of CPU each):
 # cooperative 256x128 instances (MOEKIT_SM90_TILE=coop, kernels_study.cu, with the epi32 group-K),
 # cooperative 128x256 ones (MOEKIT_SM90_TILE=wide, kernels_study_wide.cu), both with the fused
 # SwiGLU epilogues (kernels_study_fused.cu), and ping-pong 64x256 for small groups
