@@ -202,8 +202,8 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       p.k >= kWide21FpropK) {
     return p.glu_z ? group_m_bf16_swiglu_wide21 : group_m_bf16_kmajor_wide21;
   }
-  // kSmallM's plain bf16 problems whose output columns fill 512-column slices (at most an eighth of
-  // a slice's columns past n in all): A and B swapped on a 512x64 cluster tile (ConfigSmallSwap,
+  // kSmallM's plain bf16 problems whose output columns fill 512-column slices (the last slice's
+  // columns past n at most n / 8): A and B swapped on a 512x64 cluster tile (ConfigSmallSwap,
   // kernel_common.cuh, says what it was measured against; measured on n = 1024 and 2048 only).
   // The fused SwiGLU instances stay on ConfigSmallM. Env MOEKIT_SM90_SMALL_SWAP=0 keeps every
   // kSmallM problem on ConfigSmallM, for A/B runs; unset or 1: the rule.
