@@ -279,7 +279,8 @@ TEST(TileUnits, StripeEarlyExitPicksWhatTheEstimatesPick) {
   }
   EXPECT_GT(exits, 1000);  // both paths taken many times
   EXPECT_GT(estimated, 1000);
-  // small_E64 fprop on kSmallM: 64 rows, K 1024, N 2048, 64x128 tiles, 132 clusters, 25 MB.
+  // small_E64 fprop on kSmallM's 64x128 tile (its fused SwiGLU instance; the plain one runs A and
+  // B swapped since 373b910): 64 rows, K 1024, N 2048, 132 clusters, 25 MB.
   const StripeProblem small_e64{.rows = 64, .k = 1024, .n = 2048, .tile_m = 64, .tile_n = 128,
                                 .clusters = 132, .l2_bytes = 25e6};
   const StripeBytes b = stripe_bytes(small_e64);

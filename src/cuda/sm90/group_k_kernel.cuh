@@ -55,9 +55,6 @@ struct GroupKParts {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
     if constexpr (requires { typename Config::EpilogueTile; }) {
       return typename Config::EpilogueTile{};
-    } else if constexpr (requires { Config::kTunedEpilogue; }) {  // cooperative (study)
-      if constexpr (std::is_void_v<ElementC> && sizeof(ElementD) == 2) return cute::Shape<cute::_128, cute::_128>{};
-      else return cute::Shape<cute::_128, cute::_64>{};
     } else if constexpr (kPingPong && std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
       return cute::Shape<cute::_64, cute::_128>{};
     } else if constexpr (kPingPong && !std::is_void_v<ElementC> && sizeof(ElementD) == 4) {

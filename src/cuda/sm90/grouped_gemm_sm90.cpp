@@ -74,14 +74,13 @@ int choose_config(const GroupMProblem& p) {
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
-//   wideepi   the bf16 group-K on cooperative 128x256 with its epilogue subtile chosen as ping-pong's
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad|dswiglu (unset: every pass) puts the study tile on that
 // one pass (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward;
 // wgrad: group-K; dswiglu: the dgrad with the SwiGLU backward only, e.g. the fused backward on
 // ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
 // on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, WideEpi };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21 };  // env order
 enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad", "dswiglu"});
@@ -90,7 +89,7 @@ bool study_pass(Pass pass) {
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "wideepi"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -180,7 +179,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
-      case StudyTile::WideEpi:
       case StudyTile::Small256:
       case StudyTile::None: break;
     }
@@ -269,7 +267,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   static const GroupKPair kCoop{&group_k_bf16_f32_coop, &group_k_bf16_bf16_coop};
   static const GroupKPair kEpi32{&group_k_bf16_f32_epi32, &group_k_bf16_bf16_epi32};
   static const GroupKPair kPp64w21{&group_k_bf16_f32_pp64w21, &group_k_bf16_bf16_pp64w21};
-  static const GroupKPair kWideEpi{&group_k_bf16_f32_wideepi, &group_k_bf16_bf16_wideepi};
   if (!f16) {
     switch (study_tile(Pass::Wgrad)) {
       case StudyTile::Coop: return kCoop.pick(p);
@@ -277,8 +274,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
-      case StudyTile::WideEpi: return kWideEpi.pick(p);
-      case StudyTile::Small256:
+      case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
     }

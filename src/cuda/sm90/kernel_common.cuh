@@ -131,27 +131,15 @@ struct ConfigPingPong64W21 : ConfigSmallWide {
 // (nvjet_sm90_tst_512x64_64x2_2x1_v_bz_coopB, 83% of DRAM peak against ConfigSmallM's 76% under
 // ncu, a third of the instructions: bench/results/2026-12-01-nvidia-h200-4319faa-setup-scan.md).
 // Tile study on small_E64 (bench/results/2026-12-01-nvidia-h200-344c3ae-small-swap.md; 16 calls
-// back to back, 3 turns): dgrad -2.5% uniform, -8% skewed per call against ConfigSmallM, fprop
-// a tie uniform, -3 to -7% skewed; the same tile with a 1x1 cluster as fast on dgrad, slower on
-// skewed fprop. The fused SwiGLU instances keep ConfigSmallM (no swapped fused epilogue).
+// back to back, 3 turns, medians): dgrad -2.1% uniform, -8.7% skewed per call against
+// ConfigSmallM, fprop a tie uniform, -6.8% skewed; the same tile with a 1x1 cluster as fast on
+// dgrad, slower on skewed fprop (-1.9%). The fused SwiGLU instances keep ConfigSmallM (no swapped fused epilogue).
 struct ConfigSmallSwap {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
   using Tile = cute::Shape<cute::_256, cute::_64, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr bool kSwapAB = true;
-};
-
-// Tile studies only (MOEKIT_SM90_TILE=wideepi; kernels_study_wideepi.cu): ConfigWide for the bf16
-// group-K with an epilogue subtile chosen as the ping-pong tile's is (GroupKParts::epilogue_tile):
-// 128x128 for a 16-bit dw (two passes per 128x256 tile, against eight of CUTLASS's automatic
-// 128x32), 128x64 for an f32 dw. small_E64's wgrad (one K block per tile) is epilogue-bound: on
-// ping-pong the two warpgroups' epilogues take turns (16.8% of its stall samples wait at the
-// order barrier, 4f1c247), where both cooperative warpgroups store at once; the cooperative tiles
-// lost 12-15% there at 99bc82c, but on CUTLASS's subtile, while ping-pong had gained 24% from its
-// own (c50fd9d). This separates the two.
-struct ConfigWideTunedEpilogue : ConfigWide {
-  static constexpr bool kTunedEpilogue = true;
 };
 
 // Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
