@@ -181,14 +181,21 @@ std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args) {
   return rejects_of(args);
 }
 void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); }
-// The fused backward against the two calls it replaces is close (dsv3 step, ncu, each kernel
-// alone: 1596 µs fused vs 1270 + 197 µs; whole steps under load favour the fused MLP by ~1%,
-// inside their spread: design/PERFORMANCE.md), so environment MOEKIT_SM90_FUSED_BACKWARD=0 lets
-// the automatic choice run the two calls instead, for A/B runs of whole steps (tools/mlp-bench,
-// MLP_BENCH_AB_ENV). Unset or 1: fused. Anything else is an error.
+// The fused backward (dgrad + SwiGLU backward + dprobs in one kernel) loses to the two calls it
+// replaces in whole MLP steps: qwen3 / dsv3 fused-MLP steps, skewed, three pairs in turns
+// (f0255f3, bench/results/2026-12-01-nvidia-h200-f0255f3-fused-backward.md): 1.044 / 1.032 longer
+// with it; ncu, each kernel alone (dsv3): 1596 µs fused vs 1270 + 197 µs. Its epilogue reads h and
+// writes dh, twice the columns of the plain dgrad's output, and the main loop waits on it. So the
+// automatic choice declines it and grouped_gemm_dswiglu runs the plain dgrad, then the SwiGLU
+// backward kernel. Environment MOEKIT_SM90_FUSED_BACKWARD=1 puts it back in the automatic choice
+// (A/B runs: tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 0: declined; anything else is an error.
+// Forcing "sm90" (Context::with_backend) runs it whatever this says, as every forced entry does.
 std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
   static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_BACKWARD", {"0", "1"});
-  if (fused == 0) return "MOEKIT_SM90_FUSED_BACKWARD=0";
+  if (fused != 1) {
+    return "the plain dgrad + SwiGLU backward kernel are faster in whole MLP steps (measured: "
+           "sm90_entries.cpp); MOEKIT_SM90_FUSED_BACKWARD=1 runs the fused kernel";
+  }
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
