@@ -884,6 +884,28 @@ TEST(CudaSm90, FusedDSwiGluCallsOfOtherRowCountsBackToBack) {
   }
 }
 
+// The operands of one small fc1 + SwiGLU / fc2 dgrad + SwiGLU backward pair with device counts
+// (a zero-row group, rows [450, 512) a tail), random normal from seeds seed..seed+4; h and z are
+// the forward's outputs.
+struct SmallGluCalls {
+  static constexpr int64_t G = 4, T = 512, H = 128, F = 64, rows = 450;
+  Tensor x, w1, dy, w2, probs, counts, h, z;
+  Splits splits;
+  SmallGluCalls(const Context& ctx, uint64_t seed)
+      : x(dev(ctx, {T, H}, DType::BF16, seed)),
+        w1(dev(ctx, {G, 2 * F, H}, DType::BF16, seed + 1, 0.1)),
+        dy(dev(ctx, {T, H}, DType::BF16, seed + 2)),
+        w2(dev(ctx, {G, H, F}, DType::BF16, seed + 3, 0.1)),
+        probs(dev(ctx, {T}, DType::F32, seed + 4)),
+        counts(to_device(ctx, test::counts_tensor({100, 0, 300, 50}, DType::I32))),
+        h(Tensor::empty({T, 2 * F}, DType::BF16, ctx)),
+        z(Tensor::empty({T, F}, DType::BF16, ctx)),
+        splits(Splits::device(counts)) {}
+  static Tensor dev(const Context& ctx, const Shape& shape, DType dt, uint64_t seed, double sd = 1.0) {
+    return to_device(ctx, test::random_normal(shape, dt, seed, sd));
+  }
+};
+
 // What "fused" means, observably: captured with device counts and "sm90" forced, fc1 + SwiGLU is
 // two kernels (the setup kernel and the GEMM with SwiGLU in its epilogue) and fc2 dgrad + SwiGLU
 // backward (no dprobs) two as well, for the Interleaved32 layout; for Halves, which the epilogues
@@ -897,18 +919,11 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
   ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
-    const int64_t G = 4, T = 512, H = 128, F = 64;
-    auto dev = [&](const Shape& shape, DType dt, uint64_t seed, double sd = 1.0) {
-      return to_device(ctx, test::random_normal(shape, dt, seed, sd));
-    };
-    const Tensor x = dev({T, H}, DType::BF16, 51), w1 = dev({G, 2 * F, H}, DType::BF16, 52, 0.1);
-    const Tensor dy = dev({T, H}, DType::BF16, 53), w2 = dev({G, H, F}, DType::BF16, 54, 0.1);
-    const Tensor probs = dev({T}, DType::F32, 55);
-    const Tensor counts = to_device(ctx, test::counts_tensor({100, 0, 300, 50}, DType::I32));
-    const Tensor h = Tensor::empty({T, 2 * F}, DType::BF16, ctx), z = Tensor::empty({T, F}, DType::BF16, ctx);
-    const Tensor dh = Tensor::empty({T, 2 * F}, DType::BF16, ctx);
+    const SmallGluCalls m(ctx, 51);
+    const Tensor dh = Tensor::empty({m.T, 2 * m.F}, DType::BF16, ctx);
+    const Tensor &x = m.x, &w1 = m.w1, &dy = m.dy, &w2 = m.w2, &probs = m.probs, &h = m.h, &z = m.z;
+    const Splits& splits = m.splits;
     ctx.synchronize();
-    const Splits splits = Splits::device(counts);
     for (GluLayout layout : {GluLayout::Interleaved32, GluLayout::Halves}) {
       const std::pair<const char*, std::function<void()>> calls[] = {
           {"forward", [&] { grouped_gemm_swiglu(ctx, x, w1, splits, Tensor(), probs, layout, h, z); }},
@@ -945,18 +960,11 @@ TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
   ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream);
-    const int64_t G = 4, T = 512, H = 128, F = 64, S = 450;
-    auto dev = [&](const Shape& shape, DType dt, uint64_t seed, double sd = 1.0) {
-      return to_device(ctx, test::random_normal(shape, dt, seed, sd));
-    };
-    const Tensor x = dev({T, H}, DType::BF16, 61), w1 = dev({G, 2 * F, H}, DType::BF16, 62, 0.1);
-    const Tensor dy = dev({T, H}, DType::BF16, 63), w2 = dev({G, H, F}, DType::BF16, 64, 0.1);
-    const Tensor probs = dev({T}, DType::F32, 65);
-    const Tensor counts = to_device(ctx, test::counts_tensor({100, 0, 300, 50}, DType::I32));
-    const Tensor h = Tensor::empty({T, 2 * F}, DType::BF16, ctx);
-    const Tensor z = Tensor::empty({T, F}, DType::BF16, ctx);
-    const test::GuardedBuffer dh(ctx, {T, 2 * F}, DType::BF16), dh_fused(ctx, {T, 2 * F}, DType::BF16);
-    const Splits splits = Splits::device(counts);
+    const SmallGluCalls m(ctx, 61);
+    const test::GuardedBuffer dh(ctx, {m.T, 2 * m.F}, DType::BF16);
+    const test::GuardedBuffer dh_fused(ctx, {m.T, 2 * m.F}, DType::BF16);
+    const Tensor &x = m.x, &w1 = m.w1, &dy = m.dy, &w2 = m.w2, &probs = m.probs, &h = m.h, &z = m.z;
+    const Splits& splits = m.splits;
     const GluLayout layout = GluLayout::Interleaved32;
     auto forward = [&] { grouped_gemm_swiglu(ctx, x, w1, splits, Tensor(), probs, layout, h, z); };
     auto backward = [&] {
@@ -978,7 +986,7 @@ TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
     ctx.synchronize();
     EXPECT_TRUE(test::bit_identical(dh.all(), dh_fused.all(), DType::BF16))
         << "dh: automatic choice vs the fused kernel";
-    EXPECT_TRUE(dh.untouched_outside(S));
+    EXPECT_TRUE(dh.untouched_outside(m.rows));
     EXPECT_EQ(ctx.device_error_bits(), 0u);
   }
 }
