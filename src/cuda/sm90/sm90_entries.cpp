@@ -156,7 +156,13 @@ std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
+// Environment MOEKIT_SM90_FUSED_FORWARD=0 makes the automatic choice decline the fused forward
+// (fc1 + SwiGLU in its epilogue), so grouped_gemm_swiglu runs the plain fc1 GEMM, then the
+// SwiGLU kernel — for A/B runs of whole steps (tools/mlp-bench, MLP_BENCH_AB_ENV). Unset or 1:
+// fused. Anything else is an error.
 std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args) {
+  static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_FORWARD", {"0", "1"});
+  if (fused == 0) return "MOEKIT_SM90_FUSED_FORWARD=0";
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
