@@ -945,7 +945,8 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
 // The automatic choice (no backend forced) fuses SwiGLU into fc1's epilogue but runs the backward
 // as the plain dgrad and the SwiGLU backward kernel (three kernels), since the fused backward
 // loses in whole steps (sm90_entries.cpp, sm90_gemm_dswiglu_declines);
-// MOEKIT_SM90_FUSED_BACKWARD=1 (ctest sm90_fused_backward_on) puts the fused kernel back (two).
+// MOEKIT_SM90_FUSED_BACKWARD=1 (ctest sm90_fused_backward_on) puts the fused kernel back (two),
+// MOEKIT_SM90_FUSED_FORWARD=0 (ctest sm90_fused_forward_off) declines the fused forward (three).
 // Both backward paths give dh bit for bit the same.
 TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
   MOEKIT_REQUIRE_SM90();
@@ -955,6 +956,8 @@ TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
   if (forced && *forced) GTEST_SKIP() << "MOEKIT_BACKEND=" << forced << " forces a backend";
   const char* const env = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
   const bool fused_backward = env && std::string(env) == "1";
+  const char* const env_forward = std::getenv("MOEKIT_SM90_FUSED_FORWARD");
+  const bool fused_forward = !(env_forward && std::string(env_forward) == "0");
   const test::OwnedStream owned(api);
   void* const stream = owned.get();
   ASSERT_NE(stream, nullptr);
@@ -972,7 +975,7 @@ TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
     };
     ctx.synchronize();
     for (const auto& [what, call, kernels] :
-         {std::tuple<const char*, std::function<void()>, int>{"forward", forward, 2},
+         {std::tuple<const char*, std::function<void()>, int>{"forward", forward, fused_forward ? 2 : 3},
           {"backward", backward, fused_backward ? 2 : 3}}) {
       void* graph = nullptr;
       ASSERT_EQ(api.capture(stream, call, &graph), "") << what;
