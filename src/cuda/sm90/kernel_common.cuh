@@ -161,6 +161,23 @@ struct ConfigLargeEpi32 : ConfigLarge {
   using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;
 };
 
+// Tile studies only (MOEKIT_SM90_TILE=epi64; kernels_study_epi64.cu): the plain bf16 instances on
+// the cooperative 128x256 tile — kLarge's dgrad (ConfigWide), the fprop of K >= 4096 and the
+// group-K of >= 2048 rows per group (ConfigWide21) — with a 128x64 epilogue subtile instead of
+// CUTLASS's automatic 128x32: four passes per tile instead of eight. On a cooperative tile both
+// consumer warpgroups run the epilogue and no mainloop overlaps it, so each pass (a named barrier,
+// a fence, a TMA store issue) is time the tensor cores idle. The 128x64 D staging (2 x 16 KB
+// against 2 x 8 KB) keeps the mainloop's 4 stages of 48 KB. What it would close: at equal clocks
+// the dsv3 step's GEMMs are 4% behind cuBLAS's (ncu, 40e7ca1), e.g. fc1 wgrad on this very tile and
+// cluster 2519 µs against cuBLAS's 2422 (nvjet ..._128x256_64x4_2x1_..._coopA). (bf16 outputs only:
+// an f32 dw's C and D staging at 128x64 would take a mainloop stage.)
+struct ConfigWideEpi64 : ConfigWide {
+  using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+};
+struct ConfigWide21Epi64 : ConfigWide21 {
+  using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+};
+
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
 // group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config, its
 // CollectiveEpilogue and its ProblemShape; this
