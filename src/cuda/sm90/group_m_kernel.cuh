@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
   allow_dependent_launch();
   wait_for_prior_grid();  // launched with PDL (group_*_launch): the counts and the workspace are the prior kernels'
   using E = typename G::Element;
-  const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
+  const int k = static_cast<int>(in.k);
   // The GEMM's (M, N) for a group of m rows: (m, N), or (N, m) with A and B swapped (kSwapAB).
   const auto mn_of = [&](int64_t m) {
     return G::kSwapAB ? cute::make_tuple(in.n, m) : cute::make_tuple(m, in.n);
