@@ -50,12 +50,10 @@ struct GroupKParts {
   // (bench/results/2026-11-30-nvidia-h200-c50fd9d-orders.md): small_E64 +24/+27% (uniform/skewed),
   // qwen3 +4/+5%, the dsv3/mixtral E8 shapes -2.6..+1.9% (inside two runs' spread). A study
   // config may set its own (Config::EpilogueTile; MOEKIT_SM90_TILE=epi32 takes CUTLASS's).
-  static constexpr auto epilogue_tile() {
+  static constexpr auto default_epilogue_tile() {
     constexpr bool kPingPong = std::is_same_v<typename Config::EpilogueSchedule,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
-    if constexpr (requires { typename Config::EpilogueTile; }) {
-      return typename Config::EpilogueTile{};
-    } else if constexpr (kPingPong && std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
+    if constexpr (kPingPong && std::is_void_v<ElementC> && sizeof(ElementD) == 2) {
       return cute::Shape<cute::_64, cute::_128>{};
     } else if constexpr (kPingPong && !std::is_void_v<ElementC> && sizeof(ElementD) == 4) {
       return cute::Shape<cute::_64, cute::_64>{};
@@ -63,7 +61,7 @@ struct GroupKParts {
       return cutlass::epilogue::collective::EpilogueTileAuto{};
     }
   }
-  using EpilogueTile = decltype(epilogue_tile());
+  using EpilogueTile = decltype(epilogue_tile_or<Config>(default_epilogue_tile()));
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
       typename Config::Cluster, EpilogueTile, float, float,

@@ -79,17 +79,9 @@ struct GroupMParts {
       std::is_same_v<typename Config::EpilogueSchedule,
                      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative> ? 128 : 64;
   // The plain epilogue: CUTLASS's automatic subtile, unless the configuration names one (a study).
-  static constexpr auto plain_epilogue_tile() {
-    if constexpr (requires { typename Config::EpilogueTile; }) {
-      return typename Config::EpilogueTile{};
-    } else {
-      return cutlass::epilogue::collective::EpilogueTileAuto{};
-    }
-  }
-  using EpilogueTile =
-      std::conditional_t<kFusion != Fusion::None,
-                         cute::Shape<cute::Int<kFusedEpiRows>, cute::_64>,
-                         decltype(plain_epilogue_tile())>;
+  using EpilogueTile = std::conditional_t<
+      kFusion != Fusion::None, cute::Shape<cute::Int<kFusedEpiRows>, cute::_64>,
+      decltype(epilogue_tile_or<Config>(cutlass::epilogue::collective::EpilogueTileAuto{}))>;
   using EpilogueOp = std::conditional_t<
       kFusedSwiGlu, cutlass::epilogue::fusion::Sm90EVT<Sm90SwiGluZStore<Element>, HNode, ProbLoad>,
       std::conditional_t<

@@ -178,6 +178,17 @@ struct ConfigWide21Epi64 : ConfigWide21 {
   using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
 };
 
+// The epilogue subtile a configuration names (Config::EpilogueTile: the studies epi32, epi64),
+// else `fallback` — each form's own choice (group_m_kernel.cuh, group_k_kernel.cuh).
+template <class Config, class Fallback>
+constexpr auto epilogue_tile_or(Fallback fallback) {
+  if constexpr (requires { typename Config::EpilogueTile; }) {
+    return typename Config::EpilogueTile{};
+  } else {
+    return fallback;
+  }
+}
+
 // A grouped GEMM's CUTLASS types from its epilogue-side part P (group_m_kernel.cuh,
 // group_k_kernel.cuh): P gives Element, LayoutA, LayoutB, kAlign (of A and B), Config, its
 // CollectiveEpilogue and its ProblemShape; this
