@@ -44,8 +44,6 @@ extern const GroupMInstance group_m_bf16_nmajor_wide21,  // kernels_study_wide21
     group_m_bf16_dswiglu_wide21;
 extern const GroupMInstance group_m_bf16_kmajor_pp64w21, group_m_bf16_nmajor_pp64w21,  // kernels_study_pp64w21.cu
     group_m_bf16_swiglu_pp64w21, group_m_bf16_dswiglu_pp64w21;  // kernels_study_pp64w21_fused.cu
-extern const GroupMInstance group_m_bf16_kmajor_wide21_epi64,  // kernels_study_epi64.cu
-    group_m_bf16_nmajor_wide_epi64;
 #endif
 
 }  // namespace moekit::cuda::sm90

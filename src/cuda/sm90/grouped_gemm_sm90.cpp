@@ -74,16 +74,13 @@ int choose_config(const GroupMProblem& p) {
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
-//   epi64     the plain bf16 instances of the cooperative 128x256 tile (kLarge's dgrad, the fprop
-//             of K >= 4096, the bf16 -> bf16 group-K of >= 2048 rows per group) on a 128x64
-//             epilogue subtile instead of CUTLASS's 128x32; everything else keeps its instance
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad|dswiglu (unset: every pass) puts the study tile on that
 // one pass (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward;
 // wgrad: group-K; dswiglu: the dgrad with the SwiGLU backward only, e.g. the fused backward on
 // ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
 // on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, Epi64 };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21 };  // env order
 enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad", "dswiglu"});
@@ -92,7 +89,7 @@ bool study_pass(Pass pass) {
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "epi64"});
+      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -181,9 +178,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::PingPong: return kPingPong.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
-      case StudyTile::Epi64:  // the plain dgrad here; the fprop of K >= 4096 below
-        if (!p.glu_z && !p.dglu_dh && !p.b_transposed) return group_m_bf16_nmajor_wide_epi64;
-        break;
       case StudyTile::Epi32:  // group-M keeps kLarge
       case StudyTile::Small256:
       case StudyTile::None: break;
@@ -204,9 +198,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
   static const bool fprop_wide21 = detail::env_choice("MOEKIT_SM90_FPROP_WIDE21", {"0", "1"}) != 0;
   if (fprop_wide21 && config == kLarge && pass == Pass::Fprop && p.dtype == DType::BF16 &&
       p.k >= kWide21FpropK) {
-#ifdef MOEKIT_SM90_TILE_STUDY
-    if (!p.glu_z && study_tile(pass) == StudyTile::Epi64) return group_m_bf16_kmajor_wide21_epi64;
-#endif
     return p.glu_z ? group_m_bf16_swiglu_wide21 : group_m_bf16_kmajor_wide21;
   }
   // kSmallM's plain bf16 problems whose output columns fill 512-column slices (the last slice's
@@ -283,7 +274,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
-      case StudyTile::Epi64:  // the bf16 dw of the wide21 rule below
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
@@ -308,11 +298,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   static const bool wide = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE", {"0", "1"}) != 0;
   static const bool wide21 = detail::env_choice("MOEKIT_SM90_GROUP_K_WIDE21", {"0", "1"}) != 0;
   if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
-#ifdef MOEKIT_SM90_TILE_STUDY
-    if (wide21 && p.dw_dtype != DType::F32 && study_tile(Pass::Wgrad) == StudyTile::Epi64) {
-      return group_k_bf16_bf16_wide21_epi64;
-    }
-#endif
     return (wide21 ? kWide21 : kWide).pick(p);
   }
   return kGroupK[f16 ? 1 : 0].pick(p);

@@ -161,24 +161,28 @@ struct ConfigLargeEpi32 : ConfigLarge {
   using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;
 };
 
-// Tile studies only (MOEKIT_SM90_TILE=epi64; kernels_study_epi64.cu): the plain bf16 instances on
-// the cooperative 128x256 tile — kLarge's dgrad (ConfigWide), the fprop of K >= 4096 and the
-// group-K of >= 2048 rows per group (ConfigWide21) — with a 128x64 epilogue subtile instead of
-// CUTLASS's automatic 128x32: four passes per tile instead of eight. On a cooperative tile both
-// consumer warpgroups run the epilogue and no mainloop overlaps it, so each pass (a named barrier,
-// a fence, a TMA store issue) is time the tensor cores idle. The 128x64 D staging (2 x 16 KB
-// against 2 x 8 KB) keeps the mainloop's 4 stages of 48 KB. What it would close: at equal clocks
-// the dsv3 step's GEMMs are 4% behind cuBLAS's (ncu, 40e7ca1), e.g. fc1 wgrad on this very tile and
-// cluster 2519 µs against cuBLAS's 2422 (nvjet ..._128x256_64x4_2x1_..._coopA). (bf16 outputs only:
-// an f32 dw's C and D staging at 128x64 would take a mainloop stage.)
+// The plain bf16 instances of the cooperative 128x256 tile — kLarge's dgrad (ConfigWideEpi64), the
+// fprop of K >= 4096 and the bf16 -> bf16 group-K of >= 2048 rows per group (ConfigWide21Epi64) —
+// on a 128x64 epilogue subtile instead of CUTLASS's automatic 128x32: four passes per tile instead
+// of eight. On a cooperative tile both consumer warpgroups run the epilogue and no mainloop overlaps
+// it, so each pass (a named barrier, a fence, a TMA store issue) is time the tensor cores idle. The
+// 128x64 D staging (2 x 16 KB against 2 x 8 KB) keeps the mainloop's 4 stages of 48 KB (kMinStages,
+// checked at compile time in GroupedGemm). Measured as the study tile epi64 (bench/results/2026-12-01-nvidia-h200-6c36c76-epi64.md):
+// under ncu dsv3 fc1 wgrad 2425.7 -> 2412.5 us, fprop 2413.8 -> 2398.9, dgrad 2453.8 -> 2439.0
+// (-0.5 to -0.6%, same DRAM bytes, fewer instructions); in the GEMM suite under load within the
+// runs' spread (+0.3% in the mean of the rows it takes). bf16 outputs only: an f32 dw's C and D
+// staging at 128x64 would take a mainloop stage, and the fused SwiGLU epilogues keep their own.
 struct ConfigWideEpi64 : ConfigWide {
   using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+  static constexpr int kMinStages = 4;
 };
 struct ConfigWide21Epi64 : ConfigWide21 {
   using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
+  static constexpr int kMinStages = 4;
 };
 
-// The epilogue subtile a configuration names (Config::EpilogueTile: the studies epi32, epi64),
+// The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64, ConfigWide21Epi64,
+// the study epi32),
 // else `fallback` — each form's own choice (group_m_kernel.cuh, group_k_kernel.cuh).
 template <class Config, class Fallback>
 constexpr auto epilogue_tile_or(Fallback fallback) {
@@ -217,6 +221,16 @@ struct GroupedGemm : P {
   using StrideC = typename Kernel::InternalStrideC;
   using StrideD = typename Kernel::InternalStrideD;
   static_assert(std::is_same_v<StrideC, StrideD>, "C strides alias the D stride array");
+  // A configuration that names kMinStages keeps at least that many mainloop stages beside its
+  // epilogue's shared memory (a larger epilogue subtile must not cost a stage).
+  static constexpr bool kEnoughStages = [] {
+    if constexpr (requires { P::Config::kMinStages; }) {
+      return CollectiveMainloop::DispatchPolicy::Stages >= P::Config::kMinStages;
+    } else {
+      return true;
+    }
+  }();
+  static_assert(kEnoughStages, "the epilogue's shared memory leaves fewer mainloop stages than Config::kMinStages");
 };
 
 template <DType kDType> struct CutlassElement;

@@ -11,8 +11,8 @@ MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_large, DType::BF16, true, Confi
                              "bf16 b:k-major pingpong 128x128x64 cluster 1x2")
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_small, DType::BF16, true, ConfigSmallM, None,
                              "bf16 b:k-major pingpong 64x128x64 cluster 1x1")
-MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_large, DType::BF16, false, ConfigWide, None,
-                             "bf16 b:n-major cooperative 128x256x64 cluster 1x2")
+MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_large, DType::BF16, false, ConfigWideEpi64, None,
+                             "bf16 b:n-major cooperative 128x256x64 cluster 1x2, epilogue 128x64")
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_nmajor_small, DType::BF16, false, ConfigSmallM, None,
                              "bf16 b:n-major pingpong 64x128x64 cluster 1x1")
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32, DType::BF16, DType::F32, ConfigLarge,

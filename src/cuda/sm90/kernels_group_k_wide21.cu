@@ -5,6 +5,6 @@
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32_wide21, DType::BF16, DType::F32, ConfigWide21,
                              "bf16 -> f32 cooperative 128x256x64 cluster 2x1")
-MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_bf16_wide21, DType::BF16, DType::BF16, ConfigWide21,
-                             "bf16 -> bf16 cooperative 128x256x64 cluster 2x1")
+MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_bf16_wide21, DType::BF16, DType::BF16, ConfigWide21Epi64,
+                             "bf16 -> bf16 cooperative 128x256x64 cluster 2x1, epilogue 128x64")
 }  // namespace moekit::cuda::sm90
