@@ -370,7 +370,7 @@ TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90Wgrad, ::testing::ValuesIn(kWgradCases), wgrad_case_name);
 
-// Invalid device counts: dw keeps every byte (no zero-fill, no GEMM), the error word says why.
+// Invalid device counts: dw keeps every byte (no empty group zeroed, no GEMM), the error word says why.
 TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
   MOEKIT_REQUIRE_SM90();
   const Context ctx = Context::cuda(0).with_backend("sm90");  // an error word of its own
@@ -396,7 +396,7 @@ TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
 // Invalid device counts in the second 256-group chunk of the setup kernels' scan (scan_groups):
 // the first chunk's groups are visited before the call is known to be invalid, then every group
 // again with no rows. Group-M (fprop, its output guarded) and group-K (dw, accumulating or not:
-// the zero fill's flags of the first chunk's empty groups are withdrawn) write nothing; the error
+// the setup blocks that zero empty groups check every count first) write nothing; the error
 // word says why.
 TEST(CudaSm90, InvalidCountsInALaterScanChunkWriteNothing) {
   MOEKIT_REQUIRE_SM90();
@@ -905,6 +905,65 @@ struct SmallGluCalls {
     return to_device(ctx, test::random_normal(shape, dt, seed, sd));
   }
 };
+
+// The weight gradient is two kernels, accumulating or not: the setup kernel (whose blocks after the
+// first zero the empty groups) and the GEMM — no zero-fill kernel between them. Captured once with
+// device counts, the graph replayed with other counts writes exact zeros into the groups that are
+// empty in that replay (dw refilled with NaN before each), the fp64 reference elsewhere.
+TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
+  MOEKIT_REQUIRE_SM90();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
+  {
+    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
+    const int64_t T = 300, K = 72, N = 136, G = 5;
+    const Tensor dy_h = test::random_normal({T, N}, DType::BF16, 81);
+    const Tensor x_h = test::random_normal({T, K}, DType::BF16, 82);
+    const Tensor dy = to_device(ctx, dy_h), x = to_device(ctx, x_h);
+    Tensor counts = to_device(ctx, test::counts_tensor({60, 0, 100, 40, 0}, DType::I64));
+    Tensor dw = Tensor::empty({G, N, K}, DType::BF16, ctx);
+    Tensor dw32 = Tensor::empty({G, N, K}, DType::F32, ctx);
+    ctx.synchronize();
+    for (bool accumulate : {false, true}) {
+      void* graph = nullptr;
+      ASSERT_EQ(api.capture(stream, [&] {
+        grouped_gemm_group_k(ctx, dy, x, Splits::device(counts), accumulate ? dw32 : dw, accumulate);
+      }, &graph), "");
+      EXPECT_EQ(api.kernel_nodes(graph), 2) << (accumulate ? "accumulating" : "bf16 dw");
+      if (accumulate) {
+        api.graph_destroy(graph);
+        continue;
+      }
+      void* exec = nullptr;
+      ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+      for (const std::vector<int64_t>& cnt : {std::vector<int64_t>{0, 120, 0, 0, 180},
+                                              std::vector<int64_t>{0, 0, 0, 0, 0},
+                                              std::vector<int64_t>{7, 0, 256, 0, 1}}) {
+        SCOPED_TRACE(::testing::PrintToString(cnt));
+        copy(ctx, test::counts_tensor(cnt, DType::I64), counts);
+        fill(ctx, dw, std::nan(""));
+        ASSERT_EQ(api.launch(exec, stream), 0);
+        ASSERT_EQ(api.stream_sync(stream), 0);
+        const test::Reference ref = test::reference_wgrad(doubles_of(dy_h), doubles_of(x_h), cnt, K, N, {});
+        EXPECT_TRUE(test::matches_reference("wgrad replay", test::to_doubles(ctx, dw), ref, DType::BF16));
+        const std::vector<uint8_t> got = test::bytes_of(ctx, dw);
+        const size_t group_bytes = static_cast<size_t>(N * K) * size_of(DType::BF16);
+        for (int64_t g = 0; g < G; ++g) {
+          if (cnt[static_cast<size_t>(g)] != 0) continue;
+          const auto at = got.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * group_bytes);
+          EXPECT_TRUE(std::all_of(at, at + static_cast<std::ptrdiff_t>(group_bytes), [](uint8_t b) { return b == 0; }))
+              << "empty group " << g << " is not exactly +0";
+        }
+      }
+      api.exec_destroy(exec);
+      api.graph_destroy(graph);
+    }
+    EXPECT_EQ(ctx.device_error_bits(), 0u);
+  }
+}
 
 // What "fused" means, observably: captured with device counts and "sm90" forced, fc1 + SwiGLU is
 // two kernels (the setup kernel and the GEMM with SwiGLU in its epilogue) and fc2 dgrad + SwiGLU

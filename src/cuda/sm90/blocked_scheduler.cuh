@@ -108,7 +108,6 @@ void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripe
 // kernel was launched with programmatic dependent launch, run_gemm), so the setup kernel's
 // writes are visible before anything reads them. (The ptr-array kernels of CUTLASS 4.2 do not
 // wait themselves.)
-// (wait_for_prior_grid: also what group-K's zero fill waits with.)
 CUTLASS_HOST_DEVICE void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

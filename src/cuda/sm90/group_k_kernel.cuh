@@ -1,5 +1,6 @@
 // Internal: the CUTLASS 3.x configuration of the sm90 group-K grouped GEMM (the weight gradient),
-// its setup and zero-fill kernels and its host launcher. Included ONLY by group_k.cu.
+// its setup kernel (which also zeroes the empty groups) and its host launcher. Included ONLY by
+// group_k.cu.
 //
 // Mapping onto CUTLASS (D[M,N] = A[M,K]·B[N,K]ᵀ per group g; groups are the ptr-array "batch"):
 //   M = n (rows of dw[g]), N = k (its columns), K = m_g (the group's rows, from device counts).
@@ -11,7 +12,8 @@
 //   D = dw[g] [n, k] row-major; C = D with beta = 1 when accumulating (fp32 main_grad), else
 //      beta = 0 and C is not read (CUTLASS skips the source load for a zero scalar beta).
 // A group with m_g = 0 gets M = 0 (no tiles: the mainloop would leave its accumulators
-// uninitialised with zero K tiles); the zero-fill kernel writes its exact zeros instead.
+// uninitialised with zero K tiles); the setup kernel's blocks after the first write its exact
+// zeros instead (group_k_setup).
 #pragma once
 
 #include "cuda/sm90/blocked_scheduler.cuh"
@@ -80,7 +82,6 @@ struct GroupKArrays {
   const typename G::Element** ptr_a;     // dy + off_g·n
   const typename G::Element** ptr_b;     // x + off_g·k
   typename G::ElementD** ptr_d;          // dw[g] (also the C pointers when accumulating)
-  int* zero;                             // [groups] 1: write exact zeros into dw[g]
   typename G::StrideA* stride_a;
   typename G::StrideB* stride_b;
   typename G::StrideD* stride_d;
@@ -95,7 +96,6 @@ struct GroupKArrays {
     r.ptr_a = w.take<const typename G::Element*>(groups);
     r.ptr_b = w.take<const typename G::Element*>(groups);
     r.ptr_d = w.take<typename G::ElementD*>(groups);
-    r.zero = w.take<int>(groups);
     r.stride_a = w.take<typename G::StrideA>(groups);
     r.stride_b = w.take<typename G::StrideB>(groups);
     r.stride_d = w.take<typename G::StrideD>(groups);
@@ -116,22 +116,52 @@ struct GroupKSetupInputs {
   StripeInputs stripe;  // the groups' stripe widths (kernel_common.cuh)
 };
 
+// dw[g] = 0 for every group with m_g = 0, when the counts are valid (SPEC §1; invalid ones: nothing
+// written — block 0's scan reports why), by blocks 1.. of the setup grid: the same 32 counts in
+// every warp (block-uniform loops, no barrier), each empty group filled by all of those blocks
+// with 16-byte stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8). One wave
+// whatever the group count; beside block 0's setup rather than a kernel of its own after it, so
+// the GEMM (which waits for the whole setup grid) waits for one grid, not two, and the host
+// enqueues one launch fewer.
+template <class G>
+__device__ void zero_empty_groups(const GroupKSetupInputs& in) {
+  if (block_valid_rows(in.counts) < 0) return;  // every thread: the validity is block-wide
+  const int64_t vectors = in.n * in.k * static_cast<int64_t>(sizeof(typename G::ElementD)) / 16;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t first = (blockIdx.x - 1) * int64_t{kSetupThreads} + threadIdx.x;
+  const int64_t stride = (int64_t{gridDim.x} - 1) * kSetupThreads;
+  for (int64_t base = 0; base < in.counts.groups; base += 32) {
+    const int64_t mine = base + lane;
+    unsigned empty = __ballot_sync(0xffffffffu, mine < in.counts.groups && count_at(in.counts, mine) == 0);
+    for (; empty != 0; empty &= empty - 1) {
+      const int64_t g = base + __ffs(empty) - 1;
+      uint4* p = reinterpret_cast<uint4*>(static_cast<typename G::ElementD*>(in.dw) + g * in.n * in.k);
+      for (int64_t i = first; i < vectors; i += stride) p[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Block 0: every group's shape, pointers, strides, tile units, stripe width and descriptors.
+// Blocks 1.. (launched only when not accumulating): the empty groups' zeros (zero_empty_groups).
 template <class G>
 __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs in, GroupKArrays<G> out,
                                                               const __grid_constant__ TensormapTemplates<G> templates) {
   allow_dependent_launch();
   wait_for_prior_grid();  // launched with PDL (group_*_launch): the counts and the workspace are the prior kernels'
+  if (blockIdx.x > 0) {
+    zero_empty_groups<G>(in);
+    return;
+  }
   using E = typename G::Element;
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   // A non-empty group's tiles: n x k output, whatever its rows.
   const auto units_of = [&](int64_t) { return units_per_group<typename G::Config>(in.n, in.k); };
-  const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool valid) {
+  const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool) {
     const int64_t m = at.m, off = at.off;
     out.shapes[g] = m > 0 ? typename G::Shape3(n, k, static_cast<int>(m)) : typename G::Shape3(0, k, 0);
     out.ptr_a[g] = static_cast<const E*>(in.dy) + off * in.n;
     out.ptr_b[g] = static_cast<const E*>(in.x) + off * in.k;
     out.ptr_d[g] = static_cast<typename G::ElementD*>(in.dw) + g * in.n * in.k;
-    out.zero[g] = valid && m == 0 && !in.accumulate;
     // Packed strides (make_cute_packed_stride takes the extents (M or N, K, L)): A's K stride n,
     // B's K stride k, D's row stride k. None depends on m_g.
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(n, 1, 1));
@@ -144,36 +174,6 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
-
-// dw[g] = 0 for the groups the setup kernel flagged, 16-byte stores (n·k·sizeof(ElementD) is a
-// multiple of 16: k is a multiple of 8). A grid of at most two blocks per SM walks the groups in
-// order, each flagged one filled by all of it: one wave whatever the group count (a block per
-// group and slice, most of them finding nothing to do, was 64 x G blocks). Launched with
-// programmatic dependent launch after the setup kernel: every block waits for it (its flags)
-// before anything else, and since none exits before that wait, the GEMM — which waits for this
-// grid — also runs after the setup kernel. (Internal linkage: both instance TUs include this.)
-constexpr int kZeroThreads = 256;
-namespace {
-__global__ void __launch_bounds__(kZeroThreads)
-    zero_flagged_groups(const int* zero, int64_t groups, void* dw, int64_t group_bytes) {
-  allow_dependent_launch();
-  wait_for_prior_grid();
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t vectors = group_bytes / 16;
-  for (int64_t base = 0; base < groups; base += 32) {
-    // The same 32 flags in every warp: block-uniform loops, no barrier.
-    unsigned flagged = __ballot_sync(0xffffffffu, base + lane < groups && zero[base + lane] != 0);
-    for (; flagged != 0; flagged &= flagged - 1) {
-      const int64_t g = base + __ffs(flagged) - 1;
-      uint4* p = reinterpret_cast<uint4*>(static_cast<char*>(dw) + g * group_bytes);
-      for (int64_t i = blockIdx.x * int64_t{kZeroThreads} + threadIdx.x; i < vectors;
-           i += int64_t{gridDim.x} * kZeroThreads) {
-        p[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-}
-}  // namespace
 
 // ---- host side ----
 // The tile order (GroupKProblem::order; tile_order): a non-empty group's tiles are
@@ -229,17 +229,15 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
                                        p.raster, p.swizzle);
   // With PDL after whatever kernel precedes it on the stream (it waits for that grid before it
   // reads or writes anything: wait_for_prior_grid), so its launch overlaps that kernel's end.
-  launch_kernel(group_k_setup<G>, {.block = dim3(kSetupThreads), .programmatic = p.pdl == 1, .name = "setup"}, stream, in, call.arrays,
-                templates_of<G>(params));
-  if (!p.accumulate) {
-    const int64_t group_bytes = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD));
-    const int64_t blocks = std::min<int64_t>((group_bytes / 16 + kZeroThreads - 1) / kZeroThreads,
-                                             2 * int64_t{call.hw.sm_count});
-    launch_kernel(zero_flagged_groups,
-                  {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kZeroThreads),
-                   .programmatic = p.pdl == 1, .name = "zero fill"},
-                  stream, static_cast<const int*>(call.arrays.zero), p.counts.groups, p.dw, group_bytes);
-  }
+  // Block 0 sets up; unless accumulating, up to two blocks per SM more zero the empty groups.
+  const int64_t group_vectors = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD)) / 16;
+  const int64_t zero_blocks =
+      p.accumulate ? 0
+                   : std::min<int64_t>((group_vectors + kSetupThreads - 1) / kSetupThreads, 2 * int64_t{call.hw.sm_count});
+  launch_kernel(group_k_setup<G>,
+                {.grid = dim3(static_cast<unsigned>(1 + zero_blocks)), .block = dim3(kSetupThreads),
+                 .programmatic = p.pdl == 1, .name = "setup"},
+                stream, in, call.arrays, templates_of<G>(params));
   call.run_gemm(params, p, stream, name);
 }
 

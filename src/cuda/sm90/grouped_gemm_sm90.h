@@ -123,7 +123,7 @@ std::string config_name(const GroupMProblem& p);
 // Promises, beyond group-M's (no host sync, graph-capturable, invalid counts write nothing):
 //  - The per-group reduction runs over the rows of the group only (TMA zero-fills the K tail of
 //    a group: rows of the next group are never read into it); deterministic, no split-K.
-//  - A group with m_g = 0 gets exactly 0 (a zero-fill kernel; the GEMM gives it no tiles), or is
+//  - A group with m_g = 0 gets exactly 0 (the setup kernel's other blocks; the GEMM gives it no tiles), or is
 //    left unchanged when accumulating. With beta = 0 the old dw is never read (NaN stays out).
 struct GroupKProblem {
   const void* dy = nullptr;    // [rows, n]
@@ -148,8 +148,8 @@ struct GroupKProblem {
 
 std::string rejects(const GroupKProblem& p, int device);
 size_t workspace_bytes(const GroupKProblem& p);
-/// Queues the setup kernel, the zero-fill of empty groups (unless accumulating) and the grouped
-/// GEMM on `stream`.
+/// Queues the setup kernel (which also zeroes the empty groups' dw unless accumulating) and the
+/// grouped GEMM on `stream`: two kernels.
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream);
 std::string config_name(const GroupKProblem& p);
 

@@ -558,7 +558,7 @@ struct GroupedCall {
     shape.smem = static_cast<size_t>(G::Kernel::SharedStorageSize);
     shape.cluster = dim3(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
     // Programmatic dependent launch (p.pdl == 1): the GEMM's CTAs may be scheduled while the
-    // setup kernel (or group-K's zero fill) still runs; every thread waits for it to complete,
+    // setup kernel still runs; every thread waits for it to complete,
     // its writes visible, before the first read (GridDependencyWait, blocked_scheduler.cuh).
     shape.programmatic = p.pdl == 1;
     launch_kernel(cutlass::device_kernel<typename G::Kernel>, shape, stream, params);
