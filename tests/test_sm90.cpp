@@ -63,6 +63,17 @@ std::optional<std::string> sm90_unavailable() {
     if (why) GTEST_SKIP() << *why;                                          \
   } while (0)
 
+// What a test that captures CUDA graphs needs first: an sm90 device, libcudart's graph entry
+// points (`api`, test::CudaGraphApi) and a non-blocking stream of the test's own (`stream`, owned
+// by `owned`); skips or fails the test where one is missing.
+#define MOEKIT_REQUIRE_GRAPH_STREAM()                                                    \
+  MOEKIT_REQUIRE_SM90();                                                                 \
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();                             \
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";        \
+  const test::OwnedStream owned(api);                                                    \
+  void* const stream = owned.get();                                                      \
+  ASSERT_NE(stream, nullptr)
+
 const Context& sm90() {
   static const Context ctx = Context::cuda(0).with_backend("sm90");
   return ctx;
@@ -505,12 +516,7 @@ struct CapturedLinear {
 // with a tail, everything in one group, nothing at all. Each replay matches the fp64 reference
 // of ITS counts and leaves the tail and guard bands untouched.
 TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   {
     CapturedLinear s(stream, 31);
     constexpr int64_t G = CapturedLinear::G, T = CapturedLinear::T;
@@ -556,12 +562,7 @@ TEST(CudaSm90, GraphCapturedForwardReplaysWithNewDeviceCounts) {
 // capture, whatever happened to the caller's vector since. Each replay refills the guarded
 // output and must rewrite exactly the first S rows.
 TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   {
     CapturedLinear s(stream, 34);
     constexpr int64_t G = CapturedLinear::G, T = CapturedLinear::T;
@@ -603,12 +604,7 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
 // reference; the tails of y, dx and dprobs keep their sentinels. In bf16 and f16 on the fused
 // kernels (Interleaved32) and in bf16 on the GEMMs with the SwiGLU kernels (Halves).
 TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   // The fused kernels (bf16 and f16, Interleaved32) and the GEMM + SwiGLU-kernel path (Halves).
   const std::pair<DType, GluLayout> configs[] = {{DType::BF16, GluLayout::Interleaved32},
                                                  {DType::F16, GluLayout::Interleaved32},
@@ -911,12 +907,7 @@ struct SmallGluCalls {
 // device counts, the graph replayed with other counts writes exact zeros into the groups that are
 // empty in that replay (dw refilled with NaN before each), the fp64 reference elsewhere.
 TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t T = 300, K = 72, N = 136, G = 5;
@@ -970,12 +961,7 @@ TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
 // backward (no dprobs) two as well, for the Interleaved32 layout; for Halves, which the epilogues
 // cannot pair, each is three (setup, GEMM, the SwiGLU kernel).
 TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   {
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const SmallGluCalls m(ctx, 51);
@@ -1008,18 +994,13 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
 // MOEKIT_SM90_FUSED_FORWARD=0 (ctest sm90_fused_forward_off) declines the fused forward (three).
 // Both backward paths give dh bit for bit the same.
 TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
-  MOEKIT_REQUIRE_SM90();
-  const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
   const char* const forced = std::getenv("MOEKIT_BACKEND");
   if (forced && *forced) GTEST_SKIP() << "MOEKIT_BACKEND=" << forced << " forces a backend";
+  MOEKIT_REQUIRE_GRAPH_STREAM();
   const char* const env = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
   const bool fused_backward = env && std::string(env) == "1";
   const char* const env_forward = std::getenv("MOEKIT_SM90_FUSED_FORWARD");
   const bool fused_forward = !(env_forward && std::string(env_forward) == "0");
-  const test::OwnedStream owned(api);
-  void* const stream = owned.get();
-  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream);
     const SmallGluCalls m(ctx, 61);
