@@ -37,6 +37,8 @@ expect dram "$(row "DRAM read MB")" "| DRAM read MB | 1500.0 | 1300.0 |"
 # (1500 * 600 + 1600 * 500) / 1100 = 1545.45; (1 * 600 + 3 * 500) / 1100 = 1.909
 expect clock "$(row "SM MHz")" "| SM MHz | 1400.0 | 1545.5 |"
 expect stall "$(row "stall wait")" "| stall wait | 2.0 | 1.9 |"
+# 1000 µs at 1400 MHz; 600 µs at 1500 + 500 µs at 1600 MHz
+expect cycles "$(row "SM cycles, M (µs × MHz)")" "| SM cycles, M (µs × MHz) | 1.4 | 1.7 |"
 expect missing "$(row "L2 hit %")" "| L2 hit % | n/a | n/a |"
 
 # The ncu command lines: a stand-in ncu records its arguments and prints one kernel's CSV, or
