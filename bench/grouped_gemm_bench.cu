@@ -5,6 +5,9 @@
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
 //                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns|back-to-back]
+// --shapes takes the suite's names and, for studies, custom_E<E>_T<T>_K<K>_N<N> (any sizes, K and N
+// multiples of 8; e.g. custom_E1_T4096_K7168_N4096, one group of dsv3 fc1), which tools/gemm-profile
+// passes through.
 // Backends: each configuration is run through every backend of --backends that has an entry in
 // the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) and group-K (wgrad)
 // both have "sm90" and "cublas". A backend that
@@ -60,6 +63,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <deque>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -114,6 +119,43 @@ const Shape kSuite[] = {
     {"mixtral_fc1_E8", 8, 16384, 4096, 28672, "Mixtral 8x7B gate+up"},
     {"small_E64", 64, 4096, 2048, 1024, "many small experts (decode-like)"},
 };
+
+// A shape outside the suite, named custom_E<E>_T<T>_K<K>_N<N> (e.g. custom_E1_T4096_K7168_N4096:
+// one group of dsv3 fc1, for a kernel with no group changes), for studies; nullopt if `name` is
+// not of that form or its sizes are not usable (E >= 1, T >= 0, K and N positive multiples of 8).
+// The names live in a deque so Shape::name stays valid.
+std::optional<Shape> custom_shape(const std::string& name) {
+  long long e = 0, t = 0, k = 0, n = 0;
+  int used = 0;
+  if (std::sscanf(name.c_str(), "custom_E%lld_T%lld_K%lld_N%lld%n", &e, &t, &k, &n, &used) != 4 ||
+      used != static_cast<int>(name.size()) || e < 1 || t < 0 || k <= 0 || n <= 0 || k % 8 != 0 ||
+      n % 8 != 0) {
+    return std::nullopt;
+  }
+  static std::deque<std::string> names;
+  return Shape{names.emplace_back(name).c_str(), e, t, k, n, "custom"};
+}
+
+// The shapes a run takes: the suite's named in --shapes, in suite order, then the custom ones in
+// the order given; each with the index its seeds derive from (a suite shape's own index in the
+// suite, so its skewed splits and data do not depend on which other shapes run; custom ones after).
+struct SelectedShape {
+  Shape shape;
+  size_t index;
+};
+std::vector<SelectedShape> selected_shapes(const std::vector<std::string>& wanted_names) {
+  std::vector<SelectedShape> out;
+  for (size_t i = 0; i < std::size(kSuite); ++i) {
+    if (std::find(wanted_names.begin(), wanted_names.end(), kSuite[i].name) != wanted_names.end()) {
+      out.push_back({kSuite[i], i});
+    }
+  }
+  size_t next = std::size(kSuite);
+  for (const std::string& name : wanted_names) {
+    if (std::optional<Shape> c = custom_shape(name)) out.push_back({*c, next++});
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------- device helpers
 
@@ -313,7 +355,9 @@ std::string reason_names(unsigned long long r) {
       {0x80, "hw_power_brake"}, {0x100, "display_clocks"}};
   std::string out;
   for (const auto& [bit, name] : kNames) {
-    if (r & bit) out += (out.empty() ? "" : "+") + std::string(name);
+    if (!(r & bit)) continue;
+    if (!out.empty()) out += '+';
+    out += name;
   }
   return out.empty() ? "none" : out;
 }
@@ -737,9 +781,7 @@ int run(const Options& o) {
   CK(cudaEventCreate(&stop));
   bool all_pass = true;
   uint64_t data_seed = o.seed;
-  for (size_t si = 0; si < std::size(kSuite); ++si) {
-    const Shape& s = kSuite[si];
-    if (!wanted(o.shapes, s.name)) continue;
+  for (const auto& [s, si] : selected_shapes(o.shapes)) {
     Tensor x = Tensor::empty({s.T, s.K}, DType::BF16, base);
     Tensor w = Tensor::empty({s.E, s.N, s.K}, DType::BF16, base);
     Tensor dy = Tensor::empty({s.T, s.N}, DType::BF16, base);
@@ -967,7 +1009,7 @@ int run(const Options& o) {
                "[--timing alone|turns|back-to-back]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
-  std::fprintf(stderr, "\n");
+  std::fprintf(stderr, ", or custom_E<E>_T<T>_K<K>_N<N> (K, N multiples of 8)\n");
   std::exit(2);
 }
 
@@ -1013,7 +1055,8 @@ int main(int argc, char** argv) {
   }
   if (o.backends.empty()) usage("--backends needs at least one name");
   for (const std::string& s : o.shapes) {
-    if (std::none_of(std::begin(kSuite), std::end(kSuite), [&](const Shape& k) { return s == k.name; })) {
+    if (std::none_of(std::begin(kSuite), std::end(kSuite), [&](const Shape& k) { return s == k.name; }) &&
+        !custom_shape(s)) {
       usage(("unknown shape " + s).c_str());
     }
   }
