@@ -13,11 +13,9 @@
 #include "cuda/sm90/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
-struct ConfigCoop128 {
+struct ConfigCoop128 : ConfigLarge {  // its tile and cluster, cooperative
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
   using EpilogueTile = cute::Shape<cute::_128, cute::_128>;
   static constexpr int kMinStages = 4;
 };
