@@ -63,6 +63,13 @@ std::optional<std::string> sm90_unavailable() {
     if (why) GTEST_SKIP() << *why;                                          \
   } while (0)
 
+// Every byte of dw[g] (group_bytes each, in `bytes`) is 0: the exact +0 an empty group's weight
+// gradient gets when not accumulating.
+bool group_is_exact_zero(const std::vector<uint8_t>& bytes, int64_t g, size_t group_bytes) {
+  const auto at = bytes.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * group_bytes);
+  return std::all_of(at, at + static_cast<std::ptrdiff_t>(group_bytes), [](uint8_t b) { return b == 0; });
+}
+
 // What a test that captures CUDA graphs needs first: an sm90 device, libcudart's graph entry
 // points (`api`, test::CudaGraphApi) and a non-blocking stream of the test's own (`stream`, owned
 // by `owned`); skips or fails the test where one is missing.
@@ -372,9 +379,7 @@ TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
       EXPECT_TRUE(std::equal(after.begin() + at, after.begin() + at + group_bytes, before.begin() + at))
           << "empty group " << g << " changed while accumulating";
     } else {
-      EXPECT_TRUE(std::all_of(after.begin() + at, after.begin() + at + group_bytes,
-                              [](uint8_t b) { return b == 0; }))
-          << "empty group " << g << " is not exactly +0";
+      EXPECT_TRUE(group_is_exact_zero(after, g, group_bytes)) << "empty group " << g << " is not exactly +0";
     }
   }
 }
@@ -944,9 +949,7 @@ TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
         const size_t group_bytes = static_cast<size_t>(N * K) * size_of(DType::BF16);
         for (int64_t g = 0; g < G; ++g) {
           if (cnt[static_cast<size_t>(g)] != 0) continue;
-          const auto at = got.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * group_bytes);
-          EXPECT_TRUE(std::all_of(at, at + static_cast<std::ptrdiff_t>(group_bytes), [](uint8_t b) { return b == 0; }))
-              << "empty group " << g << " is not exactly +0";
+          EXPECT_TRUE(group_is_exact_zero(got, g, group_bytes)) << "empty group " << g << " is not exactly +0";
         }
       }
       api.exec_destroy(exec);

@@ -233,7 +233,8 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   const int64_t group_vectors = p.n * p.k * static_cast<int64_t>(sizeof(typename G::ElementD)) / 16;
   const int64_t zero_blocks =
       p.accumulate ? 0
-                   : std::min<int64_t>((group_vectors + kSetupThreads - 1) / kSetupThreads, 2 * int64_t{call.hw.sm_count});
+                   : std::min<int64_t>((group_vectors + kSetupThreads - 1) / kSetupThreads,
+                                       2 * int64_t{call.hw.sm_count});
   launch_kernel(group_k_setup<G>,
                 {.grid = dim3(static_cast<unsigned>(1 + zero_blocks)), .block = dim3(kSetupThreads),
                  .programmatic = p.pdl == 1, .name = "setup"},

@@ -167,8 +167,8 @@ struct ConfigLargeEpi32 : ConfigLarge {
 // of eight. On a cooperative tile both consumer warpgroups run the epilogue and no mainloop overlaps
 // it, so each pass (a named barrier, a fence, a TMA store issue) is time the tensor cores idle. The
 // 128x64 D staging (2 x 16 KB against 2 x 8 KB) keeps the mainloop's 4 stages of 48 KB (kMinStages,
-// checked at compile time in GroupedGemm). Measured as the study tile epi64 (bench/results/2026-12-01-nvidia-h200-6c36c76-epi64.md):
-// under ncu dsv3 fc1 wgrad 2425.7 -> 2412.5 us, fprop 2413.8 -> 2398.9, dgrad 2453.8 -> 2439.0
+// checked at compile time in GroupedGemm). Measured as the study tile epi64
+// (bench/results/2026-12-01-nvidia-h200-6c36c76-epi64.md): under ncu dsv3 fc1 wgrad 2425.7 -> 2412.5 us, fprop 2413.8 -> 2398.9, dgrad 2453.8 -> 2439.0
 // (-0.5 to -0.6%, same DRAM bytes, fewer instructions); in the GEMM suite under load within the
 // runs' spread (+0.3% in the mean of the rows it takes). bf16 outputs only: an f32 dw's C and D
 // staging at 128x64 would take a mainloop stage, and the fused SwiGLU epilogues keep their own.
@@ -230,7 +230,8 @@ struct GroupedGemm : P {
       return true;
     }
   }();
-  static_assert(kEnoughStages, "the epilogue's shared memory leaves fewer mainloop stages than Config::kMinStages");
+  static_assert(kEnoughStages,
+                "the epilogue's shared memory leaves fewer mainloop stages than Config::kMinStages");
 };
 
 template <DType kDType> struct CutlassElement;
