@@ -383,7 +383,7 @@ struct BackendRun {
 };
 
 struct Result {
-  const Shape* shape;
+  Shape shape;  // a copy: the selected shapes are a temporary of the run loop
   std::string routing, pass;
   std::vector<int64_t> counts;
   std::vector<BackendRun> backends;  // in --backends order; only those with a table entry
@@ -823,7 +823,7 @@ int run(const Options& o) {
             moekit::grouped_gemm_group_k(ctx, dy, x, splits, accumulate ? main_grad : dw, accumulate);
           }
         };
-        Result r{&s, routing, pass, counts, {}, -1};
+        Result r{s, routing, pass, counts, {}, -1};
         std::vector<Context> ctxs;
         std::vector<size_t> ran;  // indices into r.backends
         for (const std::string& name : o.backends) {
@@ -953,8 +953,8 @@ int run(const Options& o) {
       bool pass = true;
       for (const BackendRun& b : r.backends) pass = pass && (!b.ran() || b.check.pass());
       // Top-level median_ms / tflops / check: the best backend's (what an older merge reads).
-      f << "    {\"shape\": \"" << r.shape->name << "\", \"E\": " << r.shape->E << ", \"T\": "
-        << r.shape->T << ", \"K\": " << r.shape->K << ", \"N\": " << r.shape->N
+      f << "    {\"shape\": \"" << r.shape.name << "\", \"E\": " << r.shape.E << ", \"T\": "
+        << r.shape.T << ", \"K\": " << r.shape.K << ", \"N\": " << r.shape.N
         << ", \"routing\": \"" << r.routing << "\", \"pass\": \"" << r.pass
         << "\", \"best_backend\": \"" << (best ? best->name : "") << "\", \"median_ms\": "
         << (best ? best->median_ms : 0) << ", \"min_ms\": " << (best ? best->min_ms : 0)

@@ -17,6 +17,7 @@ line() {  # line ID KERNEL METRIC VALUE
   line 0 device_kernel dram__bytes_read.sum "1,500,000,000"
   line 0 device_kernel sm__cycles_elapsed.avg.per_second 1400000000
   line 0 device_kernel smsp__average_warps_issue_stalled_wait_per_issue_active.ratio 2.0
+  line 0 device_kernel lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum "2,000,000"
 } >"$work/sm90.csv"
 {
   echo "$header"
@@ -28,6 +29,8 @@ line() {  # line ID KERNEL METRIC VALUE
   line 4 nvjet_a dram__bytes_read.sum 600000000
   line 4 nvjet_a sm__cycles_elapsed.avg.per_second 1600000000
   line 4 nvjet_a smsp__average_warps_issue_stalled_wait_per_issue_active.ratio 3.0
+  line 3 nvjet_a lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum 6000000
+  line 4 nvjet_a lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum 7000000
 } >"$work/cublas.csv"
 out=$("$tool" --table "t" sm90="$work/sm90.csv" cublas="$work/cublas.csv")
 row() { grep -F "| $1 |" <<<"$out"; }
@@ -40,6 +43,9 @@ expect stall "$(row "stall wait")" "| stall wait | 2.0 | 1.9 |"
 # 1000 µs at 1400 MHz; 600 µs at 1500 + 500 µs at 1600 MHz
 expect cycles "$(row "SM cycles, M (µs × MHz)")" "| SM cycles, M (µs × MHz) | 1.4 | 1.7 |"
 expect missing "$(row "L2 hit %")" "| L2 hit % | n/a | n/a |"
+# Counts sum over the kernels: 2 M against 6 + 7 M merged sectors.
+expect merged "$(row "read sectors the LRC merged (no L2 lookup), M")" \
+  "| read sectors the LRC merged (no L2 lookup), M | 2.0 | 13.0 |"
 
 # The ncu command lines: a stand-in ncu records its arguments and prints one kernel's CSV, or
 # for the cuBLAS backend every kernel of two calls: IDs 3, 4 the check's GEMMs, 6, 7 the timed
