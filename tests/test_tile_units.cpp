@@ -68,7 +68,8 @@ TEST(TileUnits, EveryStripeWidthMapsAGroupOntoItsTilesOneToOne) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     const uint32_t blocks_m = 1 + rng() % 60, units_n = 1 + rng() % 40;
-    for (uint32_t stripe : {1u, 2u, 4u, 8u, 16u}) {
+    for (uint32_t stripe : {1u, 2u, 4u, 8u, 16u, 4u | kStripeMFirst, 8u | kStripeMFirst,
+                            16u | kStripeMFirst}) {
       SCOPED_TRACE("stripe " + std::to_string(stripe) + ", " + std::to_string(blocks_m) + " x " +
                    std::to_string(units_n));
       std::vector<int> hit(size_t{blocks_m} * units_n, 0);
@@ -80,6 +81,17 @@ TEST(TileUnits, EveryStripeWidthMapsAGroupOntoItsTilesOneToOne) {
         if (stripe == 1) {  // CUTLASS's AlongM: M fastest
           EXPECT_EQ(t.m, v % blocks_m);
           EXPECT_EQ(t.n, v / blocks_m);
+        } else if ((stripe & kStripeMFirst) != 0) {  // M fastest inside the stripe v falls in
+          const uint32_t width = stripe & ~kStripeMFirst;
+          const uint32_t first = v / (blocks_m * width) * width;
+          EXPECT_GE(t.n, first);
+          EXPECT_LT(t.n, first + width);
+          EXPECT_EQ(t.m, (v - first * blocks_m) % blocks_m);
+          if (v > 0 && t.m > 0) {
+            const UnitTile prev = unit_tile(v - 1, blocks_m, units_n, stripe);
+            EXPECT_EQ(prev.m + 1, t.m);
+            EXPECT_EQ(prev.n, t.n);
+          }
         } else {  // N fastest inside the stripe v falls in; stripes in N order
           const uint32_t first = v / (blocks_m * stripe) * stripe;
           EXPECT_GE(t.n, first);
@@ -110,7 +122,7 @@ TEST(TileUnits, ClusterCtasSplitEachUnitIntoDistinctTiles) {
         const uint32_t units_m = units_of(blocks_m, cm), units_n = units_of(blocks_n, cn);
         ASSERT_GE(units_m * cm, blocks_m);
         ASSERT_LT(units_m * cm, blocks_m + cm);
-        for (uint32_t stripe : {1u, 4u, 8u, 16u}) {
+        for (uint32_t stripe : {1u, 4u, 8u, 16u, 8u | kStripeMFirst}) {
           SCOPED_TRACE("cluster " + std::to_string(cm) + "x" + std::to_string(cn) + ", stripe " +
                        std::to_string(stripe) + ", " + std::to_string(blocks_m) + " x " +
                        std::to_string(blocks_n) + " blocks");

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/sm90/tile_units.h"
 #include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/group_m_instances.h"
 #include "core/env.h"
@@ -125,9 +126,12 @@ int raster_setting() {
   static const int raster = detail::env_choice("MOEKIT_SM90_RASTER", {"m", "n"});
   return raster < 0 ? 0 : raster;
 }
+// (m4, m8, m16: those stripes with M fastest inside each, kStripeMFirst in tile_units.h.)
 int swizzle_setting() {  // -1: unset (each kernel's estimate: with_stripes in its header)
-  static const int swizzle = detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8", "16"});
-  constexpr int kSwizzle[] = {1, 2, 4, 8, 16};
+  static const int swizzle =
+      detail::env_choice("MOEKIT_SM90_SWIZZLE", {"1", "2", "4", "8", "16", "m4", "m8", "m16"});
+  constexpr int kM = static_cast<int>(kStripeMFirst);
+  constexpr int kSwizzle[] = {1, 2, 4, 8, 16, 4 | kM, 8 | kM, 16 | kM};
   return swizzle < 0 ? -1 : kSwizzle[swizzle];
 }
 
@@ -147,9 +151,13 @@ Problem resolved(Problem q) {
 template <class Problem>
 std::string rejects_raster(const Problem& p) {
   if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
-  if (p.swizzle != -1 && p.swizzle != 1 && p.swizzle != 2 && p.swizzle != 4 && p.swizzle != 8 &&
-      p.swizzle != 16) {
+  const int m_first = static_cast<int>(kStripeMFirst);
+  const int width = p.swizzle > 0 ? p.swizzle & ~m_first : p.swizzle;
+  if (width != -1 && width != 1 && width != 2 && width != 4 && width != 8 && width != 16) {
     return str("swizzle -1, 1, 2, 4, 8 or 16, got ", p.swizzle);
+  }
+  if (p.swizzle > 0 && (p.swizzle & m_first) != 0 && (width == 1 || p.raster == 1)) {
+    return str("swizzle ", width, " with M first inside the stripes needs raster 0 and a width > 1");
   }
   return {};
 }

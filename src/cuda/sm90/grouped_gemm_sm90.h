@@ -59,8 +59,9 @@ struct GroupMProblem {
   // -1: automatic — raster 0, and per group the width (1, 4, 8 or 16) with the fewest estimated DRAM
   // reads for its rows on the chosen tile, written by the setup kernel (tile_units.h,
   // choose_stripe; kernel_common.cuh, group_stripe); or env MOEKIT_SM90_RASTER=m|n and
-  // MOEKIT_SM90_SWIZZLE=1|2|4|8|16 for studies (tools/tile-study, tools/gemm-profile); the same
-  // settings and env apply to GroupKProblem.
+  // MOEKIT_SM90_SWIZZLE=1|2|4|8|16 for studies (tools/tile-study, tools/gemm-profile), or
+  // m4|m8|m16 (a width | kStripeMFirst, tile_units.h: M fastest inside each stripe; raster 0); the
+  // same settings and env apply to GroupKProblem.
   int raster = -1;
   int swizzle = -1;
   // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured

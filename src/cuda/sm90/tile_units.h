@@ -60,12 +60,19 @@ struct UnitCursor {
 struct UnitTile {
   uint32_t m = 0, n = 0;
 };
-// (stripe >= 1; with 1 this is v % units_m, v / units_m.)
+// A stripe width with kStripeMFirst set (study switch, MOEKIT_SM90_SWIZZLE=m4|m8|m16): the same
+// stripes, M fastest inside each — a stripe's units that share an A block (one M unit) are then
+// units_m apart in the sequence instead of neighbours, so they run on clusters that far apart.
+inline constexpr uint32_t kStripeMFirst = 1u << 16;
+// (stripe >= 1, optionally | kStripeMFirst; with 1 this is v % units_m, v / units_m.)
 MOEKIT_UNITS_FN UnitTile unit_tile(uint32_t v, uint32_t units_m, uint32_t units_n, uint32_t stripe) {
+  const bool m_first = (stripe & kStripeMFirst) != 0;
+  stripe &= ~kStripeMFirst;
   const uint32_t first = v / (units_m * stripe) * stripe;  // the stripe's first N unit
   const uint32_t rest = units_n - first;
   const uint32_t width = stripe < rest ? stripe : rest;
   const uint32_t r = v - first * units_m;
+  if (m_first) return {r % units_m, first + r / units_m};
   return {r / width, first + r % width};
 }
 
