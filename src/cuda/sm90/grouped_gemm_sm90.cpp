@@ -157,7 +157,8 @@ std::string rejects_raster(const Problem& p) {
     return str("swizzle -1, 1, 2, 4, 8 or 16, got ", p.swizzle);
   }
   if (p.swizzle > 0 && (p.swizzle & m_first) != 0 && (width == 1 || p.raster == 1)) {
-    return str("swizzle ", width, " with M first inside the stripes needs raster 0 and a width > 1");
+    return str("swizzle ", width,
+               " with M first inside the stripes needs raster 0 and a width > 1");
   }
   return {};
 }
