@@ -75,13 +75,16 @@ int choose_config(const GroupMProblem& p) {
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
+//   ppdefer   the bf16 -> bf16 group-K of < 2048 rows per group on kLarge's ping-pong tile with
+//             each warpgroup's TMA-store drain deferred to its next epilogue
+//             (kernels_study_ppdefer.cu)
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad|dswiglu (unset: every pass) puts the study tile on that
 // one pass (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward;
 // wgrad: group-K; dswiglu: the dgrad with the SwiGLU backward only, e.g. the fused backward on
 // ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
 // on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21 };  // env order
+enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, PpDefer };  // env order
 enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad", "dswiglu"});
@@ -90,7 +93,8 @@ bool study_pass(Pass pass) {
 }
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
-      "MOEKIT_SM90_TILE", {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
+      "MOEKIT_SM90_TILE",
+      {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "ppdefer"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -188,6 +192,7 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
+      case StudyTile::PpDefer:
       case StudyTile::Small256:
       case StudyTile::None: break;
     }
@@ -283,6 +288,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
+      case StudyTile::PpDefer:  // the bf16 dw of ping-pong 128x128 below
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
@@ -309,6 +315,11 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
     return (wide21 ? kWide21 : kWide).pick(p);
   }
+#ifdef MOEKIT_SM90_TILE_STUDY
+  if (!f16 && p.dw_dtype != DType::F32 && study_tile(Pass::Wgrad) == StudyTile::PpDefer) {
+    return group_k_bf16_bf16_ppdefer;
+  }
+#endif
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
