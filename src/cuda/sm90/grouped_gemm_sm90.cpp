@@ -84,7 +84,9 @@ int choose_config(const GroupMProblem& p) {
 // wgrad: group-K; dswiglu: the dgrad with the SwiGLU backward only, e.g. the fused backward on
 // ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
 // on their default tiles, for per-pass A/B runs of whole steps.
-enum class StudyTile { None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, PpDefer };  // env order
+enum class StudyTile {  // env order
+  None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, PpDefer
+};
 enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
   static const int only = detail::env_choice("MOEKIT_SM90_TILE_PASS", {"fprop", "dgrad", "wgrad", "dswiglu"});

@@ -22,7 +22,6 @@
 // Prediction: small_E64 wgrad closer to cuBLAS's 85 µs than the default's 93.9 (ncu).
 #define MOEKIT_SM90_TILE_STUDY 1
 #include "cuda/sm90/group_k_kernel.cuh"
-
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {
@@ -33,7 +32,8 @@ namespace {
 template <class Callbacks, class Policy>
 struct RebindCallbacks;
 template <class Old, class Op, class Tile, class EpiTile, class... Rest, class Policy>
-struct RebindCallbacks<cutlass::epilogue::fusion::FusionCallbacks<Old, Op, Tile, EpiTile, Rest...>, Policy> {
+struct RebindCallbacks<cutlass::epilogue::fusion::FusionCallbacks<Old, Op, Tile, EpiTile, Rest...>,
+                       Policy> {
   using type = cutlass::epilogue::fusion::FusionCallbacks<Policy, Op, Tile, EpiTile, Rest...>;
 };
 template <class Epilogue, int kStagesD>
@@ -41,16 +41,17 @@ struct WithStagesD;
 template <int kC, int kD, int kFragment, bool kReuse, bool kDelay, int kWarpGroups, class Tile,
           class EpiTile, class EC, class SC, class ED, class SD, class Callbacks, class... Rest,
           int kStagesD>
-struct WithStagesD<
-    cutlass::epilogue::collective::CollectiveEpilogue<
-        cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kC, kD, kFragment, kReuse, kDelay, kWarpGroups>,
-        Tile, EpiTile, EC, SC, ED, SD, Callbacks, Rest...>,
-    kStagesD> {
+struct WithStagesD<cutlass::epilogue::collective::CollectiveEpilogue<
+                       cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kC, kD, kFragment, kReuse,
+                                                                         kDelay, kWarpGroups>,
+                       Tile, EpiTile, EC, SC, ED, SD, Callbacks, Rest...>,
+                   kStagesD> {
   static_assert(!kReuse, "with a C source the D buffers' release follows C's loads: not here");
-  using Policy =
-      cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kC, kStagesD, kFragment, kReuse, kDelay, kWarpGroups>;
+  using Policy = cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kC, kStagesD, kFragment, kReuse,
+                                                                   kDelay, kWarpGroups>;
   using type = cutlass::epilogue::collective::CollectiveEpilogue<
-      Policy, Tile, EpiTile, EC, SC, ED, SD, typename RebindCallbacks<Callbacks, Policy>::type, Rest...>;
+      Policy, Tile, EpiTile, EC, SC, ED, SD, typename RebindCallbacks<Callbacks, Policy>::type,
+      Rest...>;
 };
 
 // The drain moved from the end of each epilogue to the start of the warpgroup's next one (above).
@@ -66,14 +67,16 @@ struct DeferredStoreDrain : Base {
     return Base::store(std::forward<Args>(args)...);
   }
   template <class LoadPipeline, class LoadState, class StorePipeline, class StoreState>
-  CUTLASS_DEVICE auto store_tail(LoadPipeline, LoadState load_state, StorePipeline, StoreState store_state) {
+  CUTLASS_DEVICE auto store_tail(LoadPipeline, LoadState load_state, StorePipeline,
+                                 StoreState store_state) {
     return cute::make_tuple(load_state, store_state);
   }
   CUTLASS_DEVICE ~DeferredStoreDrain() { cute::tma_store_wait<0>(); }
 };
 
 using PpDeferBase = GroupKParts<DType::BF16, DType::BF16, ConfigLarge>;
-static_assert(std::is_same_v<ConfigLarge::EpilogueSchedule, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>,
+static_assert(std::is_same_v<ConfigLarge::EpilogueSchedule,
+                             cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>,
               "the deferred drain relies on the ping-pong kernel's per-warpgroup store states");
 constexpr int kPpDeferSubtiles = decltype(cute::size(cute::shape_div(
     cute::take<0, 2>(ConfigLarge::Tile{}), typename PpDeferBase::EpilogueTile{})))::value;
@@ -83,14 +86,17 @@ struct PpDeferParts : PpDeferBase {
 };
 using PpDeferGemm = GroupedGemm<PpDeferParts>;
 
-size_t ppdefer_ws(const GroupKProblem& p) { return group_k_workspace_bytes<PpDeferGemm>(p); }
+size_t ppdefer_ws(const GroupKProblem& p) {
+  return group_k_workspace_bytes<PpDeferGemm>(p);
+}
 void ppdefer_run(const GroupKProblem& p, void* ws, cudaStream_t s) {
   if (!prebuilt_tensormaps_setting()) {
     throw_error(ErrorKind::Unsupported,
-                "MOEKIT_SM90_TILE=ppdefer needs the prebuilt descriptors (MOEKIT_SM90_PREBUILT_TENSORMAPS=0 set)");
+                "MOEKIT_SM90_TILE=ppdefer needs the prebuilt descriptors "
+                "(MOEKIT_SM90_PREBUILT_TENSORMAPS=0 set)");
   }
-  group_k_launch<PpDeferGemm>(p, ws, s,
-                              "bf16 -> bf16 ping-pong 128x128x64 cluster 1x2, store drain deferred (study)");
+  group_k_launch<PpDeferGemm>(
+      p, ws, s, "bf16 -> bf16 ping-pong 128x128x64 cluster 1x2, store drain deferred (study)");
 }
 
 }  // namespace
