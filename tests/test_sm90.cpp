@@ -149,6 +149,13 @@ const Sm90Case kCases[] = {
      1000, {0, 70, 1, 0, 129, 64, 65, 0, 3, 100, 0, 0, 50, 33, 2, 0}},
     {"Bf16DgradSmallGroupsSwappedI64", DType::BF16, true, false, DType::I64, 1200, 1536, 392,
      {90, 0, 0, 200, 1, 127, 64, 0, 300, 17, 0, 5}},
+    // Two to three tiles per CTA of the persistent grid, four K blocks each: the second
+    // wave walks K backwards under MOEKIT_SM90_K_ORDER=alternate (ctest sm90_k_alternate;
+    // k_order.cuh). fprop on ping-pong 128x128 (17 x 16 tiles), dgrad on cooperative 128x256.
+    {"Bf16FpropBiasSeveralWaves", DType::BF16, false, true, DType::I32, 2100, 256, 2048,
+     {1024, 0, 1000, 24}},
+    {"Bf16DgradSeveralWavesTail", DType::BF16, true, false, DType::I64, 2100, 4096, 256,
+     {1024, 0, 1000, 24}},
     // 300 groups (T: their rows and a tail of 9)
     {"Bf16FpropBiasI32ThreeHundredGroups", DType::BF16, false, true, DType::I32,
      sum_of(many_small_groups(300, 7)) + 9, 64, 136, many_small_groups(300, 7)},

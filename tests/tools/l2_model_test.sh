@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest tools.l2_model: tools/l2-model on problems small enough to count by hand — one tile (its
 # A and B blocks once), two N tiles sharing the A block (read once while it stays in L2), and an
-# L2 too small to keep it (read twice), a cluster along M — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
+# L2 too small to keep it (read twice) unless the second tile walks K backwards, a cluster along M — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
 # model's numbers when it was calibrated), and with per-group rows and widths. Usage:
 # l2_model_test.sh TOOLS_DIR
 set -uo pipefail
@@ -13,6 +13,14 @@ expect "A shared" "$("$tool" 1 128 64 256 128x128 1 --stripes 1)" "stripe 1: 0.0
 # Two K blocks, one cluster, two N tiles, an L2 of one block: every block is read whenever used.
 expect "A evicted" "$("$tool" 1 128 128 256 128x128 1 --stripes 1 --clusters 1 --l2-mb 0.016384)" \
   "stripe 1: 0.131 MB"
+# The same two N tiles in an L2 of two blocks: walking K forward the second tile finds nothing
+# (8 blocks read); walking it backwards (--alternate-k: the second tile a cluster takes) it
+# starts on the A block the first read last (7).
+expect "forward K" "$("$tool" 1 128 128 256 128x128 1 --stripes 1 --clusters 1 --l2-mb 0.032768)" \
+  "stripe 1: 0.131 MB"
+expect "alternating K" \
+  "$("$tool" 1 128 128 256 128x128 1 --stripes 1 --clusters 1 --l2-mb 0.032768 --alternate-k)" \
+  "stripe 1: 0.115 MB"
 # A 2x1 cluster: two M tiles share the B block (256 rows: 2 A + 1 B); with 128 rows the second
 # CTA's tile lies past the rows and reads no A.
 expect "2x1 cluster" "$("$tool" 1 256 64 128 128x128 2x1 --stripes 1)" "stripe 1: 0.049 MB"

@@ -58,6 +58,8 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   // [groups x kGroupTensormaps] every group's TMA descriptors, built by the setup kernel
   // (prebuilt_tensormaps.cuh); the collectives' Params take it from here.
   const cute::TmaDescriptor* tensormaps = nullptr;
+  // A CTA's odd-numbered tiles walk K backwards (k_order.cuh; GroupMProblem::k_order).
+  bool alternate_k = false;
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N

@@ -27,7 +27,6 @@ extern const GroupKInstance group_k_bf16_f32_wide21, group_k_bf16_bf16_wide21;
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
 extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_pp64w21, group_k_bf16_bf16_pp64w21;  // kernels_study_pp64w21.cu
-extern const GroupKInstance group_k_bf16_bf16_ppdefer;  // kernels_study_ppdefer.cu
 #endif
 
 }  // namespace moekit::cuda::sm90

@@ -194,6 +194,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.order = group_k_order<G>(p, hw);
   args.problem_shape.unit_starts = arr.unit_starts;
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
+  args.problem_shape.alternate_k = p.k_order == 1;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;

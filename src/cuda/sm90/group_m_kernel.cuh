@@ -261,6 +261,7 @@ typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupAr
   args.problem_shape.order = group_m_order(p);
   args.problem_shape.unit_starts = arr.unit_starts;
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
+  args.problem_shape.alternate_k = p.k_order == 1;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
   // EVT arguments: {children..., op}: {acc fetch, bias row broadcast, plus}.
   typename G::HNode::Arguments h{

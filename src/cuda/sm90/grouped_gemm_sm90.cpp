@@ -75,9 +75,6 @@ int choose_config(const GroupMProblem& p) {
 //   wide21    cooperative 128x256 with a 2x1 cluster for bf16 problems that would take kLarge,
 //             and bf16 group-K
 //   pp64w21   ping-pong 64x256 with a 2x1 cluster likewise
-//   ppdefer   the bf16 -> bf16 group-K of < 2048 rows per group on kLarge's ping-pong tile with
-//             each warpgroup's TMA-store drain deferred to its next epilogue
-//             (kernels_study_ppdefer.cu)
 // Any other value is an error, and so is any of them in a build without the study instances.
 // MOEKIT_SM90_TILE_PASS=fprop|dgrad|wgrad|dswiglu (unset: every pass) puts the study tile on that
 // one pass (fprop: plain and with the SwiGLU epilogue; dgrad: plain and with the SwiGLU backward;
@@ -85,7 +82,7 @@ int choose_config(const GroupMProblem& p) {
 // ping-pong 128x128 with MOEKIT_SM90_TILE=pingpong while the plain dgrad keeps its tile), the others
 // on their default tiles, for per-pass A/B runs of whole steps.
 enum class StudyTile {  // env order
-  None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21, PpDefer
+  None = -1, Coop, Wide, PingPong, Epi32, Small256, Wide21, PingPong64W21
 };
 enum class Pass { Fprop, Dgrad, Wgrad, DSwiGlu };  // env order
 bool study_pass(Pass pass) {
@@ -96,7 +93,7 @@ bool study_pass(Pass pass) {
 StudyTile study_tile(Pass pass) {
   static const int tile = detail::env_choice(
       "MOEKIT_SM90_TILE",
-      {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21", "ppdefer"});
+      {"coop", "wide", "pingpong", "epi32", "small256", "wide21", "pp64w21"});
   if (tile < 0) return StudyTile::None;
 #ifdef MOEKIT_SM90_TILE_STUDY
   return study_pass(pass) ? static_cast<StudyTile>(tile) : StudyTile::None;
@@ -125,6 +122,13 @@ int pdl_setting() {
   return pdl == 0 ? 0 : 1;
 }
 
+// MOEKIT_SM90_K_ORDER=forward|alternate (unset: forward): how a CTA's tiles walk K, for A/B runs;
+// a problem that names it keeps it.
+int k_order_setting() {
+  static const int k_order = detail::env_choice("MOEKIT_SM90_K_ORDER", {"forward", "alternate"});
+  return k_order < 0 ? 0 : k_order;
+}
+
 // MOEKIT_SM90_RASTER=m|n and MOEKIT_SM90_SWIZZLE=1|2|4|8|16 (unset: m, and each kernel's estimate): the tile
 // raster and swizzle of both forms for studies (GroupMProblem::raster, swizzle; GroupKProblem's);
 // a problem that names them keeps them.
@@ -148,15 +152,17 @@ template <class Problem>
 Problem resolved(Problem q) {
   if (q.order < 0) q.order = tile_order_setting();
   if (q.pdl < 0) q.pdl = pdl_setting();
+  if (q.k_order < 0) q.k_order = k_order_setting();
   if (q.raster < 0) q.raster = raster_setting();
   if (q.swizzle < 0) q.swizzle = swizzle_setting();  // still -1: the kernel's estimate
   return q;
 }
 
-// The raster and swizzle a problem names: -1 (automatic) or a value CUTLASS's scheduler takes.
+// The raster, swizzle and K order a problem names: -1 (automatic) or a value the kernels take.
 template <class Problem>
-std::string rejects_raster(const Problem& p) {
+std::string rejects_schedule(const Problem& p) {
   if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
+  if (p.k_order < -1 || p.k_order > 1) return str("k_order -1, 0 or 1, got ", p.k_order);
   const int m_first = static_cast<int>(kStripeMFirst);
   const int width = p.swizzle > 0 ? p.swizzle & ~m_first : p.swizzle;
   if (width != -1 && width != 1 && width != 2 && width != 4 && width != 8 && width != 16) {
@@ -194,7 +200,6 @@ const GroupMInstance& instance(const GroupMProblem& p) {
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
       case StudyTile::Epi32:  // group-M keeps kLarge
-      case StudyTile::PpDefer:
       case StudyTile::Small256:
       case StudyTile::None: break;
     }
@@ -290,7 +295,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
       case StudyTile::Epi32: return kEpi32.pick(p);
       case StudyTile::Wide21: return kWide21.pick(p);
       case StudyTile::PingPong64W21: return kPp64w21.pick(p);
-      case StudyTile::PpDefer:  // the bf16 dw of ping-pong 128x128 below
       case StudyTile::Small256:  // group-K keeps its tile
       case StudyTile::PingPong:  // group-K stays on kLarge's ping-pong tile
       case StudyTile::None: break;
@@ -317,11 +321,6 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
     return (wide21 ? kWide21 : kWide).pick(p);
   }
-#ifdef MOEKIT_SM90_TILE_STUDY
-  if (!f16 && p.dw_dtype != DType::F32 && study_tile(Pass::Wgrad) == StudyTile::PpDefer) {
-    return group_k_bf16_bf16_ppdefer;
-  }
-#endif
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
@@ -329,7 +328,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 
 std::string rejects(const GroupMProblem& p, int device) {
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
-  if (std::string why = rejects_raster(p); !why.empty()) return why;
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
   if (p.glu_z) {
     if (!p.b_transposed) return "the SwiGLU epilogue is built for fprop (b transposed) only";
     if (p.n % 64 != 0) {
@@ -369,7 +368,7 @@ std::string rejects(const GroupKProblem& p, int device) {
     return str("dw dtype f32 or ", name(p.dtype), ", got ", name(p.dw_dtype));
   }
   if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
-  if (std::string why = rejects_raster(p); !why.empty()) return why;
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
   return rejects_common(device, p.dtype, p.counts, p.k, p.n,
                         {{"dy", p.dy}, {"x", p.x}, {"dw", p.dw}});
 }

@@ -72,6 +72,11 @@ struct GroupMProblem {
   // Programmatic dependent launch of the GEMM after its setup kernel (kernel_common.cuh,
   // run_gemm): -1 automatic (on; env MOEKIT_SM90_PDL=0 turns it off), 0 off, 1 on.
   int pdl = -1;
+  // How a CTA's tiles walk K (k_order.cuh): -1 automatic (forward; env
+  // MOEKIT_SM90_K_ORDER=forward|alternate for A/B runs), 0 forward, 1 alternating (a CTA's
+  // odd-numbered tiles walk K backwards, so a wave starts on the K blocks the wave before read
+  // last, still in L2). The same setting and env apply to GroupKProblem (K = the group's rows).
+  int k_order = -1;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
   // p_t = glu_probs[t] (nullptr: 1). Needs b_transposed and n % 64 == 0; bit-identical to running
@@ -142,6 +147,7 @@ struct GroupKProblem {
   // CUTLASS's need raster 0.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
+  int k_order = -1;  // as GroupMProblem::k_order
   // Raster and swizzle of the [n, k] output tiles (M = n, N = k), as GroupMProblem's.
   int raster = -1;
   int swizzle = -1;

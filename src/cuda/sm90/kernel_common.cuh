@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/sm90/k_order.cuh"
 #include "cuda/sm90/prebuilt_tensormaps.cuh"
 #include "cuda/sm90/tile_units.h"
 #include "cute/tensor.hpp"
@@ -200,17 +201,19 @@ constexpr auto epilogue_tile_or(Fallback fallback) {
 // stages take what the epilogue leaves of shared memory), the kernel, and the per-group shape and
 // stride types the setup kernels fill.
 // Both collectives take every group's TMA descriptors from the setup kernel
-// (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change.
+// (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change; the mainloop
+// walks K as the call says (k_order.cuh).
 template <class P>
 struct GroupedGemm : P {
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
-  using CollectiveMainloop = PrebuiltMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
+  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
       typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
       typename P::Config::Tile, typename P::Config::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage))>,
-      typename P::Config::Schedule>::CollectiveOp>;
+      typename P::Config::Schedule>::CollectiveOp;
+  using CollectiveMainloop = KOrderMainloop<PrebuiltMainloop<CutlassMainloop>>;
   using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -499,6 +502,7 @@ struct ParamsKey {
   void* workspace = nullptr;
   int variant = 0;
   int raster = 0, swizzle = 0;
+  int k_order = 0;
   bool operator==(const ParamsKey&) const = default;
 };
 
@@ -544,7 +548,8 @@ struct GroupedCall {
   // templates in them (templates_of).
   typename G::Gemm::Params gemm_params(const Problem& p, void* workspace, cudaStream_t stream,
                                        const char* name, int variant, int raster = 0, int swizzle = 1) const {
-    const ParamsKey key{device, p.counts.groups, p.n, p.k, workspace, variant, raster, swizzle};
+    const ParamsKey key{device,  p.counts.groups, p.n,     p.k,      workspace,
+                        variant, raster,          swizzle, p.k_order};
     return cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw), workspace, stream, name);
   }
   // Launches it, after the setup kernel filled `arrays`: what GemmUniversalAdapter::run does
