@@ -5,6 +5,8 @@
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
 //                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns|back-to-back]
+//                [--list]
+// --list prints the shapes a run would take (one line each: name E T K N) and stops, no GPU needed.
 // --shapes takes the suite's names and, for studies, custom_E<E>_T<T>_K<K>_N<N> (any sizes, K and N
 // multiples of 8; e.g. custom_E1_T4096_K7168_N4096, one group of dsv3 fc1), which tools/gemm-profile
 // passes through.
@@ -136,9 +138,16 @@ std::optional<Shape> custom_shape(const std::string& name) {
   return Shape{names.emplace_back(name).c_str(), e, t, k, n, "custom"};
 }
 
-// The shapes a run takes: the suite's named in --shapes, in suite order, then the custom ones in
-// the order given; each with the index its seeds derive from (a suite shape's own index in the
-// suite, so its skewed splits and data do not depend on which other shapes run; custom ones after).
+// An empty list wants everything.
+bool wanted(const std::vector<std::string>& list, const std::string& x) {
+  return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+}
+
+// The shapes a run takes: the suite's named in --shapes (all of them without --shapes), in suite
+// order, then the custom ones in the order given; each with the index its seeds derive from (a
+// suite shape's own index in the suite, so its skewed splits and data do not depend on which other
+// shapes run; custom ones after). (From 5ee7c7a to 2026-12-01 a run without --shapes took none:
+// tools/gpu-check's suite printed no rows; ctest bench.selection checks this with --list.)
 struct SelectedShape {
   Shape shape;
   size_t index;
@@ -146,9 +155,7 @@ struct SelectedShape {
 std::vector<SelectedShape> selected_shapes(const std::vector<std::string>& wanted_names) {
   std::vector<SelectedShape> out;
   for (size_t i = 0; i < std::size(kSuite); ++i) {
-    if (std::find(wanted_names.begin(), wanted_names.end(), kSuite[i].name) != wanted_names.end()) {
-      out.push_back({kSuite[i], i});
-    }
+    if (wanted(wanted_names, kSuite[i].name)) out.push_back({kSuite[i], i});
   }
   size_t next = std::size(kSuite);
   for (const std::string& name : wanted_names) {
@@ -446,6 +453,7 @@ struct Options {
   uint64_t seed = 1234;
   std::string json, commit;
   Timing timing = Timing::Alone;
+  bool list = false;  // --list: print the shapes the run would take and stop (no GPU needed)
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -455,10 +463,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
-}
-
-bool wanted(const std::vector<std::string>& list, const std::string& x) {
-  return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
 }
 
 // Sampled fp64 check of one pass. Tolerance per element: eps(bf16)·|ref| + eps(f32)·L·Σ|term|.
@@ -1006,7 +1010,7 @@ int run(const Options& o) {
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
                "[--passes fprop,dgrad,wgrad,wgrad_f32] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
                "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none] "
-               "[--timing alone|turns|back-to-back]\nshapes:",
+               "[--timing alone|turns|back-to-back] [--list]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
   std::fprintf(stderr, ", or custom_E<E>_T<T>_K<K>_N<N> (K, N multiples of 8)\n");
@@ -1045,6 +1049,7 @@ int main(int argc, char** argv) {
       const std::string v = value();
       o.compare = v == "none" ? std::vector<std::string>{} : split_list(v);
     }
+    else if (a == "--list") o.list = true;
     else if (a == "-h" || a == "--help") usage("moekit_bench: the PERFORMANCE.md grouped-GEMM suite");
     else usage(("unknown argument " + a).c_str());
   }
@@ -1062,6 +1067,13 @@ int main(int argc, char** argv) {
   }
   for (const std::string& p : o.passes) {
     if (!wanted(kPasses, p)) usage(("unknown pass " + p).c_str());
+  }
+  if (o.list) {
+    for (const auto& [s, si] : selected_shapes(o.shapes)) {
+      std::printf("%s E=%lld T=%lld K=%lld N=%lld\n", s.name, static_cast<long long>(s.E),
+                  static_cast<long long>(s.T), static_cast<long long>(s.K), static_cast<long long>(s.N));
+    }
+    return 0;
   }
   try {
     return run(o);
