@@ -5,8 +5,10 @@
 //   moekit_bench [--shapes a,b] [--routing uniform,skewed] [--passes fprop,dgrad,wgrad,wgrad_f32]
 //                [--backends sm90,cublas] [--iters 20] [--warmup 5] [--warmup-ms 500] [--seed 1234]
 //                [--json out.json] [--commit id] [--compare shapes|none] [--timing alone|turns|back-to-back]
-//                [--list]
+//                [--list] [--data normal|constant]
 // --list prints the shapes a run would take (one line each: name E T K N) and stops, no GPU needed.
+// --data constant fills every input with 1.0 instead of normal draws: for power studies only (the
+// tensor cores' operands then never toggle; the targets are judged on normal data).
 // --shapes takes the suite's names and, for studies, custom_E<E>_T<T>_K<K>_N<N> (any sizes, K and N
 // multiples of 8; e.g. custom_E1_T4096_K7168_N4096, one group of dsv3 fc1), which tools/gemm-profile
 // passes through.
@@ -201,9 +203,24 @@ __global__ void bf16_to_f32(const __nv_bfloat16* src, float* dst, size_t n) {
   }
 }
 
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, float value) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    p[i] = __float2bfloat16_rn(value);
+  }
+}
+
+// --data constant (a power study, not a benchmark): every input 1.0 instead of normal draws, so
+// the tensor cores' operands never change. Set once, from the command line, before any run.
+bool g_constant_data = false;
+
 void fill_randn(const Context& ctx, const Tensor& t, uint64_t seed) {
-  randn_bf16<<<1024, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
-      t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  if (g_constant_data) {
+    fill_bf16<<<1024, 256, 0, stream>>>(t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), 1.0f);
+  } else {
+    randn_bf16<<<1024, 256, 0, stream>>>(t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed);
+  }
   CK(cudaGetLastError());
 }
 
@@ -766,12 +783,13 @@ int run(const Options& o) {
               env_batching ? "  MOEKIT_CUBLAS_BATCHING=" : "", env_batching ? env_batching : "",
               prop.name, prop.multiProcessorCount, clocks_before.c_str());
   std::printf("warm-up %d calls and >= %.0f ms, median of %d runs per backend (CUDA events, "
-              "%s), bf16 in, bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 "
+              "%s), bf16 in (%s), bf16 out (wgrad_f32: an fp32 main_grad, accumulated), fp32 "
               "accumulation; MHz: the SM clock halfway through a backend's timed runs%s\n\n",
               o.warmup, o.warmup_ms, o.iters,
               o.timing == Timing::Alone  ? "each backend alone"
               : o.timing == Timing::Turns ? "backends in turns"
                                           : "each backend alone, per call of 16 back to back",
+              g_constant_data ? "every input 1.0: --data constant, a power study" : "normal draws",
               Nvml::instance().sample().valid ? "" : " (NVML not available: -)");
   std::printf("%-15s %-8s %-9s %4s %6s %6s %6s", "shape", "routing", "pass", "E", "T", "K", "N");
   for (const auto& b : o.backends) {
@@ -948,7 +966,8 @@ int run(const Options& o) {
       << "\",\n  \"sm_count\": " << prop.multiProcessorCount << ",\n  \"clocks_before\": \""
       << json_escape(clocks_before) << "\",\n  \"clocks_after\": \"" << json_escape(clocks_after)
       << "\",\n  \"dtype\": \"bf16\",\n  \"iters\": " << o.iters << ",\n  \"warmup\": " << o.warmup
-      << ",\n  \"warmup_ms\": " << o.warmup_ms << ",\n  \"timing\": \""
+      << ",\n  \"warmup_ms\": " << o.warmup_ms
+      << ",\n  \"data\": \"" << (g_constant_data ? "constant" : "normal") << "\",\n  \"timing\": \""
       << timing_name(o.timing)
       << "\",\n  \"seed\": " << o.seed << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
@@ -1010,7 +1029,7 @@ int run(const Options& o) {
                "%s\nusage: moekit_bench [--shapes a,b] [--routing uniform,skewed] "
                "[--passes fprop,dgrad,wgrad,wgrad_f32] [--backends sm90,cublas] [--iters N] [--warmup N] [--warmup-ms MS] "
                "[--samples N] [--seed S] [--json FILE] [--commit ID] [--compare a,b|none] "
-               "[--timing alone|turns|back-to-back] [--list]\nshapes:",
+               "[--timing alone|turns|back-to-back] [--list] [--data normal|constant]\nshapes:",
                msg);
   for (const Shape& s : kSuite) std::fprintf(stderr, " %s", s.name);
   std::fprintf(stderr, ", or custom_E<E>_T<T>_K<K>_N<N> (K, N multiples of 8)\n");
@@ -1050,6 +1069,11 @@ int main(int argc, char** argv) {
       o.compare = v == "none" ? std::vector<std::string>{} : split_list(v);
     }
     else if (a == "--list") o.list = true;
+    else if (a == "--data") {
+      const std::string v = value();
+      if (v != "normal" && v != "constant") usage(("--data normal or constant, got " + v).c_str());
+      g_constant_data = v == "constant";
+    }
     else if (a == "-h" || a == "--help") usage("moekit_bench: the PERFORMANCE.md grouped-GEMM suite");
     else usage(("unknown argument " + a).c_str());
   }

@@ -15,4 +15,6 @@ small_E64 E=64 T=4096 K=2048 N=1024
 custom_E2_T64_K128_N256 E=2 T=64 K=128 N=256"
 "$bench" --list --shapes no_such_shape >/dev/null 2>&1
 expect "unknown shape refused" "$?" 2
+"$bench" --list --data zeros >/dev/null 2>&1
+expect "unknown --data refused" "$?" 2
 exit $fail
