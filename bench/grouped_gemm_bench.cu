@@ -214,7 +214,8 @@ __global__ void fill_bf16(__nv_bfloat16* p, size_t n, float value) {
 // the tensor cores' operands never change. Set once, from the command line, before any run.
 bool g_constant_data = false;
 
-void fill_randn(const Context& ctx, const Tensor& t, uint64_t seed) {
+// A bf16 input: normal(0, 1) draws from `seed`, or 1.0 everywhere under --data constant.
+void fill_input(const Context& ctx, const Tensor& t, uint64_t seed) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   if (g_constant_data) {
     fill_bf16<<<1024, 256, 0, stream>>>(t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), 1.0f);
@@ -699,8 +700,8 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
   Tensor w = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
   Tensor y = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
   Tensor y2 = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
-  fill_randn(ctx, x, seed + 1);
-  fill_randn(ctx, w, seed + 2);
+  fill_input(ctx, x, seed + 1);
+  fill_input(ctx, w, seed + 2);
   Tensor counts_dev = Tensor::empty({s.E}, DType::I64, ctx);
   CK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
   const Splits host = Splits::host(counts), device = Splits::device(counts_dev);
@@ -727,7 +728,7 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
     Tensor dy = Tensor::empty({s.T, s.N}, DType::BF16, ctx);
     Tensor dw = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
     Tensor dw2 = Tensor::empty({s.E, s.N, s.K}, DType::BF16, ctx);
-    fill_randn(ctx, dy, seed + 3);
+    fill_input(ctx, dy, seed + 3);
     auto wgrad = [&] { moekit::grouped_gemm_group_k(ctx, dy, x, device, dw, false); };
     out.push_back(alone_vs_back_to_back(ctx, o, s, "wgrad", wgrad, dw, dw2,
                                         static_cast<size_t>(s.E * s.N * s.K), start, stop));
@@ -810,15 +811,15 @@ int run(const Options& o) {
     Tensor y = Tensor::empty({s.T, s.N}, DType::BF16, base);
     Tensor dx = Tensor::empty({s.T, s.K}, DType::BF16, base);
     Tensor dw = Tensor::empty({s.E, s.N, s.K}, DType::BF16, base);
-    fill_randn(base, x, ++data_seed);
-    fill_randn(base, w, ++data_seed);
-    fill_randn(base, dy, ++data_seed);
+    fill_input(base, x, ++data_seed);
+    fill_input(base, w, ++data_seed);
+    fill_input(base, dy, ++data_seed);
     // wgrad_f32: main_grad and its starting values (standard normal), only when that pass runs.
     Tensor main_grad, main_grad_init;
     if (wanted(o.passes, "wgrad_f32")) {
       main_grad = Tensor::empty({s.E, s.N, s.K}, DType::F32, base);
       main_grad_init = Tensor::empty({s.E, s.N, s.K}, DType::F32, base);
-      fill_randn(base, dw, ++data_seed);
+      fill_input(base, dw, ++data_seed);
       bf16_to_f32<<<1024, 256, 0, stream>>>(dw.data_as<__nv_bfloat16>(), main_grad_init.data_as<float>(),
                                             static_cast<size_t>(dw.numel()));
       CK(cudaGetLastError());
