@@ -351,9 +351,7 @@ class CudaSm90Wgrad : public ::testing::TestWithParam<Sm90WgradCase> {};
 // hold NaN: a group whose K range ran past its rows (or into the tail) would turn NaN. dw starts
 // as NaN when overwritten (beta = 0 must not read it), as random values when accumulating (empty
 // groups must keep them bit for bit).
-TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
-  MOEKIT_REQUIRE_SM90();
-  const Sm90WgradCase& c = GetParam();
+void check_wgrad_case(const Sm90WgradCase& c) {
   const Context& ctx = sm90();
   const int64_t G = static_cast<int64_t>(c.counts.size()), S = sum_of(c.counts);
   Tensor dy_h = test::random_normal({c.T, c.N}, c.dtype, 41);
@@ -391,7 +389,42 @@ TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
   }
 }
 
+TEST_P(CudaSm90Wgrad, MatchesFp64ReferenceEmptyGroupsExact) {
+  MOEKIT_REQUIRE_SM90();
+  check_wgrad_case(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90Wgrad, ::testing::ValuesIn(kWgradCases), wgrad_case_name);
+
+// Fuzzed wgrad shapes: G in [1, 40], N and K multiples of 8 in [8, 264] (edge tiles in both output
+// dims, 8-column tails), mostly small groups with zero-row groups (now and then one large group,
+// or all empty), a tail of NaN rows, bf16 / f16 into the input dtype or f32 (accumulating or not),
+// i32 / i64 counts.
+TEST(CudaSm90, WgradFuzzedShapesMatchFp64Reference) {
+  MOEKIT_REQUIRE_SM90();
+  std::mt19937_64 rng(1201);
+  auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int it = 0; it < 14; ++it) {
+    const int64_t G = uniform(1, 40);
+    std::vector<int64_t> counts(static_cast<size_t>(G), 0);
+    const int kind = static_cast<int>(uniform(0, 6));
+    for (auto& m : counts) m = kind == 0 ? 0 : (uniform(0, 3) == 0 ? 0 : uniform(1, 150));
+    if (kind == 1) counts[static_cast<size_t>(uniform(0, G - 1))] = uniform(300, 900);
+    const DType dt = uniform(0, 3) == 0 ? DType::F16 : DType::BF16;
+    const int out = static_cast<int>(uniform(0, 2));  // 0, 1: the input dtype; 2: f32
+    const bool accumulate = out == 2 && uniform(0, 1) == 1;
+    const std::string case_name = str("fuzz", it);
+    const Sm90WgradCase c{case_name.c_str(), dt, out == 2 ? DType::F32 : dt, accumulate,
+                          uniform(0, 1) ? DType::I32 : DType::I64, sum_of(counts) + uniform(1, 30),
+                          8 * uniform(1, 33), 8 * uniform(1, 33), counts};
+    SCOPED_TRACE(str("case ", it, ": G ", G, " T ", c.T, " K ", c.K, " N ", c.N, " ", name(dt),
+                     " -> ", name(c.dw_dtype), accumulate ? " accumulate" : "", " counts ",
+                     ::testing::PrintToString(counts)));
+    check_wgrad_case(c);
+  }
+}
 
 // Invalid device counts: dw keeps every byte (no empty group zeroed, no GEMM), the error word says why.
 TEST(CudaSm90, WgradWithInvalidDeviceCountsWritesNothingAndSetsTheErrorBit) {
