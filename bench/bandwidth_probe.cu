@@ -38,8 +38,10 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;  // vectors in flight per thread per step
 
-__global__ void read_kernel(const uint4* __restrict__ in, size_t n, uint32_t* __restrict__ sink) {
-  uint32_t acc = 0;
+// Every 16-byte vector of `in` loaded once, grid-stride, kUnroll loads in flight per thread
+// before `use(index, vector)` sees them.
+template <class Use>
+__device__ void stream_in(const uint4* __restrict__ in, size_t n, Use use) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
@@ -47,12 +49,14 @@ __global__ void read_kernel(const uint4* __restrict__ in, size_t n, uint32_t* __
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(in + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < kUnroll; ++u) use(i + u * stride, v[u]);
   }
-  for (; i < n; i += stride) {
-    const uint4 v = __ldcs(in + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
+  for (; i < n; i += stride) use(i, __ldcs(in + i));
+}
+
+__global__ void read_kernel(const uint4* __restrict__ in, size_t n, uint32_t* __restrict__ sink) {
+  uint32_t acc = 0;
+  stream_in(in, n, [&](size_t, uint4 v) { acc ^= v.x ^ v.y ^ v.z ^ v.w; });
   // One word per block: the loads feed a store the compiler cannot prove dead.
   acc = __reduce_xor_sync(0xffffffffu, acc);
   if (threadIdx.x % 32 == 0) atomicXor(sink + blockIdx.x, acc);
@@ -67,16 +71,7 @@ __global__ void write_kernel(uint4* __restrict__ out, size_t n, uint32_t seed) {
 }
 
 __global__ void copy_kernel(const uint4* __restrict__ in, uint4* __restrict__ out, size_t n) {
-  const size_t stride = size_t{gridDim.x} * blockDim.x;
-  size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(in + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) __stcs(out + i + u * stride, v[u]);
-  }
-  for (; i < n; i += stride) __stcs(out + i, __ldcs(in + i));
+  stream_in(in, n, [&](size_t i, uint4 v) { __stcs(out + i, v); });
 }
 
 struct Options {
