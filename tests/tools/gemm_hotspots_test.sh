@@ -4,7 +4,8 @@
 # "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
 # without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
 # records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
-# name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING.
+# name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING; with
+# HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix.
 # Usage: gemm_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-hotspots"
@@ -20,7 +21,11 @@ out=$(HOTSPOTS_TOP=2 "$tool" --table "$work/source.csv")
 expect head "$(sed -n 1p <<<"$out")" "3 SASS instructions, 2000 stall samples; top 2:"
 expect first "$(sed -n 4p <<<"$out")" "| 75.0 | 0x7f10 | @P0   BRA 0x7f40 | long_sb 99%, wait 1% |"
 expect second "$(sed -n 5p <<<"$out")" "| 24.5 | 0x7f20 | WARPGROUP.DEPBAR.LE gsb0, 0x1 | barrier 92%, wait 8% |"
-expect lines "$(wc -l <<<"$out")" 5
+# The instruction mix, by opcode (predicates dropped): BRA 63488 of 67120, DEPBAR 2048.
+expect mix "$(sed -n 7p <<<"$out")" "instruction mix: 0.07 M warp instructions executed; top 2:"
+expect "mix first" "$(sed -n 10p <<<"$out")" "| BRA | 0.063 | 94.6 |"
+expect "mix second" "$(sed -n 11p <<<"$out")" "| WARPGROUP.DEPBAR.LE | 0.002 | 3.1 |"
+expect lines "$(wc -l <<<"$out")" 11
 sed 's/Warp Stall Sampling (All Samples)/Samples/' "$work/source.csv" >"$work/no-samples.csv"
 "$tool" --table "$work/no-samples.csv" >/dev/null 2>&1
 expect "no samples column fails" "$?" 1
@@ -46,8 +51,11 @@ expect "setup run" "$?" 0
 HOTSPOTS_SAMPLING=0 GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
   "$tool" small_E64 dgrad >"$work/run3.log" 2>&1
 expect "sampling run" "$?" 0
+HOTSPOTS_BACKEND=cublas GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
+  "$tool" small_E64 wgrad >"$work/run4.log" 2>&1
+expect "cublas run" "$?" 0
 expect "ncu arguments" "$(tr '\n' ' ' <"$work/ncu.args")" \
-  "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup k regex:device_kernel s 0 o small_E64-dgrad-uniform "
+  "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup k regex:device_kernel s 0 o small_E64-dgrad-uniform k regex:nvjet|gemm|cutlass|xmma o small_E64-wgrad-uniform-cublas "
 expect "setup title" "$(grep '^#' "$work/run2.log")" \
   "# small_E64 skewed fprop (default), kernel regex:setup: SASS hotspots"
 exit $fail
