@@ -17,6 +17,7 @@
 #pragma once
 
 #include "cuda/sm90/blocked_scheduler.cuh"
+#include "cutlass/epilogue/thread/activation.h"
 #include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/kernel_common.cuh"
 
@@ -64,12 +65,23 @@ struct GroupKParts {
     }
   }
   using EpilogueTile = decltype(epilogue_tile_or<Config>(default_epilogue_tile()));
+  // What the epilogue computes. A dw in the input dtype has no source (beta = 0) and alpha = 1:
+  // the accumulator, converted — CUTLASS's LinearCombination would still multiply every element
+  // by alpha (one FMUL each: 16% of the instructions of small_E64's wgrad, whose tiles are nearly
+  // all epilogue; bench/results/2026-12-01-nvidia-h200-4928670-instruction-mix.md). An f32 dw
+  // (main_grad) keeps alpha·acc + beta·C, beta = 1 when accumulating.
+  using FusionOp = std::conditional_t<
+      std::is_void_v<ElementC>,
+      cutlass::epilogue::fusion::Sm90EVT<
+          cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, ElementD, float,
+                                                 cutlass::FloatRoundStyle::round_to_nearest>,
+          cutlass::epilogue::fusion::Sm90AccFetch>,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
       typename Config::Cluster, EpilogueTile, float, float,
       ElementC, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
-      typename Config::EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
+      typename Config::EpilogueSchedule, FusionOp>::CollectiveOp;
 
 };
 template <DType kDType, DType kOut, class Config>
@@ -196,11 +208,11 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
   args.problem_shape.alternate_k = p.k_order == 1;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
   if constexpr (std::is_void_v<typename G::ElementC>) {
-    args.epilogue.ptr_C = nullptr;
+    args.epilogue.ptr_C = nullptr;  // the accumulator converted: no scalars (GroupKParts::FusionOp)
   } else {
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = p.accumulate ? 1.0f : 0.0f;
     args.epilogue.ptr_C = const_cast<const typename G::ElementC**>(arr.ptr_d);
   }
   args.epilogue.dC = arr.stride_d;
