@@ -17,9 +17,9 @@
 #pragma once
 
 #include "cuda/sm90/blocked_scheduler.cuh"
-#include "cutlass/epilogue/thread/activation.h"
 #include "cuda/sm90/group_k_instances.h"
 #include "cuda/sm90/kernel_common.cuh"
+#include "cutlass/epilogue/thread/activation.h"
 
 namespace moekit::cuda::sm90 {
 
