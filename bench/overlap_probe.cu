@@ -1,0 +1,317 @@
+// moekit_overlap_probe: does a grouped MLP's backward gain from running its weight gradients on a
+// second stream, beside the input-gradient chain? (design/PERFORMANCE.md, "What holds each
+// target": the MLP step.) Each persistent GEMM ends in a partial last wave; a GEMM on another
+// stream can fill those SMs, which one stream cannot.
+//
+// For each preset (the `moekit run` presets' shapes: qwen3 E16 T16384 H4096 F1536, dsv3 E8 T32768
+// H7168 F2048; Dirichlet(1) routing, device splits, bf16, random normal data) it times the
+// backward's GEMMs and the SwiGLU backward, two ways, through the public primitives:
+//   serial      one stream, the GroupedMLP::backward order: fc2 dgrad, fc2 wgrad, SwiGLU backward,
+//               fc1 dgrad, fc1 wgrad;
+//   two streams stream A: fc2 dgrad, SwiGLU backward, fc1 dgrad; stream B (a second Context, its
+//               own workspace): fc2 wgrad, then (after A's SwiGLU backward) fc1 wgrad; A waits
+//               for B at the end (fork / join with events).
+// Both run --steps steps back to back per timed run (events on stream A around them), after
+// --warmup-ms of the same work, in --turns turns (serial, then two streams); prints the medians
+// per step and their ratio, and checks that both ways wrote bit-identical dx, dW1, dW2 and dh.
+// Exit status 1 on any error or a mismatch, 2 on a bad argument.
+// Usage: moekit_overlap_probe [--presets qwen3,dsv3] [--steps N] [--turns N] [--warmup-ms MS]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+
+namespace {
+
+using namespace moekit;
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                \
+                   cudaGetErrorString(e_));                                             \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+struct Preset {
+  const char* name;
+  int64_t E, T, H, F;
+};
+constexpr Preset kPresets[] = {{"qwen3", 16, 16384, 4096, 1536}, {"dsv3", 8, 32768, 7168, 2048}};
+
+__device__ uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Standard normal values (Box-Muller on a counter hash), scaled.
+__global__ void normal_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint64_t h = splitmix(seed * 0x2545f4914f6cdd1dull + i);
+    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777216.0f);
+    const float u2 = static_cast<float>(h & 0xffffffu) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn(scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+__global__ void uniform_f32(float* p, size_t n, uint64_t seed) {
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    p[i] = 0.1f + static_cast<float>(splitmix(seed + i) >> 40) * (1.0f / 16777216.0f);
+}
+
+Tensor normal(const Shape& shape, uint64_t seed, float scale, const Context& ctx) {
+  Tensor t = Tensor::empty(shape, DType::BF16, ctx);
+  normal_bf16<<<1024, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
+      t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed, scale);
+  CHECK(cudaGetLastError());
+  return t;
+}
+
+// Dirichlet(1) shares of T rows over E groups, rounded by largest remainder (sum exactly T).
+std::vector<int64_t> skewed_counts(int64_t E, int64_t T, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> ex(1.0);
+  std::vector<double> w(static_cast<size_t>(E));
+  double sum = 0;
+  for (double& x : w) sum += (x = ex(rng));
+  std::vector<int64_t> c(w.size());
+  std::vector<std::pair<double, size_t>> rem;
+  int64_t assigned = 0;
+  for (size_t g = 0; g < w.size(); ++g) {
+    const double exact = w[g] / sum * static_cast<double>(T);
+    c[g] = static_cast<int64_t>(std::floor(exact));
+    assigned += c[g];
+    rem.push_back({exact - std::floor(exact), g});
+  }
+  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; assigned < T; ++i, ++assigned) ++c[rem[i % rem.size()].second];
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The backward's operands and outputs of one preset; every output written by both ways.
+struct Problem {
+  Preset p;
+  Splits splits;
+  Tensor x, w1, w2, h, z, probs, dy;  // inputs (saved activations and weights)
+  Tensor dh, dx, dw1, dw2, dprobs;  // outputs
+};
+
+Problem make_problem(const Preset& p, const Context& ctx) {
+  Problem q{p};
+  const auto counts = skewed_counts(p.E, p.T, 7);
+  std::vector<int64_t> host(counts);
+  Tensor dev_counts = Tensor::empty({p.E}, DType::I64, ctx);
+  CHECK(cudaMemcpyAsync(dev_counts.data(), host.data(), host.size() * sizeof(int64_t),
+                        cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
+  q.splits = Splits::device(dev_counts);
+  q.x = normal({p.T, p.H}, 1, 1.0f, ctx);
+  q.w1 = normal({p.E, 2 * p.F, p.H}, 2, 1.0f / std::sqrt(static_cast<float>(p.H)), ctx);
+  q.w2 = normal({p.E, p.H, p.F}, 3, 1.0f / std::sqrt(static_cast<float>(p.F)), ctx);
+  q.h = normal({p.T, 2 * p.F}, 4, 1.0f, ctx);
+  q.z = normal({p.T, p.F}, 5, 1.0f, ctx);
+  q.dy = normal({p.T, p.H}, 6, 1.0f, ctx);
+  q.probs = Tensor::empty({p.T}, DType::F32, ctx);
+  uniform_f32<<<256, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(q.probs.data_as<float>(),
+                                                                        static_cast<size_t>(p.T), 8);
+  CHECK(cudaGetLastError());
+  q.dh = Tensor::empty({p.T, 2 * p.F}, DType::BF16, ctx);
+  q.dx = Tensor::empty({p.T, p.H}, DType::BF16, ctx);
+  q.dw1 = Tensor::empty({p.E, 2 * p.F, p.H}, DType::BF16, ctx);
+  q.dw2 = Tensor::empty({p.E, p.H, p.F}, DType::BF16, ctx);
+  q.dprobs = Tensor::empty({p.T}, DType::F32, ctx);
+  return q;
+}
+
+// One backward step, GroupedMLP::backward's calls (fc2's dgrad and the SwiGLU backward as one
+// grouped_gemm_dswiglu; the automatic backend choice, as `moekit run`). Serial (b == nullptr):
+// all on a, in backward's order. Otherwise the input-gradient chain on a, the weight gradients on
+// b, forked from and joined back into a.
+struct Fork {
+  Context b;
+  cudaEvent_t fork, dh_ready, join;
+};
+
+void step(const Problem& q, const Context& a, const Fork* f) {
+  const auto sa = static_cast<cudaStream_t>(a.stream());
+  if (f == nullptr) {
+    grouped_gemm_group_k(a, q.dy, q.z, q.splits, q.dw2, false);
+    grouped_gemm_dswiglu(a, q.dy, q.w2, q.splits, q.h, q.probs, GluLayout::Interleaved32, q.dh,
+                         q.dprobs, false);
+    grouped_gemm_group_m(a, q.dh, q.w1, BOp::Plain, q.splits, q.dx);
+    grouped_gemm_group_k(a, q.dh, q.x, q.splits, q.dw1, false);
+    return;
+  }
+  const auto sb = static_cast<cudaStream_t>(f->b.stream());
+  CHECK(cudaEventRecord(f->fork, sa));
+  CHECK(cudaStreamWaitEvent(sb, f->fork));
+  grouped_gemm_group_k(f->b, q.dy, q.z, q.splits, q.dw2, false);
+  grouped_gemm_dswiglu(a, q.dy, q.w2, q.splits, q.h, q.probs, GluLayout::Interleaved32, q.dh,
+                       q.dprobs, false);
+  CHECK(cudaEventRecord(f->dh_ready, sa));
+  grouped_gemm_group_m(a, q.dh, q.w1, BOp::Plain, q.splits, q.dx);
+  CHECK(cudaStreamWaitEvent(sb, f->dh_ready));
+  grouped_gemm_group_k(f->b, q.dh, q.x, q.splits, q.dw1, false);
+  CHECK(cudaEventRecord(f->join, sb));
+  CHECK(cudaStreamWaitEvent(sa, f->join));
+}
+
+// Milliseconds per step of `steps` steps back to back (events on a's stream).
+double time_steps(const Problem& q, const Context& a, const Fork* f, int steps) {
+  const auto sa = static_cast<cudaStream_t>(a.stream());
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  CHECK(cudaEventRecord(t0, sa));
+  for (int i = 0; i < steps; ++i) step(q, a, f);
+  CHECK(cudaEventRecord(t1, sa));
+  CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaEventDestroy(t0));
+  CHECK(cudaEventDestroy(t1));
+  return ms / steps;
+}
+
+// A copy of every output of a step (device memory, compared bytewise after the other way ran).
+std::vector<Tensor> snapshot(const Problem& q, const Context& ctx) {
+  std::vector<Tensor> out;
+  for (const Tensor* t : {&q.dx, &q.dw1, &q.dw2, &q.dh, &q.dprobs}) {
+    Tensor c = Tensor::empty(t->shape(), t->dtype(), ctx);
+    CHECK(cudaMemcpyAsync(c.data(), t->data(), t->nbytes(), cudaMemcpyDeviceToDevice,
+                          static_cast<cudaStream_t>(ctx.stream())));
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  std::vector<unsigned char> x(a.nbytes()), y(b.nbytes());
+  CHECK(cudaMemcpy(x.data(), a.data(), x.size(), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(y.data(), b.data(), y.size(), cudaMemcpyDeviceToHost));
+  return x == y;
+}
+
+int run_preset(const Preset& p, int steps, int turns, double warmup_ms) {
+  cudaStream_t sa, sb;
+  CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  const Context a = Context::cuda(0, sa);
+  Fork f{Context::cuda(0, sb), {}, {}, {}};
+  CHECK(cudaEventCreateWithFlags(&f.fork, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&f.dh_ready, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&f.join, cudaEventDisableTiming));
+  const Problem q = make_problem(p, a);
+
+  // Both ways once, outputs compared bytewise (same kernels, same inputs: identical bits).
+  step(q, a, nullptr);
+  const std::vector<Tensor> serial_out = snapshot(q, a);
+  step(q, a, &f);
+  CHECK(cudaStreamSynchronize(sa));
+  const char* names[] = {"dx", "dW1", "dW2", "dh", "dprobs"};
+  const std::vector<Tensor> outs = {q.dx, q.dw1, q.dw2, q.dh, q.dprobs};
+  int mismatches = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!same_bytes(serial_out[i], outs[i])) {
+      std::printf("%s: %s differs between the serial and the two-stream step\n", p.name, names[i]);
+      ++mismatches;
+    }
+  }
+
+  // Sustained load first: both ways in turns for warmup_ms.
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < warmup_ms) {
+    time_steps(q, a, nullptr, 2);
+    time_steps(q, a, &f, 2);
+  }
+  std::vector<double> serial, fork;
+  for (int t = 0; t < turns; ++t) {
+    serial.push_back(time_steps(q, a, nullptr, steps));
+    fork.push_back(time_steps(q, a, &f, steps));
+  }
+  const double s = median(serial), o = median(fork);
+  std::printf("| %s | %lld | %lld | %lld | %lld | %.3f | %.3f | %.3f | %s |\n", p.name,
+              static_cast<long long>(p.E), static_cast<long long>(p.T), static_cast<long long>(p.H),
+              static_cast<long long>(p.F), s, o, s / o, mismatches ? "DIFFER" : "bit-identical");
+  std::printf("<!-- %s turns, ms per step: serial", p.name);
+  for (double v : serial) std::printf(" %.3f", v);
+  std::printf("; two streams");
+  for (double v : fork) std::printf(" %.3f", v);
+  std::printf(" -->\n");
+  std::fflush(stdout);
+  CHECK(cudaEventDestroy(f.fork));
+  CHECK(cudaEventDestroy(f.dh_ready));
+  CHECK(cudaEventDestroy(f.join));
+  return mismatches ? 1 : 0;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "moekit_overlap_probe: %s\nusage: moekit_overlap_probe [--presets qwen3,dsv3] "
+               "[--steps N] [--turns N] [--warmup-ms MS]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string presets = "qwen3,dsv3";
+  int steps = 10, turns = 5;
+  double warmup_ms = 1000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) usage(arg + " needs a value");
+    const std::string v = argv[++i];
+    if (arg == "--presets") presets = v;
+    else if (arg == "--steps") steps = std::atoi(v.c_str());
+    else if (arg == "--turns") turns = std::atoi(v.c_str());
+    else if (arg == "--warmup-ms") warmup_ms = std::atof(v.c_str());
+    else usage("unknown argument " + arg);
+  }
+  if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
+  if (turns < 1) usage("--turns must be >= 1, got " + std::to_string(turns));
+  try {
+    std::printf("| preset | E | T | H | F | serial ms/step | two streams ms/step | serial / two streams | outputs |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    int rc = 0;
+    bool any = false;
+    std::string list = ",";  // ",qwen3,dsv3,": each name looked up with its commas
+    list += presets;
+    list += ',';
+    for (const Preset& p : kPresets) {
+      std::string name = ",";
+      name += p.name;
+      name += ',';
+      if (list.find(name) == std::string::npos) continue;
+      any = true;
+      rc |= run_preset(p, steps, turns, warmup_ms);
+    }
+    if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moekit_overlap_probe: %s\n", e.what());
+    return 1;
+  }
+}
