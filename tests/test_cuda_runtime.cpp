@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -23,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/side_stream.h"  // internal: the side stream's ordering (its tests below)
 #include "moekit/moekit.h"
 #include "support/mlp_reference.h"
 #include "support/cuda_graph.h"
@@ -146,6 +148,53 @@ TEST(CudaRuntime, ContextOwnsOrBorrowsStream) {
   fill(owner, t, 2.5);
   const auto v = test::to_doubles(owner, t);
   EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return x == 2.5; }));
+}
+
+// The side stream (src/core/side_stream.h) of a CPU context is the context itself: side work
+// runs in order, join() has nothing to wait for.
+TEST(SideStream, OnACpuContextForkReturnsTheContextItself) {
+  const Context cpu = Context::cpu(1);
+  detail::SideStream side(cpu);
+  EXPECT_EQ(side.fork().impl(), cpu.impl());
+  side.join();
+  detail::SideStream unwanted(cpu, /*wanted=*/false);
+  EXPECT_EQ(unwanted.fork().impl(), cpu.impl());
+}
+
+// A CUDA context's side stream is a second stream (one per context, kept), and its work sits
+// between fork() and join() in the context's stream order: each round fills a 256 MB source
+// several times on the context's stream (the last value differs per round), copies it on the
+// side stream, then reads the copy back on the context's stream. A fork that did not wait would
+// copy a partly filled source; a join that did not wait would read a partly written copy.
+TEST(SideStream, CudaSideWorkIsOrderedBetweenForkAndJoin) {
+  MOEKIT_REQUIRE_GPU();
+  if (const char* v = std::getenv("MOEKIT_SIDE_STREAM"); v && std::string(v) == "0") {
+    GTEST_SKIP() << "MOEKIT_SIDE_STREAM=0: no side stream in this process";
+  }
+  const Context ctx = Context::cuda(0);
+  constexpr int64_t kElems = int64_t{64} << 20;  // f32: 256 MB
+  const Tensor src = Tensor::empty({kElems}, DType::F32, ctx), dst = Tensor::empty({kElems}, DType::F32, ctx);
+  const void* side_stream = nullptr;
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    fill(ctx, dst, -1.0);
+    for (int i = 0; i < 6; ++i) fill(ctx, src, i == 5 ? 10.0 + round : static_cast<double>(i));
+    detail::SideStream side(ctx);
+    const Context& s = side.fork();
+    ASSERT_NE(s.stream(), ctx.stream()) << "a CUDA context's side work runs on a second stream";
+    if (round == 0) side_stream = s.stream();
+    EXPECT_EQ(s.stream(), side_stream) << "one side stream per context";
+    EXPECT_EQ(s.device(), ctx.device());
+    copy(s, src, dst);
+    side.join();
+    const Tensor host = Tensor::empty({kElems}, DType::F32, Context::cpu(1));
+    copy(ctx, dst, host);  // on ctx's stream, after the join
+    const float* v = host.data_as<float>();
+    const float want = static_cast<float>(10 + round);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < kElems; ++i) wrong += v[i] != want;
+    EXPECT_EQ(wrong, 0) << "elements of the side stream's copy that are not the last fill's value";
+  }
 }
 
 TEST(CudaRuntime, AllocatorCountsAndFreesInStreamOrder) {

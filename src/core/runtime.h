@@ -33,6 +33,15 @@ void cuda_fill(const Context& ctx, const Tensor& t, double value);
 void cuda_synchronize(const Context& ctx);
 /// Reads and clears the CUDA context's device error word (synchronises its stream).
 uint32_t cuda_take_error_bits(const Context& ctx);
+/// The side stream of a CUDA context (core/side_stream.h): the Impl of a context on a second
+/// stream of ctx's device, created on first use and owned by ctx's resources, with ctx's forced
+/// backend and error word and its own stream-ordered allocator and library handles. Null when
+/// it does not exist yet and cannot be made now: ctx's stream is capturing a CUDA graph
+/// (creating it allocates).
+std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx);
+/// `to`'s stream waits for everything queued so far on `from`'s stream (an event record and a
+/// stream wait: capturable). Nothing when both are the same stream.
+void cuda_order_after(const Context& to, const Context& from);
 
 }  // namespace detail
 }  // namespace moekit

@@ -52,7 +52,13 @@ struct CudaResources {
                                        // cublasGemmGroupedBatchedEx (same allocation)
   int sm_count = 0;
   uint32_t* error_word = nullptr;      // device argument errors (Context::device_error_bits),
-                                       // after the pointers (same allocation), zeroed at creation
+                                       // after the pointers (same allocation), zeroed at creation;
+                                       // a side stream's points at its owner's
+  cudaEvent_t order_event = nullptr;   // recorded on `stream` when another stream must wait for
+                                       // what is queued here (detail::cuda_order_after)
+  // The side stream (detail::cuda_side_context): its resources and allocator, made on first use.
+  std::shared_ptr<CudaResources> side;
+  std::shared_ptr<Allocator> side_allocator;
 
   std::mutex lt_mutex;
   std::map<LtPlanKey, cublasLtMatmulAlgo_t> lt_plans;
@@ -60,7 +66,8 @@ struct CudaResources {
   CudaResources() = default;
   CudaResources(const CudaResources&) = delete;
   CudaResources& operator=(const CudaResources&) = delete;
-  ~CudaResources();  // synchronises the stream, then releases everything (errors ignored)
+  ~CudaResources();  // synchronises the stream (and the side's), then releases everything
+                     // (errors ignored)
 };
 
 /// The resources of a CUDA context (throws InvalidArgument for a CPU context).

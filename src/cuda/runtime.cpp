@@ -82,7 +82,13 @@ CudaResources::~CudaResources() {
   int previous = -1;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device;
   if (restore) (void)cudaSetDevice(device);
+  // The side stream's work ends first: it may write our error word. (Tensors it allocated may
+  // keep its resources alive a while longer.)
+  if (side && side->stream) (void)cudaStreamSynchronize(side->stream);
+  side_allocator.reset();
+  side.reset();
   if (stream) (void)cudaStreamSynchronize(stream);
+  if (order_event) (void)cudaEventDestroy(order_event);
   if (blas) (void)cublasDestroy(blas);
   if (lt) (void)cublasLtDestroy(lt);
   if (workspace) (void)cudaFree(workspace);
@@ -90,6 +96,44 @@ CudaResources::~CudaResources() {
   if (restore) (void)cudaSetDevice(previous);
   (void)cudaGetLastError();
 }
+
+namespace {
+
+// A context's resources on `stream` (nullptr: a stream of its own, non-blocking): the device
+// pool, a cuBLAS + cuBLASLt handle bound to the stream, their workspace, the zeroed error word
+// and the ordering event. Partly built resources are released by their destructor on a throw.
+std::shared_ptr<CudaResources> make_resources(int device, cudaStream_t stream) {
+  auto res = std::make_shared<CudaResources>();
+  res->device = device;
+  DeviceGuard guard(device);
+  if (stream) {
+    res->stream = stream;  // borrowed: the caller keeps it alive
+  } else {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&res->stream, cudaStreamNonBlocking));
+    res->owns_stream = true;
+  }
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&res->sm_count, cudaDevAttrMultiProcessorCount, device));
+  res->pool = device_pool(device);
+  MOEKIT_CUDA_CHECK(cudaMalloc(&res->workspace, kWorkspaceBytes + kPointerBytes + sizeof(uint32_t)));
+  res->workspace_bytes = kWorkspaceBytes;
+  res->gemm_pointers = reinterpret_cast<void**>(static_cast<char*>(res->workspace) + kWorkspaceBytes);
+  res->error_word = reinterpret_cast<uint32_t*>(static_cast<char*>(res->workspace) +
+                                                kWorkspaceBytes + kPointerBytes);
+  MOEKIT_CUDA_CHECK(cudaMemset(res->error_word, 0, sizeof(uint32_t)));
+  MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&res->order_event, cudaEventDisableTiming));
+  MOEKIT_CUBLAS_CHECK(cublasCreate(&res->blas));
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+  MOEKIT_CUBLAS_CHECK(cublasSetStream(res->blas, res->stream));
+  MOEKIT_CUBLAS_CHECK(cublasSetWorkspace(res->blas, res->workspace, res->workspace_bytes));
+  // fp32 compute is exact fp32 (no TF32) and split-K reductions stay in fp32.
+  MOEKIT_CUBLAS_CHECK(cublasSetMathMode(
+      res->blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  MOEKIT_CUBLAS_CHECK(cublasLtCreate(&res->lt));
+  return res;
+}
+
+}  // namespace
 
 CudaResources& resources(const Context& ctx) {
   if (!ctx.device().is_cuda() || !ctx.impl()->cuda) {
@@ -160,39 +204,52 @@ int cuda_device_count() {
 }
 
 void init_cuda_context(Context::Impl& impl, int device, void* stream) {
-  using cuda::CudaResources;
-  auto res = std::make_shared<CudaResources>();
-  res->device = device;
-  cuda::DeviceGuard guard(device);
-  if (stream) {
-    res->stream = static_cast<cudaStream_t>(stream);  // borrowed: the caller keeps it alive
-  } else {
-    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&res->stream, cudaStreamNonBlocking));
-    res->owns_stream = true;
-  }
-  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&res->sm_count, cudaDevAttrMultiProcessorCount, device));
-  res->pool = cuda::device_pool(device);
-  MOEKIT_CUDA_CHECK(
-      cudaMalloc(&res->workspace, cuda::kWorkspaceBytes + cuda::kPointerBytes + sizeof(uint32_t)));
-  res->workspace_bytes = cuda::kWorkspaceBytes;
-  res->gemm_pointers =
-      reinterpret_cast<void**>(static_cast<char*>(res->workspace) + cuda::kWorkspaceBytes);
-  res->error_word = reinterpret_cast<uint32_t*>(static_cast<char*>(res->workspace) +
-                                                cuda::kWorkspaceBytes + cuda::kPointerBytes);
-  MOEKIT_CUDA_CHECK(cudaMemset(res->error_word, 0, sizeof(uint32_t)));
-  MOEKIT_CUBLAS_CHECK(cublasCreate(&res->blas));
-  // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
-  MOEKIT_CUBLAS_CHECK(cublasSetStream(res->blas, res->stream));
-  MOEKIT_CUBLAS_CHECK(cublasSetWorkspace(res->blas, res->workspace, res->workspace_bytes));
-  // fp32 compute is exact fp32 (no TF32) and split-K reductions stay in fp32.
-  MOEKIT_CUBLAS_CHECK(cublasSetMathMode(
-      res->blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  MOEKIT_CUBLAS_CHECK(cublasLtCreate(&res->lt));
-
+  auto res = cuda::make_resources(device, static_cast<cudaStream_t>(stream));
   impl.stream = res->stream;
   impl.allocator = std::make_shared<cuda::CudaAllocator>(res);
   impl.cuda = std::move(res);
+}
+
+std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  if (!res.side) {
+    cuda::DeviceGuard guard(res.device);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    int priority = 0;  // the side stream's work is as urgent as its owner's
+    MOEKIT_CUDA_CHECK(cudaStreamGetPriority(res.stream, &priority));
+    cudaStream_t side_stream = nullptr;
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream, cudaStreamNonBlocking, priority));
+    std::shared_ptr<cuda::CudaResources> side;
+    try {
+      side = cuda::make_resources(res.device, side_stream);
+    } catch (...) {
+      (void)cudaStreamDestroy(side_stream);
+      throw;
+    }
+    side->owns_stream = true;
+    side->error_word = res.error_word;
+    res.side_allocator = std::make_shared<cuda::CudaAllocator>(side);
+    res.side = std::move(side);
+  }
+  auto impl = std::make_shared<Context::Impl>();
+  impl->device = ctx.device();
+  impl->stream = res.side->stream;
+  impl->allocator = res.side_allocator;
+  impl->threads = 1;
+  impl->backend = ctx.forced_backend();
+  impl->cuda = res.side;
+  return impl;
+}
+
+void cuda_order_after(const Context& to, const Context& from) {
+  auto& f = cuda::resources(from);
+  auto& t = cuda::resources(to);
+  if (f.stream == t.stream) return;
+  cuda::DeviceGuard guard(f.device);
+  MOEKIT_CUDA_CHECK(cudaEventRecord(f.order_event, f.stream));
+  MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(t.stream, f.order_event, 0));
 }
 
 void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,

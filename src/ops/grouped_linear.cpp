@@ -1,6 +1,7 @@
 // GroupedLinear: validation of the op's contract (SPEC §2–§3), then primitives. No backend code.
 #include "moekit/ops/grouped_linear.h"
 
+#include "core/side_stream.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_gemm.h"
@@ -83,25 +84,25 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
                          {"splits", saved.splits.device_counts()}});
   }
 
+  // Every output on this context's stream first; then the weight gradient on a side stream
+  // (core/side_stream.h), beside the input gradient when there is one.
   Grads grads;
   if (need_dx) {
     grads.input = options.grad_input.defined() ? options.grad_input
                                                : Tensor::empty({T, config_.in}, config_.dtype, ctx_);
-    grouped_gemm_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, grads.input);
   }
   if (need_dw) {
-    if (main_grad_.defined()) {
-      grouped_gemm_group_k(ctx_, dy, saved.input, saved.splits, main_grad_, /*accumulate=*/true);
-      grads.weight = main_grad_;
-    } else {
-      grads.weight = Tensor::empty(weight_.shape(), config_.dtype, ctx_);
-      grouped_gemm_group_k(ctx_, dy, saved.input, saved.splits, grads.weight, false);
-    }
-    if (bias_.defined()) {
-      grads.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
-      grouped_bias_grad(ctx_, dy, saved.splits, grads.bias, false);
-    }
+    grads.weight = main_grad_.defined() ? main_grad_ : Tensor::empty(weight_.shape(), config_.dtype, ctx_);
+    if (bias_.defined()) grads.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
   }
+  detail::SideStream side(ctx_, need_dx && need_dw);
+  if (need_dw) {
+    grouped_gemm_group_k(side.fork(), dy, saved.input, saved.splits, grads.weight,
+                         /*accumulate=*/main_grad_.defined());
+  }
+  if (need_dx) grouped_gemm_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, grads.input);
+  if (grads.bias.defined()) grouped_bias_grad(ctx_, dy, saved.splits, grads.bias, false);
+  side.join();
   return grads;
 }
 

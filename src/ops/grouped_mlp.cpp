@@ -16,6 +16,7 @@
 
 #include <string_view>
 
+#include "core/side_stream.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/activation.h"
@@ -33,17 +34,18 @@ GroupedLinearConfig fc2_config(const GroupedMLPConfig& c) {
   return {.groups = c.groups, .in = c.ffn, .out = c.hidden, .dtype = c.dtype, .bias = c.fc2_bias};
 }
 
-// Weight gradient of a layer exactly as GroupedLinear::backward computes it.
-Tensor weight_grad(const GroupedLinear& layer, const Tensor& dy, const Tensor& x,
-                   const Splits& splits) {
-  const Context& ctx = layer.context();
-  if (layer.main_grad().defined()) {
-    grouped_gemm_group_k(ctx, dy, x, splits, layer.main_grad(), /*accumulate=*/true);
-    return layer.main_grad();
-  }
-  Tensor dw = Tensor::empty(layer.weight().shape(), layer.config().dtype, ctx);
-  grouped_gemm_group_k(ctx, dy, x, splits, dw, false);
-  return dw;
+// Where a layer's weight gradient goes, as in GroupedLinear::backward: its main_grad (added
+// into) or a new tensor on the layer's context.
+Tensor weight_grad_buffer(const GroupedLinear& layer) {
+  if (layer.main_grad().defined()) return layer.main_grad();
+  return Tensor::empty(layer.weight().shape(), layer.config().dtype, layer.context());
+}
+
+// The weight gradient of a layer exactly as GroupedLinear::backward computes it, queued on `ctx`
+// (the layer's context or its side stream).
+void weight_grad(const Context& ctx, const GroupedLinear& layer, const Tensor& dy, const Tensor& x,
+                 const Splits& splits, const Tensor& dw) {
+  grouped_gemm_group_k(ctx, dy, x, splits, dw, /*accumulate=*/layer.main_grad().defined());
 }
 
 }  // namespace
@@ -192,27 +194,41 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
     }
   }
 
+  // Every output on its op's stream first. Then, as GroupedLinear::backward does, each layer's
+  // weight gradient on a side stream (core/side_stream.h) beside the input-gradient chain:
+  // fc2's beside fc2's dgrad and the activation's backward, fc1's (once dh exists) beside fc1's
+  // dgrad; both joined at the end.
   Grads grads;
   if (s.probs_requires_grad) {
     grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
   }
+  const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
+  if (dw2) grads.fc2.weight = weight_grad_buffer(l2);
+  if (dw2 && fc2_->scale_bias()) grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
+  if (dw1) grads.fc1.weight = weight_grad_buffer(l1);
+  if (dw1 && l1.bias().defined()) grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
+  if (s.input_requires_grad) {
+    grads.input = options.grad_input.defined()
+                      ? options.grad_input
+                      : Tensor::empty({T, in_features()}, dt, l1.context());
+  }
+  Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
+  detail::SideStream side2(l2.context(), dw2), side1(l1.context(), dw1 && s.input_requires_grad);
+
   bool dp_written = accumulate_dp;
   // ---- fc2 (as GroupedLinear::backward, then the scaled bias as GroupedLinearOp) and the
   //      activation (as ScaledSwiGLU::backward). When fc2 and the activation share a context,
   //      fc2's input gradient and the activation's backward are one primitive
-  //      (grouped_gemm_dswiglu), which runs after the weight and bias gradients so that dprobs
-  //      gets the bias part first, as in the unfused order.
-  Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
+  //      (grouped_gemm_dswiglu), which runs after the bias gradient so that dprobs gets the
+  //      bias part first, as in the unfused order.
+  if (dw2) weight_grad(side2.fork(), l2, dy, s.z, s.splits, grads.fc2.weight);
   const bool one_call = l2.context().impl() == act_->context().impl();
   Tensor dz;
   if (!one_call) {
     dz = Tensor::empty({T, ffn()}, dt, l2.context());
     grouped_gemm_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
   }
-  if (l2.weight_requires_grad()) grads.fc2.weight = weight_grad(l2, dy, s.z, s.splits);
-  if (fc2_->scale_bias() && (l2.weight_requires_grad() || s.probs_requires_grad)) {
-    if (l2.weight_requires_grad())
-      grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
+  if (fc2_->scale_bias() && (dw2 || s.probs_requires_grad)) {
     grouped_scaled_bias_grad(l2.context(), dy, s.probs, fc2_->bias(), s.splits, grads.fc2.bias,
                              grads.probs, dp_written);
     dp_written = dp_written || grads.probs.defined();
@@ -225,19 +241,13 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                     dp_written);
   }
   // ---- fc1 (as GroupedLinear::backward)
+  if (dw1) weight_grad(side1.fork(), l1, dh, s.input, s.splits, grads.fc1.weight);
   if (s.input_requires_grad) {
-    grads.input = options.grad_input.defined()
-                      ? options.grad_input
-                      : Tensor::empty({T, in_features()}, dt, l1.context());
     grouped_gemm_group_m(l1.context(), dh, l1.weight(), BOp::Plain, s.splits, grads.input);
   }
-  if (l1.weight_requires_grad()) {
-    grads.fc1.weight = weight_grad(l1, dh, s.input, s.splits);
-    if (l1.bias().defined()) {
-      grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
-      grouped_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
-    }
-  }
+  if (grads.fc1.bias.defined()) grouped_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
+  side1.join();
+  side2.join();
   return grads;
 }
 

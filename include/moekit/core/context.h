@@ -14,6 +14,10 @@
 
 namespace moekit {
 
+namespace detail {
+class SideStream;  // internal (src/core/side_stream.h): builds contexts on a second stream
+}
+
 class Context {
  public:
   /// CPU context; `threads` = 0 uses every core.
@@ -56,6 +60,7 @@ class Context {
   const std::shared_ptr<Impl>& impl() const { return impl_; }
 
  private:
+  friend class detail::SideStream;
   explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
