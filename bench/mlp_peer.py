@@ -5,7 +5,7 @@ and unfused Sequential (PERFORMANCE.md: fused >= 1.25x this torch MLP and >= 1.1
 
     moekit run --preset qwen3 --routing skewed --steps 10 --json > fused.json
     moekit run --preset qwen3 --routing skewed --steps 10 --json --no-fuse > unfused.json
-    python3 bench/mlp_peer.py fused.json unfused.json [more.json ...] [--steps 10] [--out t.md]
+    python3 bench/mlp_peer.py fused.json unfused.json [more.json ...] [--steps 10] [--torch-runs 3] [--out t.md]
 
 The torch MLP: x [S, H] (the S routed rows), W1 [E, 2F, H], W2 [E, H, F] bf16, probs [S] f32,
     h = torch._grouped_mm(x, W1^T, offs); z = silu(h[:, :F]) * h[:, F:] * probs[:, None]
@@ -61,6 +61,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup-ms", type=float, default=0.0,
                     help="untimed steps for this long before timing (give moekit run the same)")
+    ap.add_argument("--torch-runs", type=int, default=3,
+                    help="time the torch step this many times (each after its warm-up) and take the "
+                         "median: one run moved by ~4%% between calls, more than the differences measured")
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args()
     try:
@@ -100,16 +103,21 @@ def main():
         f"torch {torch.__version__}; host wall clock per step with a device sync, median of "
         f"{args.steps} steps after {args.warmup_ms:.0f} ms of untimed steps (moekit: `moekit run --steps "
         f"--warmup-ms`; with several runs of a kind, in turns, the median of their medians; runs per "
-        f"kind: fused/unfused in the last column's parentheses); bf16; GFLOP = 18·S·H·F per step.",
+        f"kind: fused/unfused in the last column's parentheses; torch: the median of "
+        f"{max(1, args.torch_runs)} runs, listed below the table); bf16; GFLOP = 18·S·H·F per step.",
         "",
         "| preset | routing | E | S | H | F | moekit fused ms | moekit unfused ms | torch ms | "
         "fused TFLOP/s | fused/torch | fused/unfused (runs) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    torch_runs = []
     for (preset, routing, counts), p in problems.items():
         r = p["run"]
         H, F = r["hidden"], r["ffn"]
-        t_ms = torch_mlp_ms(torch, H, F, list(counts), args.steps, warmup_ms=args.warmup_ms)
+        t_runs = [torch_mlp_ms(torch, H, F, list(counts), args.steps, warmup_ms=args.warmup_ms)
+                  for _ in range(max(1, args.torch_runs))]
+        t_ms = statistics.median(t_runs)
+        torch_runs.append(f"{preset} {', '.join(f'{t:.3f}' for t in t_runs)}")
         fused, n_fused = median_of((preset, routing, counts), "fused")
         unfused, n_unfused = median_of((preset, routing, counts), "unfused")
         gflop = r["gflop_per_step"]
@@ -122,6 +130,7 @@ def main():
             f"{f(unfused)} | {t_ms:.3f} | {f(fused and gflop / fused, '{:.1f}')} | "
             f"{f(fused and t_ms / fused, '{:.2f}')} | "
             f"{f(fused and unfused and unfused / fused, '{:.2f}')} ({n_fused}/{n_unfused}) |")
+    lines += ["", "torch runs, ms: " + "; ".join(torch_runs)]
     if variants:
         lines += ["", "Same MLP step, two paths (PERFORMANCE.md: both ratios should be 1.00):", "",
                   "| preset | routing | comparison | default fused ms | other ms | default / other |",
