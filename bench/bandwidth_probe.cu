@@ -15,6 +15,8 @@
 // Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS]
 #include <cuda_runtime.h>
 
+#include "bench_common.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -25,15 +27,6 @@
 
 namespace {
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                \
-                   cudaGetErrorString(e_));                                             \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;  // vectors in flight per thread per step
@@ -118,29 +111,29 @@ Options parse(int argc, char** argv) {
 template <class F>
 double time_us(F launch, const Options& o) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&a));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&b));
   float ms = 0;
   for (float spent = 0; spent < o.warmup_ms; spent += ms) {
-    CHECK(cudaEventRecord(a));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(a));
     launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(b));
+    MOEKIT_BENCH_CHECK(cudaEventSynchronize(b));
+    MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
     if (ms <= 0) ms = 0.001f;
   }
   std::vector<double> us;
   for (int i = 0; i < o.iters; ++i) {
-    CHECK(cudaEventRecord(a));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(a));
     launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(b));
+    MOEKIT_BENCH_CHECK(cudaEventSynchronize(b));
+    MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
     us.push_back(ms * 1e3);
   }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  MOEKIT_BENCH_CHECK(cudaGetLastError());
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(a));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(b));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
@@ -151,25 +144,25 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   int device = 0, sms = 0;
   cudaDeviceProp prop{};
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaGetDeviceProperties(&prop, device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MOEKIT_BENCH_CHECK(cudaGetDevice(&device));
+  MOEKIT_BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
+  MOEKIT_BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   std::printf("# moekit_bandwidth_probe on %s (%d SMs, L2 %d MB)\n", prop.name, sms,
               prop.l2CacheSize >> 20);
   std::printf("| stream | MB | µs (median of %d) | TB/s |\n|---|---|---|---|\n", o.iters);
   const int blocks = sms * (2048 / kThreads);  // one full wave
   uint32_t* sink = nullptr;
-  CHECK(cudaMalloc(&sink, sizeof(uint32_t) * blocks));
-  CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * blocks));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * blocks));
+  MOEKIT_BENCH_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * blocks));
   for (double mb : o.mb) {
     const size_t bytes = static_cast<size_t>(mb * 1e6) / 16 * 16;
     const size_t n = bytes / 16;
     uint4 *a = nullptr, *b = nullptr;
-    CHECK(cudaMalloc(&a, bytes));
-    CHECK(cudaMalloc(&b, bytes));
+    MOEKIT_BENCH_CHECK(cudaMalloc(&a, bytes));
+    MOEKIT_BENCH_CHECK(cudaMalloc(&b, bytes));
     write_kernel<<<blocks, kThreads>>>(a, n, 7u);  // defined contents for the reads
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
     const auto report = [&](const char* what, double moved, double us) {
       std::printf("| %s | %.1f | %.1f | %.3f |\n", what, moved / 1e6, us, moved / us / 1e6);
     };
@@ -177,10 +170,10 @@ int main(int argc, char** argv) {
     report("write", double(bytes), time_us([&] { write_kernel<<<blocks, kThreads>>>(b, n, 3u); }, o));
     report("copy (read + write)", 2.0 * double(bytes),
            time_us([&] { copy_kernel<<<blocks, kThreads>>>(a, b, n); }, o));
-    report("memset", double(bytes), time_us([&] { CHECK(cudaMemsetAsync(b, 0, bytes)); }, o));
-    CHECK(cudaFree(a));
-    CHECK(cudaFree(b));
+    report("memset", double(bytes), time_us([&] { MOEKIT_BENCH_CHECK(cudaMemsetAsync(b, 0, bytes)); }, o));
+    MOEKIT_BENCH_CHECK(cudaFree(a));
+    MOEKIT_BENCH_CHECK(cudaFree(b));
   }
-  CHECK(cudaFree(sink));
+  MOEKIT_BENCH_CHECK(cudaFree(sink));
   return 0;
 }

@@ -84,6 +84,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "moekit/moekit.h"
 
 #ifndef MOEKIT_GIT_COMMIT
@@ -97,6 +98,8 @@ using moekit::Context;
 using moekit::DType;
 using moekit::Splits;
 using moekit::Tensor;
+using moekit_bench::dirichlet_counts;
+using moekit_bench::randn_bf16;
 
 #define CK(call)                                                                               \
   do {                                                                                         \
@@ -167,23 +170,6 @@ std::vector<SelectedShape> selected_shapes(const std::vector<std::string>& wante
 }
 
 // ---------------------------------------------------------------- device helpers
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Independent normal(0, 1) draws (Box–Muller over a counter hash), rounded to bf16.
-__global__ void randn_bf16(__nv_bfloat16* p, size_t n, uint64_t seed) {
-  const size_t stride = size_t{gridDim.x} * blockDim.x;
-  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + i);
-    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-    const float u2 = static_cast<float>(h & 0xffffffu) * (1.0f / 16777216.0f);
-    p[i] = __float2bfloat16_rn(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
 
 template <class T>
 __global__ void count_nonfinite(const T* p, size_t n, unsigned long long* count) {
@@ -289,28 +275,6 @@ double fetch_one_f32(const void* base, int64_t index) {
 std::vector<int64_t> uniform_counts(int64_t E, int64_t T) {
   std::vector<int64_t> c(static_cast<size_t>(E), T / E);
   for (int64_t g = 0; g < T % E; ++g) ++c[static_cast<size_t>(g)];
-  return c;
-}
-
-// Dirichlet(1) proportions (normalised unit exponentials), rounded by largest remainder so that
-// the counts sum to T exactly.
-std::vector<int64_t> dirichlet_counts(int64_t E, int64_t T, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::exponential_distribution<double> ex(1.0);
-  std::vector<double> w(static_cast<size_t>(E));
-  double sum = 0;
-  for (auto& x : w) sum += (x = ex(rng));
-  std::vector<int64_t> c(w.size());
-  std::vector<std::pair<double, size_t>> rem;
-  int64_t assigned = 0;
-  for (size_t g = 0; g < w.size(); ++g) {
-    const double exact = w[g] / sum * static_cast<double>(T);
-    c[g] = static_cast<int64_t>(std::floor(exact));
-    assigned += c[g];
-    rem.push_back({exact - std::floor(exact), g});
-  }
-  std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (size_t i = 0; assigned < T; ++i, ++assigned) ++c[rem[i % rem.size()].second];
   return c;
 }
 

@@ -4,7 +4,7 @@
 // stream can fill those SMs, which one stream cannot.
 //
 // For each preset (the `moekit run` presets' shapes: qwen3 E16 T16384 H4096 F1536, dsv3 E8 T32768
-// H7168 F2048; Dirichlet(1) routing, device splits, bf16, random normal data) it times the
+// H7168 F2048; Dirichlet(1) routing, device splits, bf16, normal(0, 1) data as moekit_bench) it times the
 // backward's GEMMs and the SwiGLU backward, two ways, through the public primitives:
 //   serial      one stream, the GroupedMLP::backward order: fc2 dgrad, fc2 wgrad, SwiGLU backward,
 //               fc1 dgrad, fc1 wgrad;
@@ -31,21 +31,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "moekit/moekit.h"
 
 namespace {
 
 using namespace moekit;
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                \
-                   cudaGetErrorString(e_));                                             \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+using moekit_bench::dirichlet_counts;
 
 struct Preset {
   const char* name;
@@ -53,55 +46,17 @@ struct Preset {
 };
 constexpr Preset kPresets[] = {{"qwen3", 16, 16384, 4096, 1536}, {"dsv3", 8, 32768, 7168, 2048}};
 
-__device__ uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Standard normal values (Box-Muller on a counter hash), scaled.
-__global__ void normal_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const uint64_t h = splitmix(seed * 0x2545f4914f6cdd1dull + i);
-    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777216.0f);
-    const float u2 = static_cast<float>(h & 0xffffffu) * (1.0f / 16777216.0f);
-    p[i] = __float2bfloat16_rn(scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
-
-__global__ void uniform_f32(float* p, size_t n, uint64_t seed) {
+__global__ void uniform_f32(float* p, size_t n, uint64_t seed) {  // in [0.1, 1.1): routing probs
   for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
-    p[i] = 0.1f + static_cast<float>(splitmix(seed + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = 0.1f + static_cast<float>(moekit_bench::mix64(seed + i) >> 40) * (1.0f / 16777216.0f);
 }
 
-Tensor normal(const Shape& shape, uint64_t seed, float scale, const Context& ctx) {
+Tensor normal(const Shape& shape, uint64_t seed, const Context& ctx) {
   Tensor t = Tensor::empty(shape, DType::BF16, ctx);
-  normal_bf16<<<1024, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
-      t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed, scale);
-  CHECK(cudaGetLastError());
+  moekit_bench::randn_bf16<<<1024, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
+      t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed);
+  MOEKIT_BENCH_CHECK(cudaGetLastError());
   return t;
-}
-
-// Dirichlet(1) shares of T rows over E groups, rounded by largest remainder (sum exactly T).
-std::vector<int64_t> skewed_counts(int64_t E, int64_t T, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::exponential_distribution<double> ex(1.0);
-  std::vector<double> w(static_cast<size_t>(E));
-  double sum = 0;
-  for (double& x : w) sum += (x = ex(rng));
-  std::vector<int64_t> c(w.size());
-  std::vector<std::pair<double, size_t>> rem;
-  int64_t assigned = 0;
-  for (size_t g = 0; g < w.size(); ++g) {
-    const double exact = w[g] / sum * static_cast<double>(T);
-    c[g] = static_cast<int64_t>(std::floor(exact));
-    assigned += c[g];
-    rem.push_back({exact - std::floor(exact), g});
-  }
-  std::sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; assigned < T; ++i, ++assigned) ++c[rem[i % rem.size()].second];
-  return c;
 }
 
 double median(std::vector<double> v) {
@@ -120,22 +75,22 @@ struct Problem {
 
 Problem make_problem(const Preset& p, const Context& ctx) {
   Problem q{p};
-  const auto counts = skewed_counts(p.E, p.T, 7);
+  const auto counts = dirichlet_counts(p.E, p.T, 7);
   std::vector<int64_t> host(counts);
   Tensor dev_counts = Tensor::empty({p.E}, DType::I64, ctx);
-  CHECK(cudaMemcpyAsync(dev_counts.data(), host.data(), host.size() * sizeof(int64_t),
+  MOEKIT_BENCH_CHECK(cudaMemcpyAsync(dev_counts.data(), host.data(), host.size() * sizeof(int64_t),
                         cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
   q.splits = Splits::device(dev_counts);
-  q.x = normal({p.T, p.H}, 1, 1.0f, ctx);
-  q.w1 = normal({p.E, 2 * p.F, p.H}, 2, 1.0f / std::sqrt(static_cast<float>(p.H)), ctx);
-  q.w2 = normal({p.E, p.H, p.F}, 3, 1.0f / std::sqrt(static_cast<float>(p.F)), ctx);
-  q.h = normal({p.T, 2 * p.F}, 4, 1.0f, ctx);
-  q.z = normal({p.T, p.F}, 5, 1.0f, ctx);
-  q.dy = normal({p.T, p.H}, 6, 1.0f, ctx);
+  q.x = normal({p.T, p.H}, 1, ctx);
+  q.w1 = normal({p.E, 2 * p.F, p.H}, 2, ctx);
+  q.w2 = normal({p.E, p.H, p.F}, 3, ctx);
+  q.h = normal({p.T, 2 * p.F}, 4, ctx);
+  q.z = normal({p.T, p.F}, 5, ctx);
+  q.dy = normal({p.T, p.H}, 6, ctx);
   q.probs = Tensor::empty({p.T}, DType::F32, ctx);
   uniform_f32<<<256, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(q.probs.data_as<float>(),
                                                                         static_cast<size_t>(p.T), 8);
-  CHECK(cudaGetLastError());
+  MOEKIT_BENCH_CHECK(cudaGetLastError());
   q.dh = Tensor::empty({p.T, 2 * p.F}, DType::BF16, ctx);
   q.dx = Tensor::empty({p.T, p.H}, DType::BF16, ctx);
   q.dw1 = Tensor::empty({p.E, 2 * p.F, p.H}, DType::BF16, ctx);
@@ -164,33 +119,33 @@ void step(const Problem& q, const Context& a, const Fork* f) {
     return;
   }
   const auto sb = static_cast<cudaStream_t>(f->b.stream());
-  CHECK(cudaEventRecord(f->fork, sa));
-  CHECK(cudaStreamWaitEvent(sb, f->fork));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(f->fork, sa));
+  MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(sb, f->fork));
   grouped_gemm_group_k(f->b, q.dy, q.z, q.splits, q.dw2, false);
   grouped_gemm_dswiglu(a, q.dy, q.w2, q.splits, q.h, q.probs, GluLayout::Interleaved32, q.dh,
                        q.dprobs, false);
-  CHECK(cudaEventRecord(f->dh_ready, sa));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(f->dh_ready, sa));
   grouped_gemm_group_m(a, q.dh, q.w1, BOp::Plain, q.splits, q.dx);
-  CHECK(cudaStreamWaitEvent(sb, f->dh_ready));
+  MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(sb, f->dh_ready));
   grouped_gemm_group_k(f->b, q.dh, q.x, q.splits, q.dw1, false);
-  CHECK(cudaEventRecord(f->join, sb));
-  CHECK(cudaStreamWaitEvent(sa, f->join));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(f->join, sb));
+  MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(sa, f->join));
 }
 
 // Milliseconds per step of `steps` steps back to back (events on a's stream).
 double time_steps(const Problem& q, const Context& a, const Fork* f, int steps) {
   const auto sa = static_cast<cudaStream_t>(a.stream());
   cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaEventRecord(t0, sa));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&t0));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&t1));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(t0, sa));
   for (int i = 0; i < steps; ++i) step(q, a, f);
-  CHECK(cudaEventRecord(t1, sa));
-  CHECK(cudaEventSynchronize(t1));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(t1, sa));
+  MOEKIT_BENCH_CHECK(cudaEventSynchronize(t1));
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
+  MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(t0));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(t1));
   return ms / steps;
 }
 
@@ -199,7 +154,7 @@ std::vector<Tensor> snapshot(const Problem& q, const Context& ctx) {
   std::vector<Tensor> out;
   for (const Tensor* t : {&q.dx, &q.dw1, &q.dw2, &q.dh, &q.dprobs}) {
     Tensor c = Tensor::empty(t->shape(), t->dtype(), ctx);
-    CHECK(cudaMemcpyAsync(c.data(), t->data(), t->nbytes(), cudaMemcpyDeviceToDevice,
+    MOEKIT_BENCH_CHECK(cudaMemcpyAsync(c.data(), t->data(), t->nbytes(), cudaMemcpyDeviceToDevice,
                           static_cast<cudaStream_t>(ctx.stream())));
     out.push_back(c);
   }
@@ -208,27 +163,27 @@ std::vector<Tensor> snapshot(const Problem& q, const Context& ctx) {
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   std::vector<unsigned char> x(a.nbytes()), y(b.nbytes());
-  CHECK(cudaMemcpy(x.data(), a.data(), x.size(), cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(y.data(), b.data(), y.size(), cudaMemcpyDeviceToHost));
+  MOEKIT_BENCH_CHECK(cudaMemcpy(x.data(), a.data(), x.size(), cudaMemcpyDeviceToHost));
+  MOEKIT_BENCH_CHECK(cudaMemcpy(y.data(), b.data(), y.size(), cudaMemcpyDeviceToHost));
   return x == y;
 }
 
 int run_preset(const Preset& p, int steps, int turns, double warmup_ms) {
   cudaStream_t sa, sb;
-  CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
-  CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
   const Context a = Context::cuda(0, sa);
   Fork f{Context::cuda(0, sb), {}, {}, {}};
-  CHECK(cudaEventCreateWithFlags(&f.fork, cudaEventDisableTiming));
-  CHECK(cudaEventCreateWithFlags(&f.dh_ready, cudaEventDisableTiming));
-  CHECK(cudaEventCreateWithFlags(&f.join, cudaEventDisableTiming));
+  MOEKIT_BENCH_CHECK(cudaEventCreateWithFlags(&f.fork, cudaEventDisableTiming));
+  MOEKIT_BENCH_CHECK(cudaEventCreateWithFlags(&f.dh_ready, cudaEventDisableTiming));
+  MOEKIT_BENCH_CHECK(cudaEventCreateWithFlags(&f.join, cudaEventDisableTiming));
   const Problem q = make_problem(p, a);
 
   // Both ways once, outputs compared bytewise (same kernels, same inputs: identical bits).
   step(q, a, nullptr);
   const std::vector<Tensor> serial_out = snapshot(q, a);
   step(q, a, &f);
-  CHECK(cudaStreamSynchronize(sa));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(sa));
   const char* names[] = {"dx", "dW1", "dW2", "dh", "dprobs"};
   const std::vector<Tensor> outs = {q.dx, q.dw1, q.dw2, q.dh, q.dprobs};
   int mismatches = 0;
@@ -260,9 +215,9 @@ int run_preset(const Preset& p, int steps, int turns, double warmup_ms) {
   for (double v : fork) std::printf(" %.3f", v);
   std::printf(" -->\n");
   std::fflush(stdout);
-  CHECK(cudaEventDestroy(f.fork));
-  CHECK(cudaEventDestroy(f.dh_ready));
-  CHECK(cudaEventDestroy(f.join));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(f.fork));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(f.dh_ready));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(f.join));
   return mismatches ? 1 : 0;
 }
 
