@@ -15,8 +15,6 @@
 // Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS]
 #include <cuda_runtime.h>
 
-#include "bench_common.cuh"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -25,8 +23,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "bench_common.cuh"
 
+namespace {
 
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;  // vectors in flight per thread per step
@@ -74,8 +73,10 @@ struct Options {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "moekit_bandwidth_probe: %s\nusage: moekit_bandwidth_probe [--mb N[,N...]] "
-               "[--iters N] [--warmup-ms MS]\n", why);
+  std::fprintf(stderr,
+               "moekit_bandwidth_probe: %s\nusage: moekit_bandwidth_probe [--mb N[,N...]] "
+               "[--iters N] [--warmup-ms MS]\n",
+               why);
   std::exit(2);
 }
 
@@ -166,11 +167,14 @@ int main(int argc, char** argv) {
     const auto report = [&](const char* what, double moved, double us) {
       std::printf("| %s | %.1f | %.1f | %.3f |\n", what, moved / 1e6, us, moved / us / 1e6);
     };
-    report("read", double(bytes), time_us([&] { read_kernel<<<blocks, kThreads>>>(a, n, sink); }, o));
-    report("write", double(bytes), time_us([&] { write_kernel<<<blocks, kThreads>>>(b, n, 3u); }, o));
+    report("read", double(bytes),
+           time_us([&] { read_kernel<<<blocks, kThreads>>>(a, n, sink); }, o));
+    report("write", double(bytes),
+           time_us([&] { write_kernel<<<blocks, kThreads>>>(b, n, 3u); }, o));
     report("copy (read + write)", 2.0 * double(bytes),
            time_us([&] { copy_kernel<<<blocks, kThreads>>>(a, b, n); }, o));
-    report("memset", double(bytes), time_us([&] { MOEKIT_BENCH_CHECK(cudaMemsetAsync(b, 0, bytes)); }, o));
+    report("memset", double(bytes),
+           time_us([&] { MOEKIT_BENCH_CHECK(cudaMemsetAsync(b, 0, bytes)); }, o));
     MOEKIT_BENCH_CHECK(cudaFree(a));
     MOEKIT_BENCH_CHECK(cudaFree(b));
   }

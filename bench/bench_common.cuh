@@ -18,14 +18,13 @@ namespace moekit_bench {
 
 // A CUDA call that must succeed; otherwise the call, its status and place go to stderr and the
 // program exits with status 1.
-#define MOEKIT_BENCH_CHECK(call)                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                \
-                   cudaGetErrorString(e_));                                             \
-      std::exit(1);                                                                     \
-    }                                                                                   \
+#define MOEKIT_BENCH_CHECK(call)                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 // Dirichlet(1) proportions of T rows over E groups (normalised unit exponentials), rounded by

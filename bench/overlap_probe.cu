@@ -4,8 +4,8 @@
 // stream can fill those SMs, which one stream cannot.
 //
 // For each preset (the `moekit run` presets' shapes: qwen3 E16 T16384 H4096 F1536, dsv3 E8 T32768
-// H7168 F2048; Dirichlet(1) routing, device splits, bf16, normal(0, 1) data as moekit_bench) it times the
-// backward's GEMMs and the SwiGLU backward, two ways, through the public primitives:
+// H7168 F2048; Dirichlet(1) routing, device splits, bf16, normal(0, 1) data as moekit_bench) it
+// times the backward's GEMMs and the SwiGLU backward, two ways, through the public primitives:
 //   serial      one stream, the GroupedMLP::backward order: fc2 dgrad, fc2 wgrad, SwiGLU backward,
 //               fc1 dgrad, fc1 wgrad;
 //   two streams stream A: fc2 dgrad, SwiGLU backward, fc1 dgrad; stream B (a second Context, its
@@ -47,7 +47,8 @@ struct Preset {
 constexpr Preset kPresets[] = {{"qwen3", 16, 16384, 4096, 1536}, {"dsv3", 8, 32768, 7168, 2048}};
 
 __global__ void uniform_f32(float* p, size_t n, uint64_t seed) {  // in [0.1, 1.1): routing probs
-  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x)
     p[i] = 0.1f + static_cast<float>(moekit_bench::mix64(seed + i) >> 40) * (1.0f / 16777216.0f);
 }
 
@@ -70,7 +71,7 @@ struct Problem {
   Preset p;
   Splits splits;
   Tensor x, w1, w2, h, z, probs, dy;  // inputs (saved activations and weights)
-  Tensor dh, dx, dw1, dw2, dprobs;  // outputs
+  Tensor dh, dx, dw1, dw2, dprobs;    // outputs
 };
 
 Problem make_problem(const Preset& p, const Context& ctx) {
@@ -79,7 +80,8 @@ Problem make_problem(const Preset& p, const Context& ctx) {
   std::vector<int64_t> host(counts);
   Tensor dev_counts = Tensor::empty({p.E}, DType::I64, ctx);
   MOEKIT_BENCH_CHECK(cudaMemcpyAsync(dev_counts.data(), host.data(), host.size() * sizeof(int64_t),
-                        cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
+                                     cudaMemcpyHostToDevice,
+                                     static_cast<cudaStream_t>(ctx.stream())));
   q.splits = Splits::device(dev_counts);
   q.x = normal({p.T, p.H}, 1, ctx);
   q.w1 = normal({p.E, 2 * p.F, p.H}, 2, ctx);
@@ -88,8 +90,8 @@ Problem make_problem(const Preset& p, const Context& ctx) {
   q.z = normal({p.T, p.F}, 5, ctx);
   q.dy = normal({p.T, p.H}, 6, ctx);
   q.probs = Tensor::empty({p.T}, DType::F32, ctx);
-  uniform_f32<<<256, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(q.probs.data_as<float>(),
-                                                                        static_cast<size_t>(p.T), 8);
+  uniform_f32<<<256, 256, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
+      q.probs.data_as<float>(), static_cast<size_t>(p.T), 8);
   MOEKIT_BENCH_CHECK(cudaGetLastError());
   q.dh = Tensor::empty({p.T, 2 * p.F}, DType::BF16, ctx);
   q.dx = Tensor::empty({p.T, p.H}, DType::BF16, ctx);
@@ -155,7 +157,7 @@ std::vector<Tensor> snapshot(const Problem& q, const Context& ctx) {
   for (const Tensor* t : {&q.dx, &q.dw1, &q.dw2, &q.dh, &q.dprobs}) {
     Tensor c = Tensor::empty(t->shape(), t->dtype(), ctx);
     MOEKIT_BENCH_CHECK(cudaMemcpyAsync(c.data(), t->data(), t->nbytes(), cudaMemcpyDeviceToDevice,
-                          static_cast<cudaStream_t>(ctx.stream())));
+                                       static_cast<cudaStream_t>(ctx.stream())));
     out.push_back(c);
   }
   return out;
@@ -196,7 +198,9 @@ int run_preset(const Preset& p, int steps, int turns, double warmup_ms) {
 
   // Sustained load first: both ways in turns for warmup_ms.
   const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < warmup_ms) {
+  while (
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+      warmup_ms) {
     time_steps(q, a, nullptr, 2);
     time_steps(q, a, &f, 2);
   }
@@ -239,16 +243,23 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage(arg + " needs a value");
     const std::string v = argv[++i];
-    if (arg == "--presets") presets = v;
-    else if (arg == "--steps") steps = std::atoi(v.c_str());
-    else if (arg == "--turns") turns = std::atoi(v.c_str());
-    else if (arg == "--warmup-ms") warmup_ms = std::atof(v.c_str());
-    else usage("unknown argument " + arg);
+    if (arg == "--presets")
+      presets = v;
+    else if (arg == "--steps")
+      steps = std::atoi(v.c_str());
+    else if (arg == "--turns")
+      turns = std::atoi(v.c_str());
+    else if (arg == "--warmup-ms")
+      warmup_ms = std::atof(v.c_str());
+    else
+      usage("unknown argument " + arg);
   }
   if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
   if (turns < 1) usage("--turns must be >= 1, got " + std::to_string(turns));
   try {
-    std::printf("| preset | E | T | H | F | serial ms/step | two streams ms/step | serial / two streams | outputs |\n");
+    std::printf(
+        "| preset | E | T | H | F | serial ms/step | two streams ms/step | serial / two streams | "
+        "outputs |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
     bool any = false;
