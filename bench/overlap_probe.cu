@@ -14,8 +14,14 @@
 // Both run --steps steps back to back per timed run (events on stream A around them), after
 // --warmup-ms of the same work, in --turns turns (serial, then two streams); prints the medians
 // per step and their ratio, and checks that both ways wrote bit-identical dx, dW1, dW2 and dh.
+// With --deferred 1 it then measures the library's GroupedMLP::backward (the same preset, from
+// one forward) joined against `defer_weight_grads` (SPEC §1b): per step the latency to dx (an
+// event on the op's stream right after the call returns: for the joined call everything, for the
+// deferred one the input-gradient chain) and to everything (after weight_grads.wait()), medians
+// over --turns × --steps single steps; checks that both wrote bit-identical dx, dW1, dW2.
 // Exit status 1 on any error or a mismatch, 2 on a bad argument.
 // Usage: moekit_overlap_probe [--presets qwen3,dsv3] [--steps N] [--turns N] [--warmup-ms MS]
+//                             [--deferred 0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -225,10 +231,83 @@ int run_preset(const Preset& p, int steps, int turns, double warmup_ms) {
   return mismatches ? 1 : 0;
 }
 
+// ---- the library's backward, joined against deferred weight gradients
+struct LatencyMs {
+  std::vector<double> dx, all;
+};
+
+// One backward from `saved`: events before it, right after it returns (dx queued) and after the
+// weight gradients were waited for; returns the grads (waited for).
+GroupedMLP::Grads timed_backward(const GroupedMLP& mlp, const GroupedMLP::Saved& saved,
+                                 const Tensor& dy, bool defer, cudaStream_t s, LatencyMs* out) {
+  cudaEvent_t e[3];
+  for (auto& ev : e) MOEKIT_BENCH_CHECK(cudaEventCreate(&ev));
+  MOEKIT_BENCH_CHECK(cudaEventRecord(e[0], s));
+  GroupedMLP::Grads g = mlp.backward(saved, dy, {.defer_weight_grads = defer});
+  MOEKIT_BENCH_CHECK(cudaEventRecord(e[1], s));
+  g.weight_grads.wait();
+  MOEKIT_BENCH_CHECK(cudaEventRecord(e[2], s));
+  MOEKIT_BENCH_CHECK(cudaEventSynchronize(e[2]));
+  float dx_ms = 0, all_ms = 0;
+  MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&dx_ms, e[0], e[1]));
+  MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&all_ms, e[0], e[2]));
+  for (auto& ev : e) MOEKIT_BENCH_CHECK(cudaEventDestroy(ev));
+  if (out) {
+    out->dx.push_back(dx_ms);
+    out->all.push_back(all_ms);
+  }
+  return g;
+}
+
+int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
+  cudaStream_t sa;
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  const Context ctx = Context::cuda(0, sa);
+  const Problem q = make_problem(p, ctx);
+  const GroupedMLP mlp({.groups = p.E, .hidden = p.H, .ffn = p.F, .dtype = DType::BF16,
+                        .layout = GluLayout::Interleaved32},
+                       ctx);
+  mlp.fc1()->linear().set_weight(q.w1);
+  mlp.fc2()->linear().set_weight(q.w2);
+  GroupedMLP::Saved saved;
+  mlp.forward(q.x, q.probs, q.splits, {}, &saved);
+
+  int mismatches = 0;
+  {
+    const GroupedMLP::Grads a = timed_backward(mlp, saved, q.dy, false, sa, nullptr);
+    const GroupedMLP::Grads b = timed_backward(mlp, saved, q.dy, true, sa, nullptr);
+    const char* names[] = {"dx", "dW1", "dW2"};
+    const Tensor as[] = {a.input, a.fc1.weight, a.fc2.weight}, bs[] = {b.input, b.fc1.weight, b.fc2.weight};
+    for (int i = 0; i < 3; ++i) {
+      if (!same_bytes(as[i], bs[i])) {
+        std::printf("%s: %s differs between the joined and the deferred backward\n", p.name, names[i]);
+        ++mismatches;
+      }
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+         warmup_ms) {
+    timed_backward(mlp, saved, q.dy, false, sa, nullptr);
+    timed_backward(mlp, saved, q.dy, true, sa, nullptr);
+  }
+  LatencyMs joined, deferred;
+  for (int t = 0; t < turns; ++t) {
+    for (int i = 0; i < steps; ++i) timed_backward(mlp, saved, q.dy, false, sa, &joined);
+    for (int i = 0; i < steps; ++i) timed_backward(mlp, saved, q.dy, true, sa, &deferred);
+  }
+  std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s |\n", p.name, median(joined.dx),
+              median(deferred.dx), median(joined.dx) / median(deferred.dx), median(joined.all),
+              median(deferred.all), median(joined.all) / median(deferred.all),
+              mismatches ? "DIFFER" : "bit-identical");
+  std::fflush(stdout);
+  return mismatches ? 1 : 0;
+}
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "moekit_overlap_probe: %s\nusage: moekit_overlap_probe [--presets qwen3,dsv3] "
-               "[--steps N] [--turns N] [--warmup-ms MS]\n",
+               "[--steps N] [--turns N] [--warmup-ms MS] [--deferred 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -239,6 +318,7 @@ int main(int argc, char** argv) {
   std::string presets = "qwen3,dsv3";
   int steps = 10, turns = 5;
   double warmup_ms = 1000;
+  bool deferred = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage(arg + " needs a value");
@@ -251,6 +331,10 @@ int main(int argc, char** argv) {
       turns = std::atoi(v.c_str());
     else if (arg == "--warmup-ms")
       warmup_ms = std::atof(v.c_str());
+    else if (arg == "--deferred") {
+      if (v != "0" && v != "1") usage("--deferred must be 0 or 1, got " + v);
+      deferred = v == "1";
+    }
     else
       usage("unknown argument " + arg);
   }
@@ -266,15 +350,21 @@ int main(int argc, char** argv) {
     std::string list = ",";  // ",qwen3,dsv3,": each name looked up with its commas
     list += presets;
     list += ',';
+    auto chosen = [&](const Preset& p) { return list.find(std::string(",") + p.name + ",") != std::string::npos; };
     for (const Preset& p : kPresets) {
-      std::string name = ",";
-      name += p.name;
-      name += ',';
-      if (list.find(name) == std::string::npos) continue;
+      if (!chosen(p)) continue;
       any = true;
       rc |= run_preset(p, steps, turns, warmup_ms);
     }
     if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
+    if (deferred) {
+      std::printf("\n| preset | joined: ms to dx | deferred: ms to dx | joined / deferred | joined: ms to "
+                  "all | deferred: ms to all | joined / deferred | outputs |\n");
+      std::printf("|---|---|---|---|---|---|---|---|\n");
+      for (const Preset& p : kPresets) {
+        if (chosen(p)) rc |= run_deferred(p, steps, turns, warmup_ms);
+      }
+    }
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moekit_overlap_probe: %s\n", e.what());

@@ -654,13 +654,23 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
 TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_GRAPH_STREAM();
   // The fused kernels (bf16 and f16, Interleaved32) and the GEMM + SwiGLU-kernel path (Halves).
-  const std::pair<DType, GluLayout> configs[] = {{DType::BF16, GluLayout::Interleaved32},
-                                                 {DType::F16, GluLayout::Interleaved32},
-                                                 {DType::BF16, GluLayout::Halves}};
-  for (const auto& [dt, layout] : configs) {
-    const bool eager_first = &dt != &configs[0].first;
+  // The last configuration defers the weight gradients (BackwardOptions::defer_weight_grads):
+  // the graph then holds the fork after fc1's dgrad and the join of the handle's wait().
+  struct Config {
+    DType dt;
+    GluLayout layout;
+    bool defer;
+  };
+  const Config configs[] = {{DType::BF16, GluLayout::Interleaved32, false},
+                            {DType::F16, GluLayout::Interleaved32, false},
+                            {DType::BF16, GluLayout::Halves, false},
+                            {DType::BF16, GluLayout::Interleaved32, true}};
+  for (const auto& [dt, layout, defer] : configs) {
+    const bool eager_first = &dt != &configs[0].dt;
+    const bool side_stream = eager_first && test::side_stream_enabled();
     SCOPED_TRACE(str(name(dt), layout == GluLayout::Halves ? ", halves" : ", interleaved32",
-                     eager_first ? ", captured after an eager step" : ", captured first"));
+                     eager_first ? ", captured after an eager step" : ", captured first",
+                     defer ? ", weight gradients deferred" : ""));
     const Context ctx = Context::cuda(0, stream).with_backend("sm90");
     const int64_t G = 4, H = 128, F = 128, T = 640;
     const test::MlpData d = test::make_mlp_data({.G = G, .H = H, .F = F, .T = T,
@@ -690,7 +700,11 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
       GroupedMLP::Saved local;
       GroupedMLP::Saved& saved = keep ? *keep : local;
       const Tensor out = mlp.forward(x, probs, Splits::device(counts), {.output = y.view}, &saved);
-      const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_input = dx.view, .grad_probs = dp});
+      GroupedMLP::Grads g = mlp.backward(
+          saved, dy, {.grad_input = dx.view, .grad_probs = dp, .defer_weight_grads = defer});
+      EXPECT_EQ(g.weight_grads.pending(), defer && side_stream);
+      g.weight_grads.wait();
+      EXPECT_FALSE(g.weight_grads.pending());
       EXPECT_EQ(out.data(), y.view.data());
       EXPECT_EQ(g.input.data(), dx.view.data());
       EXPECT_EQ(g.probs.data(), dp.data());

@@ -6,6 +6,7 @@
 #include "moekit/core/device.h"
 #include "moekit/core/dtype.h"
 #include "moekit/core/error.h"
+#include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
 #include "moekit/ops/activation.h"

@@ -13,6 +13,11 @@
 // writes nothing that ctx's work between fork() and join() reads or writes. join() runs in the
 // destructor too (errors then ignored), so no side work is left unordered when an op throws.
 //
+// Deferred (PendingWork, moekit/core/pending.h): a backward asked to defer its weight gradients
+// queues its input-gradient chain first, forks after it, and hands the unjoined SideStream to the
+// caller's handle with the tensors the side work reads and writes (detail::defer); the handle
+// joins.
+//
 // The side stream is CUDA only, one per CUDA context (its resources: a stream of the same
 // priority, cuBLAS handles and workspace, the owner's error word), made on first use. Without one
 // — a CPU context, MOEKIT_SIDE_STREAM=0 (for A/B runs), or a graph capture under way before the
@@ -20,9 +25,12 @@
 // order on one stream.
 #pragma once
 
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "moekit/core/context.h"
+#include "moekit/core/pending.h"
 
 namespace moekit::detail {
 
@@ -38,6 +46,8 @@ class SideStream {
   const Context& fork();
   /// ctx's stream waits for all side work queued so far.
   void join();
+  /// Whether side work was queued since the last join.
+  bool forked() const { return forked_; }
 
  private:
   Context ctx_;
@@ -45,4 +55,18 @@ class SideStream {
   bool forked_ = false;  // side work queued since the last join
 };
 
+/// Hands `side`'s unjoined work to `pending` (backward with defer_weight_grads), with the tensors
+/// it reads and writes, which stay allocated until the join. Nothing is kept when nothing was
+/// forked.
+void defer(PendingWork& pending, std::unique_ptr<SideStream> side, std::vector<Tensor> held);
+
 }  // namespace moekit::detail
+
+namespace moekit {
+
+struct PendingWork::State {
+  std::vector<std::unique_ptr<detail::SideStream>> sides;  // each joined by wait()
+  std::vector<Tensor> held;  // what the side work reads and writes: released after the joins
+};
+
+}  // namespace moekit

@@ -95,14 +95,25 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
     grads.weight = main_grad_.defined() ? main_grad_ : Tensor::empty(weight_.shape(), config_.dtype, ctx_);
     if (bias_.defined()) grads.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
   }
-  detail::SideStream side(ctx_, need_dx && need_dw);
-  if (need_dw) {
-    grouped_gemm_group_k(side.fork(), dy, saved.input, saved.splits, grads.weight,
-                         /*accumulate=*/main_grad_.defined());
-  }
+  // Joined (default): dW forked first, so its CTAs start with dx's and fill the SMs dx's last
+  // wave leaves. Deferred: dx (and db) first at full width, dW after it, joined by the caller.
+  auto side = std::make_unique<detail::SideStream>(ctx_, need_dx && need_dw);
+  const bool defer = options.defer_weight_grads;
+  auto weight_grad = [&] {
+    if (need_dw) {
+      grouped_gemm_group_k(side->fork(), dy, saved.input, saved.splits, grads.weight,
+                           /*accumulate=*/main_grad_.defined());
+    }
+  };
+  if (!defer) weight_grad();
   if (need_dx) grouped_gemm_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, grads.input);
   if (grads.bias.defined()) grouped_bias_grad(ctx_, dy, saved.splits, grads.bias, false);
-  side.join();
+  if (defer) {
+    weight_grad();
+    detail::defer(grads.weight_grads, std::move(side), {dy, saved.input, saved.splits.device_counts(), grads.weight});
+  } else {
+    side->join();
+  }
   return grads;
 }
 

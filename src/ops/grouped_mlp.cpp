@@ -197,7 +197,8 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   // Every output on its op's stream first. Then, as GroupedLinear::backward does, each layer's
   // weight gradient on a side stream (core/side_stream.h) beside the input-gradient chain:
   // fc2's beside fc2's dgrad and the activation's backward, fc1's (once dh exists) beside fc1's
-  // dgrad; both joined at the end.
+  // dgrad; both joined at the end. Deferred: the whole input-gradient chain first, then both
+  // weight gradients after it, joined by the caller's handle.
   Grads grads;
   if (s.probs_requires_grad) {
     grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
@@ -213,7 +214,15 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                       : Tensor::empty({T, in_features()}, dt, l1.context());
   }
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
-  detail::SideStream side2(l2.context(), dw2), side1(l1.context(), dw1 && s.input_requires_grad);
+  const bool defer = options.defer_weight_grads;
+  auto side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
+  auto side1 = std::make_unique<detail::SideStream>(l1.context(), dw1 && (defer || s.input_requires_grad));
+  auto fc2_weight_grad = [&] {
+    if (dw2) weight_grad(side2->fork(), l2, dy, s.z, s.splits, grads.fc2.weight);
+  };
+  auto fc1_weight_grad = [&] {
+    if (dw1) weight_grad(side1->fork(), l1, dh, s.input, s.splits, grads.fc1.weight);
+  };
 
   bool dp_written = accumulate_dp;
   // ---- fc2 (as GroupedLinear::backward, then the scaled bias as GroupedLinearOp) and the
@@ -221,7 +230,7 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   //      fc2's input gradient and the activation's backward are one primitive
   //      (grouped_gemm_dswiglu), which runs after the bias gradient so that dprobs gets the
   //      bias part first, as in the unfused order.
-  if (dw2) weight_grad(side2.fork(), l2, dy, s.z, s.splits, grads.fc2.weight);
+  if (!defer) fc2_weight_grad();
   const bool one_call = l2.context().impl() == act_->context().impl();
   Tensor dz;
   if (!one_call) {
@@ -241,13 +250,21 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                     dp_written);
   }
   // ---- fc1 (as GroupedLinear::backward)
-  if (dw1) weight_grad(side1.fork(), l1, dh, s.input, s.splits, grads.fc1.weight);
+  if (!defer) fc1_weight_grad();
   if (s.input_requires_grad) {
     grouped_gemm_group_m(l1.context(), dh, l1.weight(), BOp::Plain, s.splits, grads.input);
   }
   if (grads.fc1.bias.defined()) grouped_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
-  side1.join();
-  side2.join();
+  if (defer) {
+    fc2_weight_grad();
+    fc1_weight_grad();
+    const Tensor counts = s.splits.device_counts();
+    detail::defer(grads.weight_grads, std::move(side2), {dy, s.z, counts, grads.fc2.weight});
+    detail::defer(grads.weight_grads, std::move(side1), {dh, s.input, counts, grads.fc1.weight});
+  } else {
+    side1->join();
+    side2->join();
+  }
   return grads;
 }
 

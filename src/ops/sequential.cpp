@@ -351,7 +351,8 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
   return out;
 }
 
-SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy) const {
+SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
+                                     const SequentialBackwardOptions& options) const {
   if (tape.empty()) {
     throw_invalid("tape", "a tape recorded by forward (save_for_backward = true)", "an empty tape");
   }
@@ -378,13 +379,18 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy) const {
       if (st.fused) {
         const auto& saved = static_cast<const GroupedMLP::Saved&>(*r.contexts[k]);
         GroupedMLP::Grads g = st.fused->backward(
-            saved, grad, {.grad_input = r.grad_inputs[begin], .grad_probs = dprobs});
+            saved, grad,
+            {.grad_input = r.grad_inputs[begin], .grad_probs = dprobs,
+             .defer_weight_grads = options.defer_weight_grads});
+        out.weight_grads.merge(std::move(g.weight_grads));
         if (g.probs.defined()) dprobs = g.probs;
         out.params[begin] = g.fc1;
         out.params[begin + 2] = g.fc2;
         grad = g.input;
       } else {
-        OpGrads g = ops_[begin]->op_backward(*r.contexts[k], grad, r.grad_inputs[begin], dprobs);
+        OpGrads g = ops_[begin]->op_backward(*r.contexts[k], grad, r.grad_inputs[begin], dprobs,
+                                             options.defer_weight_grads);
+        out.weight_grads.merge(std::move(g.weight_grads));
         out.params[begin] = g.params;
         grad = g.input;
       }

@@ -1,10 +1,12 @@
 #include "support/test_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 namespace moekit::test {
 
@@ -202,6 +204,11 @@ std::optional<Context> make_context(const std::string& device, std::string* why_
     return std::nullopt;
   }
   return Context::cuda(0);
+}
+
+bool side_stream_enabled() {
+  const char* v = std::getenv("MOEKIT_SIDE_STREAM");
+  return v == nullptr || std::string_view(v) != "0";
 }
 
 int64_t sum_of(const std::vector<int64_t>& counts) {

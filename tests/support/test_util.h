@@ -85,6 +85,10 @@ Context poisoned(const Context& base);
 /// nullopt, with the reason in *why_not, when that device is not available in this build/machine.
 std::optional<Context> make_context(const std::string& device, std::string* why_not);
 
+/// Whether a CUDA context's backward may run work on a side stream: MOEKIT_SIDE_STREAM is not "0"
+/// (src/core/side_stream.h). Deferred weight gradients are pending only then.
+bool side_stream_enabled();
+
 /// Sum of group counts (S).
 int64_t sum_of(const std::vector<int64_t>& counts);
 

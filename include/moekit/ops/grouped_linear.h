@@ -26,11 +26,16 @@
 //   GroupedLinear::Saved saved;
 //   Tensor y = fc.forward(x, splits, {.output = y_buf}, &saved);      // y aliases y_buf
 //   auto g = fc.backward(saved, dy, {.grad_input = dx_buf});          // g.input aliases dx_buf
+//
+// Deferred weight gradients (`defer_weight_grads`): dx is queued first and the call returns;
+// dW runs after it on a side stream until `g.weight_grads.wait()` (or g's destruction) makes the
+// op's stream wait. On a CPU context, or without a dx to overlap, nothing is deferred.
 #pragma once
 
 #include <cstdint>
 
 #include "moekit/core/context.h"
+#include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
 
@@ -51,6 +56,9 @@ struct GroupedLinearForwardOptions {
 
 struct GroupedLinearBackwardOptions {
   Tensor grad_input;  // optional caller buffer for dx: [T, K], activation dtype
+  /// true: return once dx is queued; dW (and main_grad's update) may still be running on a side
+  /// stream — Grads::weight_grads holds it until wait() (moekit/core/pending.h, SPEC §1b).
+  bool defer_weight_grads = false;
 };
 
 class GroupedLinear {
@@ -92,6 +100,7 @@ class GroupedLinear {
     Tensor input;   // dx [T, K] (undefined when the input did not require grad)
     Tensor weight;  // dW [G, N, K] param dtype, or main_grad (undefined when frozen)
     Tensor bias;    // db [G, N] param dtype (undefined without bias or when frozen)
+    PendingWork weight_grads;  // with defer_weight_grads: wait() before reading weight
   };
   Grads backward(const Saved& saved, const Tensor& grad_output,
                  const BackwardOptions& options = {}) const;

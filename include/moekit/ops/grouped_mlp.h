@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 
+#include "moekit/core/pending.h"
 #include "moekit/ops/activation.h"
 #include "moekit/ops/grouped_linear_op.h"
 
@@ -58,6 +59,9 @@ struct GroupedMLPBackwardOptions {
   Tensor grad_input;  // optional caller buffer for dx: [T, H], activation dtype
   Tensor grad_probs;  // optional [T] f32 already holding a probs gradient: dp is added to it
                       // (rows [0, S)) and it is returned as Grads::probs
+  /// true: return once dx and dp are queued; fc1's and fc2's weight gradients may still be
+  /// running on a side stream — Grads::weight_grads holds them until wait() (moekit/core/pending.h).
+  bool defer_weight_grads = false;
 };
 
 class GroupedMLP {
@@ -109,6 +113,7 @@ class GroupedMLP {
     Tensor probs;    // dp [T] f32 (undefined when probs do not require grad)
     ParamGrads fc1;  // dW1 (or fc1's main_grad), db1
     ParamGrads fc2;  // dW2 (or fc2's main_grad), db2
+    PendingWork weight_grads;  // with defer_weight_grads: wait() before reading fc1/fc2.weight
   };
   /// From dy [T, out]. Validation (host metadata) before any work, as SPEC §3.
   Grads backward(const Saved& saved, const Tensor& dy, const BackwardOptions& options = {}) const;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moekit/core/context.h"
+#include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
 
@@ -54,6 +55,7 @@ struct ParamGrads {
 struct OpGrads {
   Tensor input;  // dx [T, in] (undefined when the op's input does not require grad)
   ParamGrads params;
+  PendingWork weight_grads;  // deferred weight gradients (moekit/core/pending.h), if any
 };
 
 /// A named tensor an op holds (parameter or gradient buffer): caller buffers may not overlap it.
@@ -91,8 +93,10 @@ class Op {
   /// Backward from dy [T, out]. `grad_input`: caller buffer for dx (undefined: allocated).
   /// `dprobs` [T] f32 is in/out: undefined — an op with a probs gradient creates it; defined —
   /// the op adds its part (rows [0, S)).
+  /// `defer_weight_grads`: as GroupedLinear's option of that name — the op may return with its
+  /// weight gradients still running, held by OpGrads::weight_grads.
   virtual OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                              Tensor& dprobs) const = 0;
+                              Tensor& dprobs, bool defer_weight_grads) const = 0;
 };
 
 /// An op handle: the op's identity in a Sequential and a key of its op_args.

@@ -94,10 +94,17 @@ struct SequentialOutput {
   Tape tape;      // empty when ExtraInputs::save_for_backward is false
 };
 
+struct SequentialBackwardOptions {
+  /// true: every op that can returns with its weight gradients still running on a side stream;
+  /// SequentialGrads::weight_grads holds them all until wait() (moekit/core/pending.h).
+  bool defer_weight_grads = false;
+};
+
 struct SequentialGrads {
   Tensor input;                    // dx (undefined when the input does not require grad)
   Tensor probs;                    // dp [T] f32, summed over the ops that take the probs
   std::vector<ParamGrads> params;  // params[i]: gradients of the op at position i
+  PendingWork weight_grads;        // with defer_weight_grads: wait() before reading params
 };
 
 class Sequential {
@@ -120,7 +127,8 @@ class Sequential {
 
   SequentialOutput forward(const Tensor& x, const ExtraInputs& inputs = {},
                            const OpArgs& args = {}) const;
-  SequentialGrads backward(const Tape& tape, const Tensor& dy) const;
+  SequentialGrads backward(const Tape& tape, const Tensor& dy,
+                           const SequentialBackwardOptions& options = {}) const;
 
   /// A run of ops executed together: one basic op, or a fused op over [begin, end).
   struct Stage {
