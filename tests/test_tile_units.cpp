@@ -32,7 +32,7 @@ TEST(TileUnits, EveryOrderHandsEachUnitToExactlyOneCluster) {
   for (int trial = 0; trial < 400; ++trial) {
     const uint64_t clusters = 1 + rng() % 140;
     const uint64_t total = trial < 20 ? trial : rng() % 3000;  // 0 and small totals included
-    for (int32_t order : {0, 1, 2, 3, 4, 8}) {
+    for (int32_t order : {0, 1, 2, 3, 4, 8, kSnakeOrder}) {
       SCOPED_TRACE("order " + std::to_string(order) + ", " + std::to_string(clusters) +
                    " clusters, " + std::to_string(total) + " units");
       std::vector<int> taken(total, 0);
@@ -46,6 +46,22 @@ TEST(TileUnits, EveryOrderHandsEachUnitToExactlyOneCluster) {
         }
       }
       for (uint64_t v = 0; v < total; ++v) ASSERT_EQ(taken[v], 1) << "unit " << v;
+    }
+  }
+}
+
+// The snake walk: CUTLASS's waves, every odd one dealt in reverse (tools/balance-model's "snake").
+TEST(TileUnits, SnakeOrderDealsOddWavesInReverse) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint64_t clusters = 1 + rng() % 140, total = rng() % 3000;
+    const auto units = units_by_cluster(kSnakeOrder, clusters, total);
+    for (uint64_t c = 0; c < clusters; ++c) {
+      for (size_t w = 0; w < units[c].size(); ++w) {
+        const uint64_t place = w % 2 == 0 ? c : clusters - 1 - c;
+        ASSERT_EQ(units[c][w], w * clusters + place)
+            << "cluster " << c << " of " << clusters << ", wave " << w << ", " << total << " units";
+      }
     }
   }
 }

@@ -55,6 +55,10 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
   const uint32_t* stripes = nullptr;  // [groups] each group's width (setup kernel); null: all 1
   const uint32_t* unit_starts = nullptr;
+  // [groups] the group at each place of the unit sequence (the group-K setup kernel lays the groups
+  // out largest first with the snake order: heavy_first); null: places are groups (group order).
+  // unit_starts is then indexed by place.
+  const uint32_t* slot_groups = nullptr;
   // [groups x kGroupTensormaps] every group's TMA descriptors, built by the setup kernel
   // (prebuilt_tensormaps.cuh); the collectives' Params take it from here.
   const cute::TmaDescriptor* tensormaps = nullptr;
@@ -88,6 +92,7 @@ int64_t tiles_per_group(int64_t m, int64_t n) {
 }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
+  if (order == kSnakeOrder) return order;
   return order >= 0 ? order : tiles < sm_count ? kSmallGroupOrder : 0;
 }
 
@@ -146,6 +151,7 @@ class BlockedGroupScheduler
     place_ = cta_place(blockIdx.x, blockIdx.y, cluster_m_);
     const uint64_t clusters = uint64_t(gridDim.x) / cluster_m_;
     starts_ = params.problem_shapes_.unit_starts;
+    slot_groups_ = params.problem_shapes_.slot_groups;
     groups_ = params.problem_shapes_.groups();
     units_ = UnitCursor(order, place_.cluster, clusters, starts_[groups_]);
     group_ = -1;  // none yet: work_for_unit searches
@@ -175,11 +181,12 @@ class BlockedGroupScheduler
   }
 
  private:
-  // Makes group_ the group of the current unit (< the total): the next group when the unit lies
-  // there (the blocked order's common step), else a binary search over the groups after the
-  // current one (units only grow): the last g with starts_[g] <= the unit, which is never an
-  // empty group. Then the group's M units and N units, from its shape. (32-bit: the scheduler
-  // warp runs in the producer warpgroup's 40 registers.)
+  // Makes group_ the place of the current unit (< the total) in the sequence: the next place when
+  // the unit lies there (the blocked order's common step), else a binary search over the places
+  // after the current one (units only grow): the last p with starts_[p] <= the unit, which never
+  // holds an empty group. Then its group (slot_groups_, or the place itself) and the group's M
+  // units and N units, from its shape. (32-bit: the scheduler warp runs in the producer
+  // warpgroup's 40 registers.)
   CUTLASS_DEVICE void find_group() {
     const uint32_t unit = units_.unit;
     int lo = group_ + 1, hi = groups_ - 1;
@@ -189,14 +196,15 @@ class BlockedGroupScheduler
       if (starts_[mid] <= unit) lo = mid; else hi = mid - 1;
     }
     group_ = lo;
+    group_id_ = slot_groups_ != nullptr ? static_cast<int>(slot_groups_[lo]) : lo;
     group_start_ = starts_[lo];
     group_end_ = starts_[lo + 1];
     const auto m = static_cast<uint32_t>(
-        cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(lo)));
+        cute::get<0>(this->scheduler_params.problem_shapes_.get_problem_shape(group_id_)));
     const auto tm = static_cast<uint32_t>(this->scheduler_params.cta_shape_.m());
     group_units_m_ = units_of<uint32_t>((m + tm - 1) / tm, cluster_m_);
     group_units_n_ = (group_end_ - group_start_) / group_units_m_;
-    stripe_ = stripes_ != nullptr ? stripes_[lo] : 1u;
+    stripe_ = stripes_ != nullptr ? stripes_[group_id_] : 1u;
   }
 
   // This CTA's tile of the current unit (invalid past this cluster's units).
@@ -205,7 +213,7 @@ class BlockedGroupScheduler
     if (group_ < 0 || units_.unit >= group_end_) find_group();
     const UnitTile u = unit_tile(units_.unit - group_start_, group_units_m_, group_units_n_, stripe_);
     const UnitTile t = cta_tile(u, place_, cluster_m_, cluster_n_);
-    return {static_cast<int32_t>(t.m), static_cast<int32_t>(t.n), group_, 1};
+    return {static_cast<int32_t>(t.m), static_cast<int32_t>(t.n), group_id_, 1};
   }
 
   bool blocked_ = false;  // an order other than CUTLASS's
@@ -214,7 +222,9 @@ class BlockedGroupScheduler
   UnitCursor units_;                  // this cluster's units (tile_units.h)
   const uint32_t* starts_ = nullptr;  // BlockedGroupProblemShape::unit_starts
   int groups_ = 0;
-  int group_ = -1;                    // the group of the last unit looked up (-1: none yet)
+  const uint32_t* slot_groups_ = nullptr;  // BlockedGroupProblemShape::slot_groups
+  int group_ = -1;                    // the place of the last unit looked up (-1: none yet)
+  int group_id_ = -1;                 // the group at that place
   uint32_t group_start_ = 0, group_end_ = 0;  // its units in the sequence
   uint32_t group_units_m_ = 1, group_units_n_ = 1;  // its M and N units (cluster_m_, cluster_n_ blocks)
   const uint32_t* stripes_ = nullptr;  // BlockedGroupProblemShape::stripes

@@ -99,6 +99,7 @@ struct GroupKArrays {
   typename G::StrideD* stride_d;
   uint32_t* unit_starts;                 // [groups + 1] (blocked_scheduler.cuh)
   uint32_t* stripes;                     // [groups] each group's stripe width (same)
+  uint32_t* slot_groups;                 // [groups] the group at each place (heavy_first)
   cute::TmaDescriptor* tensormaps;       // [groups x kGroupTensormaps] (prebuilt_tensormaps.cuh)
 
   static GroupKArrays carve(WorkspaceCarver& w, const GroupKProblem& p) {
@@ -113,6 +114,7 @@ struct GroupKArrays {
     r.stride_d = w.take<typename G::StrideD>(groups);
     r.unit_starts = w.take<uint32_t>(groups + 1);
     r.stripes = w.take<uint32_t>(groups);
+    r.slot_groups = w.take<uint32_t>(groups);
     r.tensormaps = w.take<cute::TmaDescriptor>(groups * kGroupTensormaps);
     return r;
   }
@@ -126,7 +128,15 @@ struct GroupKSetupInputs {
   void* dw;
   bool accumulate;
   StripeInputs stripe;  // the groups' stripe widths (kernel_common.cuh)
+  bool heavy_first;     // lay the groups out largest first (kHeavyFirstMaxGroups at most)
 };
+
+// The balanced order (MOEKIT_SM90_TILE_ORDER=balanced; tools/balance-model): the snake walk
+// (kSnakeOrder, tile_units.h) over the groups laid out largest first, so that each wave's cheap
+// units (a unit's cost grows with its group's rows, the GEMM's K) fall to the clusters that took
+// the previous wave's costly ones. The setup kernel ranks the groups in shared memory: up to
+// kHeavyFirstMaxGroups of them (more keep group order).
+inline constexpr int64_t kHeavyFirstMaxGroups = 1024;
 
 // dw[g] = 0 for every group with m_g = 0, when the counts are valid (SPEC §1; invalid ones: nothing
 // written — block 0's scan reports why), by blocks 1.. of the setup grid: the same 32 counts in
@@ -168,8 +178,10 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
   const int n = static_cast<int>(in.n), k = static_cast<int>(in.k);
   // A non-empty group's tiles: n x k output, whatever its rows.
   const auto units_of = [&](int64_t) { return units_per_group<typename G::Config>(in.n, in.k); };
+  __shared__ int64_t rows[kHeavyFirstMaxGroups];  // heavy_first: each group's rows (0: empty or invalid)
   const int64_t units = scan_groups(in.counts, units_of, [&](int64_t g, const GroupPlace& at, bool) {
     const int64_t m = at.m, off = at.off;
+    if (in.heavy_first) rows[g] = m;
     out.shapes[g] = m > 0 ? typename G::Shape3(n, k, static_cast<int>(m)) : typename G::Shape3(0, k, 0);
     out.ptr_a[g] = static_cast<const E*>(in.dy) + off * in.n;
     out.ptr_b[g] = static_cast<const E*>(in.x) + off * in.k;
@@ -184,6 +196,21 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k);
   });
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
+  if (in.heavy_first) {
+    // Place = rank by rows, largest first (ties: group order), empty groups last. Every non-empty
+    // group has the same units here, so the place r of a non-empty group starts at r units of
+    // them; the empty ones start (and end) at the total.
+    __syncthreads();  // every visit's rows[] and unit_starts[] written
+    const int64_t groups = in.counts.groups;
+    const uint32_t per_group = static_cast<uint32_t>(units_of(1));
+    for (int64_t g = threadIdx.x; g < groups; g += kSetupThreads) {
+      const int64_t m = rows[g];
+      int64_t rank = 0;
+      for (int64_t h = 0; h < groups; ++h) rank += rows[h] > m || (rows[h] == m && h < g);
+      out.slot_groups[rank] = static_cast<uint32_t>(g);
+      out.unit_starts[rank] = m > 0 ? static_cast<uint32_t>(rank) * per_group : static_cast<uint32_t>(units);
+    }
+  }
   build_tensormaps<G>(templates, in.counts.groups, out.shapes);
 }
 
@@ -193,6 +220,12 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
 template <class G>
 int group_k_order(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
   return tile_order(p.order, p.raster == 0, tiles_per_group<typename G::Config>(p.n, p.k), hw.sm_count);
+}
+
+// Whether a call lays its groups out largest first (the balanced order, above).
+template <class G>
+bool heavy_first(const GroupKProblem& p, const cutlass::KernelHardwareInfo& hw) {
+  return group_k_order<G>(p, hw) == kSnakeOrder && p.counts.groups <= kHeavyFirstMaxGroups;
 }
 
 template <class G>
@@ -205,6 +238,7 @@ typename G::Gemm::Arguments make_arguments(const GroupKProblem& p, const GroupKA
   args.problem_shape.host_problem_shapes = nullptr;
   args.problem_shape.order = group_k_order<G>(p, hw);
   args.problem_shape.unit_starts = arr.unit_starts;
+  args.problem_shape.slot_groups = heavy_first<G>(p, hw) ? arr.slot_groups : nullptr;
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
   args.problem_shape.alternate_k = p.k_order == 1;
   args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
@@ -235,7 +269,8 @@ template <class G>
 void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const GroupKCall<G> call(p, workspace);
   const GroupKSetupInputs in{p.counts, p.k, p.n, p.dy, p.x, p.dw, p.accumulate,
-                             stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
+                             stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw),
+                             heavy_first<G>(p, call.hw)};
   // The cached Params bake in beta and the tile order.
   auto params = call.gemm_params(p, workspace, stream, name,
                                        (p.accumulate ? 1 : 0) | (group_k_order<G>(p, call.hw) << 1),

@@ -105,13 +105,14 @@ StudyTile study_tile(Pass pass) {
 #endif
 }
 
-// MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked|chunk2|chunk4|chunk8 (unset: auto) for A/B runs
-// of the tile order (group-M and group-K; blocked_scheduler.cuh); a problem that names its
-// order keeps it.
+// MOEKIT_SM90_TILE_ORDER=auto|cutlass|blocked|chunk2|chunk4|chunk8|balanced (unset: auto) for
+// A/B runs of the tile order (group-M and group-K; blocked_scheduler.cuh); a problem that names its
+// order keeps it. balanced (group-K only; group-M keeps CUTLASS's): the snake walk (tile_units.h)
+// over the groups laid out largest first (group_k_kernel.cuh, heavy_first).
 int tile_order_setting() {
   static const int order = detail::env_choice(
-      "MOEKIT_SM90_TILE_ORDER", {"cutlass", "blocked", "auto", "chunk2", "chunk4", "chunk8"});
-  constexpr int kOrder[] = {0, 1, -1, 2, 4, 8};  // GroupMProblem::order of each value
+      "MOEKIT_SM90_TILE_ORDER", {"cutlass", "blocked", "auto", "chunk2", "chunk4", "chunk8", "balanced"});
+  constexpr int kOrder[] = {0, 1, -1, 2, 4, 8, kSnakeOrder};  // GroupMProblem::order of each value
   return order < 0 ? -1 : kOrder[order];
 }
 

@@ -22,25 +22,40 @@ namespace moekit::cuda::sm90 {
 //   1       blocked: one contiguous range, ranges balanced to ±1 unit
 //   c >= 2  chunks of c consecutive units, strided by the grid: cluster·c .. cluster·c + c - 1,
 //           then (cluster + clusters)·c ..
+//   kSnakeOrder  CUTLASS's with every odd wave of `clusters` units dealt in reverse: cluster,
+//           2·clusters - 1 - cluster, 2·clusters + cluster, ... Each wave holds the same units
+//           as in CUTLASS's order (the L2 sharing between the clusters in flight is kept), but a
+//           cluster that took a wave's first units takes the next wave's last: with the groups laid
+//           out largest first (heavy_first, the setup kernels), the cheap units of each wave even
+//           out the costly ones (tools/balance-model).
 // (CUTLASS's order is chunks of 1.) `unit` is the current one while valid().
+inline constexpr int32_t kSnakeOrder = -2;
 struct UnitCursor {
   uint32_t unit = 0, end = 0;                // the current unit; units from end on are not ours
   uint32_t chunk = 0, chunk_end = 0, jump = 0;  // chunk size, current chunk's end, stride between
+  uint32_t next_jump = 0;                    // snake: the stride after `jump` (they alternate)
 
   UnitCursor() = default;
   MOEKIT_UNITS_FN UnitCursor(int32_t order, uint64_t cluster, uint64_t clusters, uint64_t total) {
-    if (order == 1) {  // one range: past its end, the jump leaves the sequence
+    if (order == kSnakeOrder) {  // chunks of 1, the strides to the mirrored place and back
+      chunk = 1;
+      unit = static_cast<uint32_t>(cluster);
+      end = static_cast<uint32_t>(total);
+      chunk_end = unit + 1;
+      jump = static_cast<uint32_t>(2 * (clusters - cluster) - 2);  // + 1 from the chunk's end
+      next_jump = static_cast<uint32_t>(2 * cluster);
+    } else if (order == 1) {  // one range: past its end, the jump leaves the sequence
       unit = static_cast<uint32_t>(cluster * total / clusters);
       end = static_cast<uint32_t>((cluster + 1) * total / clusters);
       chunk = end - unit;
       chunk_end = end;
-      jump = static_cast<uint32_t>(total);
+      jump = next_jump = static_cast<uint32_t>(total);
     } else {
       chunk = order == 0 ? 1u : static_cast<uint32_t>(order);
       unit = static_cast<uint32_t>(cluster) * chunk;
       end = static_cast<uint32_t>(total);
       chunk_end = unit + chunk;
-      jump = static_cast<uint32_t>(clusters - 1) * chunk;
+      jump = next_jump = static_cast<uint32_t>(clusters - 1) * chunk;
     }
   }
   MOEKIT_UNITS_FN bool valid() const { return unit < end; }
@@ -48,6 +63,9 @@ struct UnitCursor {
     if (++unit == chunk_end) {  // on to this cluster's next chunk
       unit += jump;
       chunk_end = unit + chunk;
+      const uint32_t j = jump;  // the strides alternate (snake; the others' two are equal)
+      jump = next_jump;
+      next_jump = j;
     }
   }
 };
