@@ -328,8 +328,8 @@ const Sm90WgradCase kWgradCases[] = {
     {"Bf16ToF32Accumulate64Experts", DType::BF16, DType::F32, true, DType::I32, 4096, 256, 128,
      std::vector<int64_t>(64, 60)},
     // Every case above has fewer tiles per group than an H200 has SMs, so the automatic tile
-    // order runs them in chunks of 8 (kSmallGroupOrder, blocked_scheduler.cuh); this one has
-    // 12 x 12 = 144 tiles per group: CUTLASS's order.
+    // order runs them in chunks of 4 (kSmallGroupOrder, blocked_scheduler.cuh); this one has
+    // 12 x 12 = 144 tiles per group: the balanced order (groups laid out largest first).
     {"Bf16ToBf16ManyTilesPerGroup", DType::BF16, DType::BF16, false, DType::I32, 330, 1536, 1536,
      {0, 150, 1, 149}},
     // T >= 2048 rows per group: bf16 takes the cooperative 128x256 tile (edge tiles in both

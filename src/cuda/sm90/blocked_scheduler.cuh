@@ -10,7 +10,7 @@
 // one K block per tile (small_E64 wgrad) 168 -> 135.5 µs; but group-M 0.64-0.83x, since the CTAs
 // in flight then work far apart in the sequence and stop sharing operand tiles in L2. So it is
 // group-K only; group-M takes it only when forced. The chunked orders (below) are the middle way
-// group-K takes automatically (chunks of 8: kSmallGroupOrder); MOEKIT_SM90_TILE_ORDER=blocked|
+// group-K takes automatically for small groups (chunks of 4: kSmallGroupOrder); MOEKIT_SM90_TILE_ORDER=blocked|
 // chunk2|chunk4|chunk8 forces one for studies. On group-M every chunk size lost to CUTLASS's
 // order too (0.67-0.99x on the fc1/fc2 shapes and small_E64, same results file).
 //
@@ -67,15 +67,21 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
 };
 
 // Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
-// tiles rounded up to the cluster), and the order a call takes (above): `order` >= 0 forces one
-// (GroupMProblem::order, GroupKProblem::order), -1 takes chunks of 8 (kSmallGroupOrder) when a
-// group has fewer tiles than the persistent grid has CTAs, else CUTLASS's. Orders other than
-// CUTLASS's need the AlongM raster around them (`default_raster`; stripes combine with any order).
+// tiles rounded up to the cluster), and the order a group-K call takes (above): `order` >= 0 or
+// kSnakeOrder forces one (GroupKProblem::order), -1 takes chunks of 4 (kSmallGroupOrder) when a
+// group has fewer tiles than the persistent grid has CTAs, else the balanced order (kSnakeOrder
+// over the groups laid out largest first: group_k_kernel.cuh). Orders other than CUTLASS's need
+// the AlongM raster around them (`default_raster`; stripes combine with any order).
 // Chunks of 8 against the blocked order, small_E64 wgrad on the H200 (bench/results/
 // 2026-11-30-nvidia-h200-c50fd9d-orders.md): 131.6 / 123.3 TFLOP/s (uniform / skewed) against
 // 127.4 / 111.3 — with skewed routing the blocked ranges, equal in units, are unequal in rows
-// (a unit's cost grows with its group's K), while interleaved chunks even the load out.
-inline constexpr int kSmallGroupOrder = 8;
+// (a unit's cost grows with its group's K), while interleaved chunks even the load out. Chunks
+// of 4 against 8, ncu (bench/results/2026-12-01-nvidia-h200-ab46aaf-orders.md): 95.8 against
+// 101.6 µs skewed, 94.7 against 93.2 uniform (chunks of 2, the balanced and CUTLASS's order:
+// 101–120 µs, a CTA's group change costs there). The balanced order against CUTLASS's on large
+// groups: dsv3_fc2_E8 skewed 1254 against 1342 µs (DRAM reads 1.17 against 2.04 GB),
+// qwen3_fc1_E16 skewed 600 against 606.
+inline constexpr int kSmallGroupOrder = 4;
 // Cluster units (cluster_m x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
 template <class Config>
 CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
@@ -92,8 +98,8 @@ int64_t tiles_per_group(int64_t m, int64_t n) {
 }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
-  if (order == kSnakeOrder) return order;
-  return order >= 0 ? order : tiles < sm_count ? kSmallGroupOrder : 0;
+  if (order >= 0 || order == kSnakeOrder) return order;
+  return tiles < sm_count ? kSmallGroupOrder : kSnakeOrder;
 }
 
 // Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM and

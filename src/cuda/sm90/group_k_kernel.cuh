@@ -27,8 +27,8 @@ namespace moekit::cuda::sm90 {
 template <DType kDType, DType kOut, class Config_>
 struct GroupKParts {
   using Config = Config_;
-  // Few tiles per group (small experts): each cluster takes chunks of 8 consecutive tiles
-  // (blocked_scheduler.cuh, kSmallGroupOrder), decided per call in make_arguments.
+  // Few tiles per group (small experts): each cluster takes chunks of 4 consecutive tiles; many:
+  // the balanced order (blocked_scheduler.cuh, tile_order), decided per call in make_arguments.
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   using Element = typename CutlassElement<kDType>::type;
   using ElementD = typename CutlassElement<kOut>::type;

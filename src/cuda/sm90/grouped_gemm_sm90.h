@@ -140,12 +140,13 @@ struct GroupKProblem {
   DType dtype = DType::BF16;   // of dy and x: BF16 or F16
   DType dw_dtype = DType::F32; // F32, or = dtype
   bool accumulate = false;     // dw += (needs dw_dtype F32)
-  // Tile order (blocked_scheduler.cuh): -1 automatic (chunks of 8 when a group has fewer tiles
-  // than the device has SMs, else CUTLASS's), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c,
-  // kSnakeOrder (-2, tile_units.h) the balanced order (the snake walk over the groups laid out
-  // largest first: group_k_kernel.cuh). run() takes env MOEKIT_SM90_TILE_ORDER (auto, cutlass,
-  // blocked, chunk2, chunk4, chunk8, balanced) for A/B runs; ctest runs the sm90 GEMM cases under
-  // cutlass, blocked, chunk4 and balanced. Orders other than CUTLASS's need raster 0.
+  // Tile order (blocked_scheduler.cuh): -1 automatic (chunks of 4 when a group has fewer tiles
+  // than the device has SMs, else the balanced order: group_k_kernel.cuh, group_k_order),
+  // 0 CUTLASS's, 1 blocked, c >= 2 chunks of c, kSnakeOrder (-2, tile_units.h) the balanced order
+  // (the snake walk over the groups laid out largest first). run() takes env
+  // MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8, balanced) for A/B
+  // runs; ctest runs the sm90 GEMM cases under cutlass, blocked, chunk4, chunk8 and balanced.
+  // Orders other than CUTLASS's need raster 0.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
   int k_order = -1;  // as GroupMProblem::k_order
