@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# ctest tools.carry_build: tools/carry-build copies this build into a relocatable directory whose
+# ctest list is the build's (less what it leaves out), and which, moved elsewhere and relocated,
+# runs its tests from its own copies.
+# Usage: carry_build_test.sh TOOLS_DIR BUILD_DIR
+set -uo pipefail
+tool="$1/carry-build"
+build="$2"
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
+count() { ctest --test-dir "$1" -N 2>/dev/null | sed -nE 's/^Total Tests: ([0-9]+)/\1/p'; }
+"$tool" "$build" "$work/c" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+expect "marker" "$(head -1 "$work/c/MOEKIT_CARRIED" | cut -d' ' -f1)" "commit"
+left=$(grep -c . "$work/c/LEFT_OUT")
+expect "test count" "$(count "$work/c")" "$(( $(count "$build") - left ))"
+mv "$work/c" "$work/d"
+"$tool" --relocate "$work/d" || fail=1
+# No test command of the moved copy names the build it came from; the gtest programs are its own.
+commands=$(ctest --test-dir "$work/d" -N -V 2>/dev/null | grep "Test command:")
+expect "no command in the build" "$(grep -c "$(cd "$build" && pwd)/" <<<"$commands")" "0"
+expect "gtest programs in the copy" "$(grep -c "$work/d/tests/test_core " <<<"$commands")" \
+  "$(ctest --test-dir "$build" -N -V 2>/dev/null | grep "Test command:" | grep -c "/tests/test_core ")"
+# One fp64-reference test case, run by ctest from the moved copy with its own library.
+LD_LIBRARY_PATH="$work/d/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  ctest --test-dir "$work/d" -R '^Reference\.HandComputedExample$' >"$work/run" 2>&1
+expect "a test runs from the copy" "$(grep -c 'tests passed, 0 tests failed out of 1' "$work/run")" "1"
+expect "its library" "$(LD_LIBRARY_PATH="$work/d/src" ldd "$work/d/tests/test_core" | awk '/libmoekit/ {print $3}')" \
+  "$work/d/src/libmoekit.so.0"
+exit $fail
