@@ -11,7 +11,8 @@
 // a main_grad through memory it owns. Dropping the handle waits too, so no work is ever left
 // unordered; a handle that holds nothing (CPU contexts, nothing to overlap, no side stream) is
 // already done. A later backward that joins (not deferred) on the same context also waits for
-// it: the side stream is one per context, in order.
+// it: the side stream is one per context, in order. Under a CUDA graph capture, wait() (or drop
+// the handle) before the capture ends: a capture with unjoined side work is invalid.
 //
 //   auto g = fc.backward(saved, dy, {.defer_weight_grads = true});
 //   dispatch_backward(g.input);     // starts as soon as dx is written
