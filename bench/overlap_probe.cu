@@ -264,7 +264,10 @@ int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
   MOEKIT_BENCH_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
   const Context ctx = Context::cuda(0, sa);
   const Problem q = make_problem(p, ctx);
-  const GroupedMLP mlp({.groups = p.E, .hidden = p.H, .ffn = p.F, .dtype = DType::BF16,
+  const GroupedMLP mlp({.groups = p.E,
+                        .hidden = p.H,
+                        .ffn = p.F,
+                        .dtype = DType::BF16,
                         .layout = GluLayout::Interleaved32},
                        ctx);
   mlp.fc1()->linear().set_weight(q.w1);
@@ -277,17 +280,20 @@ int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
     const GroupedMLP::Grads a = timed_backward(mlp, saved, q.dy, false, sa, nullptr);
     const GroupedMLP::Grads b = timed_backward(mlp, saved, q.dy, true, sa, nullptr);
     const char* names[] = {"dx", "dW1", "dW2"};
-    const Tensor as[] = {a.input, a.fc1.weight, a.fc2.weight}, bs[] = {b.input, b.fc1.weight, b.fc2.weight};
+    const Tensor as[] = {a.input, a.fc1.weight, a.fc2.weight},
+                 bs[] = {b.input, b.fc1.weight, b.fc2.weight};
     for (int i = 0; i < 3; ++i) {
       if (!same_bytes(as[i], bs[i])) {
-        std::printf("%s: %s differs between the joined and the deferred backward\n", p.name, names[i]);
+        std::printf("%s: %s differs between the joined and the deferred backward\n", p.name,
+                    names[i]);
         ++mismatches;
       }
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
-         warmup_ms) {
+  while (
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+      warmup_ms) {
     timed_backward(mlp, saved, q.dy, false, sa, nullptr);
     timed_backward(mlp, saved, q.dy, true, sa, nullptr);
   }
@@ -334,8 +340,7 @@ int main(int argc, char** argv) {
     else if (arg == "--deferred") {
       if (v != "0" && v != "1") usage("--deferred must be 0 or 1, got " + v);
       deferred = v == "1";
-    }
-    else
+    } else
       usage("unknown argument " + arg);
   }
   if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
@@ -350,7 +355,9 @@ int main(int argc, char** argv) {
     std::string list = ",";  // ",qwen3,dsv3,": each name looked up with its commas
     list += presets;
     list += ',';
-    auto chosen = [&](const Preset& p) { return list.find(std::string(",") + p.name + ",") != std::string::npos; };
+    auto chosen = [&](const Preset& p) {
+      return list.find(std::string(",") + p.name + ",") != std::string::npos;
+    };
     for (const Preset& p : kPresets) {
       if (!chosen(p)) continue;
       any = true;
@@ -358,8 +365,9 @@ int main(int argc, char** argv) {
     }
     if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
     if (deferred) {
-      std::printf("\n| preset | joined: ms to dx | deferred: ms to dx | joined / deferred | joined: ms to "
-                  "all | deferred: ms to all | joined / deferred | outputs |\n");
+      std::printf(
+          "\n| preset | joined: ms to dx | deferred: ms to dx | joined / deferred | joined: ms to "
+          "all | deferred: ms to all | joined / deferred | outputs |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Preset& p : kPresets) {
         if (chosen(p)) rc |= run_deferred(p, steps, turns, warmup_ms);

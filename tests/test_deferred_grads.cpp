@@ -79,7 +79,8 @@ void expect_same(const Images& got, const Images& want, const std::vector<std::s
   ASSERT_EQ(got.size(), names.size());
   for (size_t i = 0; i < got.size(); ++i) {
     const bool f32 = names[i].ends_with(" f32");
-    EXPECT_TRUE(bit_identical(got[i], want[i], f32 ? DType::F32 : dt)) << names[i] << ": deferred vs joined";
+    EXPECT_TRUE(bit_identical(got[i], want[i], f32 ? DType::F32 : dt))
+        << names[i] << ": deferred vs joined";
   }
 }
 
@@ -102,7 +103,8 @@ TEST_P(Deferred, LinearEqualsTheJoinedBackwardBitForBit) {
   const int64_t S = sum_of(c.counts);
   for (bool main_grad : {false, true}) {
     for (bool device_counts : {false, true}) {
-      SCOPED_TRACE(str(main_grad ? "main_grad" : "dW", device_counts ? ", device counts" : ", host counts"));
+      SCOPED_TRACE(
+          str(main_grad ? "main_grad" : "dW", device_counts ? ", device counts" : ", host counts"));
       GroupedLinear fc = make_linear(ctx_, c);
       const Tensor mg_h = random_normal({c.G, c.N, c.K}, DType::F32, 13);
       Tensor mg;
@@ -112,9 +114,9 @@ TEST_P(Deferred, LinearEqualsTheJoinedBackwardBitForBit) {
       }
       const Tensor x = to_device(ctx_, random_normal({c.T, c.K}, c.dt, 14));
       const Tensor dy = to_device(ctx_, random_normal({c.T, c.N}, c.dt, 15));
-      const Splits splits = device_counts
-                                ? Splits::device(to_device(ctx_, counts_tensor(c.counts, DType::I64)))
-                                : Splits::host(c.counts);
+      const Splits splits =
+          device_counts ? Splits::device(to_device(ctx_, counts_tensor(c.counts, DType::I64)))
+                        : Splits::host(c.counts);
       GroupedLinear::Saved saved;
       fc.forward(x, splits, {}, &saved);
       auto images = [&](const GroupedLinear::Grads& g) {
@@ -146,7 +148,8 @@ TEST_P(Deferred, LinearHandleHoldsWhatTheWeightGradientReads) {
   auto log = std::make_shared<ReleaseLog>(ctx_);
   const Context lctx = ctx_.with_allocator(log);
   const GroupedLinear fc = make_linear(lctx, c);
-  const Tensor x_h = random_normal({c.T, c.K}, c.dt, 21), dy_h = random_normal({c.T, c.N}, c.dt, 22);
+  const Tensor x_h = random_normal({c.T, c.K}, c.dt, 21),
+               dy_h = random_normal({c.T, c.N}, c.dt, 22);
   Images want;
   {
     GroupedLinear::Saved saved;
@@ -218,22 +221,27 @@ MlpResult run_mlp(const Context& ctx, const MlpData& d, const MlpOps& ops, const
   GroupedMLP::Saved saved;
   mlp.forward(to_device(ctx, d.x), to_device(ctx, d.probs), Splits::device(counts), {}, &saved);
   const Tensor dx = filled(ctx, {c.T, c.H}, c.dtype, kSentinel);
-  GroupedMLP::Grads g = mlp.backward(saved, to_device(ctx, d.dy),
-                                     {.grad_input = dx, .defer_weight_grads = defer});
+  GroupedMLP::Grads g =
+      mlp.backward(saved, to_device(ctx, d.dy), {.grad_input = dx, .defer_weight_grads = defer});
   MlpResult r;
   r.pending = std::move(g.weight_grads);
   if (wait) r.pending.wait();
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx, dx), S, c.T, c.H, c.dtype)) << "dx tail";
   if (!wait) return r;
-  r.images = {bytes_of(ctx, dx.rows(0, S)),  bytes_of(ctx, g.probs.rows(0, S)),
-              bytes_of(ctx, g.fc1.weight),   bytes_of(ctx, g.fc1.bias),
-              bytes_of(ctx, g.fc2.weight),   bytes_of(ctx, g.fc2.bias)};
+  r.images = {bytes_of(ctx, dx.rows(0, S)), bytes_of(ctx, g.probs.rows(0, S)),
+              bytes_of(ctx, g.fc1.weight),  bytes_of(ctx, g.fc1.bias),
+              bytes_of(ctx, g.fc2.weight),  bytes_of(ctx, g.fc2.bias)};
   return r;
 }
 
 TEST_P(Deferred, MlpEqualsTheJoinedBackwardBitForBit) {
-  const MlpData d = make_mlp_data({.G = 4, .H = 64, .F = 64, .counts = {50, 0, 77, 9},
-                                   .dtype = DType::BF16, .layout = GluLayout::Interleaved32, .seed = 41});
+  const MlpData d = make_mlp_data({.G = 4,
+                                   .H = 64,
+                                   .F = 64,
+                                   .counts = {50, 0, 77, 9},
+                                   .dtype = DType::BF16,
+                                   .layout = GluLayout::Interleaved32,
+                                   .seed = 41});
   const MlpOps ops = make_mlp_ops(ctx_, d);
   const Tensor mg1_h = random_normal({d.c.G, 2 * d.c.F, d.c.H}, DType::F32, 42);
   const Tensor mg1 = to_device(ctx_, mg1_h);
@@ -245,14 +253,14 @@ TEST_P(Deferred, MlpEqualsTheJoinedBackwardBitForBit) {
   deferred.pending.wait();
   EXPECT_FALSE(deferred.pending.pending());
   const MlpResult again = run_mlp(ctx_, d, ops, mg1, mg1_h, true, true);
-  expect_same(again.images, joined.images, {"dx", "dprobs f32", "main_grad1 f32", "db1", "dW2", "db2"},
-              DType::BF16);
+  expect_same(again.images, joined.images,
+              {"dx", "dprobs f32", "main_grad1 f32", "db1", "dW2", "db2"}, DType::BF16);
 }
 
 // The MLP's internal dh [T, 2F] (fc1's weight gradient reads it) stays allocated until wait().
 TEST_P(Deferred, MlpHandleHoldsItsInternalTemporaries) {
-  const MlpData d = make_mlp_data({.G = 3, .H = 64, .F = 96, .counts = {30, 0, 41},
-                                   .dtype = DType::BF16, .seed = 43});
+  const MlpData d = make_mlp_data(
+      {.G = 3, .H = 64, .F = 96, .counts = {30, 0, 41}, .dtype = DType::BF16, .seed = 43});
   auto log = std::make_shared<ReleaseLog>(ctx_);
   const Context lctx = ctx_.with_allocator(log);
   const MlpOps ops = make_mlp_ops(lctx, d);
@@ -270,10 +278,16 @@ TEST_P(Deferred, MlpHandleHoldsItsInternalTemporaries) {
 
 // ============================================================== Sequential
 TEST_P(Deferred, SequentialFusedAndUnfusedEqualTheJoinedBackward) {
-  const MlpData d = make_mlp_data({.G = 3, .H = 64, .F = 64, .counts = {21, 0, 35},
-                                   .dtype = DType::BF16, .layout = GluLayout::Interleaved32, .seed = 45});
+  const MlpData d = make_mlp_data({.G = 3,
+                                   .H = 64,
+                                   .F = 64,
+                                   .counts = {21, 0, 35},
+                                   .dtype = DType::BF16,
+                                   .layout = GluLayout::Interleaved32,
+                                   .seed = 45});
   const MlpOps ops = make_mlp_ops(ctx_, d);
-  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs), dy = to_device(ctx_, d.dy);
+  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs),
+               dy = to_device(ctx_, d.dy);
   const int64_t S = sum_of(d.c.counts);
   for (bool fuse : {true, false}) {
     SCOPED_TRACE(fuse ? "fused" : "unfused");

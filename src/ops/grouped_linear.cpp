@@ -110,7 +110,8 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
   if (grads.bias.defined()) grouped_bias_grad(ctx_, dy, saved.splits, grads.bias, false);
   if (defer) {
     weight_grad();
-    detail::defer(grads.weight_grads, std::move(side), {dy, saved.input, saved.splits.device_counts(), grads.weight});
+    detail::defer(grads.weight_grads, std::move(side),
+                  {dy, saved.input, saved.splits.device_counts(), grads.weight});
   } else {
     side->join();
   }

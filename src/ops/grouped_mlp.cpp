@@ -216,7 +216,8 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
   const bool defer = options.defer_weight_grads;
   auto side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
-  auto side1 = std::make_unique<detail::SideStream>(l1.context(), dw1 && (defer || s.input_requires_grad));
+  auto side1 =
+      std::make_unique<detail::SideStream>(l1.context(), dw1 && (defer || s.input_requires_grad));
   auto fc2_weight_grad = [&] {
     if (dw2) weight_grad(side2->fork(), l2, dy, s.z, s.splits, grads.fc2.weight);
   };

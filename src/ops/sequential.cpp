@@ -378,10 +378,11 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
     try {
       if (st.fused) {
         const auto& saved = static_cast<const GroupedMLP::Saved&>(*r.contexts[k]);
-        GroupedMLP::Grads g = st.fused->backward(
-            saved, grad,
-            {.grad_input = r.grad_inputs[begin], .grad_probs = dprobs,
-             .defer_weight_grads = options.defer_weight_grads});
+        GroupedMLP::Grads g =
+            st.fused->backward(saved, grad,
+                               {.grad_input = r.grad_inputs[begin],
+                                .grad_probs = dprobs,
+                                .defer_weight_grads = options.defer_weight_grads});
         out.weight_grads.merge(std::move(g.weight_grads));
         if (g.probs.defined()) dprobs = g.probs;
         out.params[begin] = g.fc1;

@@ -60,7 +60,8 @@ struct GroupedMLPBackwardOptions {
   Tensor grad_probs;  // optional [T] f32 already holding a probs gradient: dp is added to it
                       // (rows [0, S)) and it is returned as Grads::probs
   /// true: return once dx and dp are queued; fc1's and fc2's weight gradients may still be
-  /// running on a side stream — Grads::weight_grads holds them until wait() (moekit/core/pending.h).
+  /// running on a side stream — Grads::weight_grads holds them until wait()
+  /// (moekit/core/pending.h).
   bool defer_weight_grads = false;
 };
 
