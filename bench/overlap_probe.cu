@@ -19,9 +19,13 @@
 // event on the op's stream right after the call returns: for the joined call everything, for the
 // deferred one the input-gradient chain) and to everything (after weight_grads.wait()), medians
 // over --turns × --steps single steps; checks that both wrote bit-identical dx, dW1, dW2.
+// With --consumer BLOCKS it then measures the deferred backward with a consumer of dx on its own
+// stream (run_consumer, below: stream priority and Context::with_sm_margin). --two-streams 0 skips
+// the first table (serial against two streams).
 // Exit status 1 on any error or a mismatch, 2 on a bad argument.
 // Usage: moekit_overlap_probe [--presets qwen3,dsv3] [--steps N] [--turns N] [--warmup-ms MS]
-//                             [--deferred 0|1]
+//                             [--deferred 0|1] [--consumer BLOCKS] [--consumer-us US]
+//                             [--two-streams 0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +37,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -310,10 +316,157 @@ int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
   return mismatches ? 1 : 0;
 }
 
+// ---- deferred weight gradients with a consumer of dx (design/PERFORMANCE.md, Next 2)
+// The caller's next work on dx — an expert-parallel dispatch's backward: an all-to-all whose
+// kernels use a few SMs — stood in for by a copy of dx on --consumer blocks lasting at least
+// --consumer-us (0: the copy's own time), queued on its own stream right after the backward returns
+// (after dx). The weight gradients' persistent GEMMs hold every SM they are given until they end,
+// so the question is when the consumer gets SMs: per step the time from the backward's start to the
+// consumer's end ("to consumer") and to everything ("to all"), medians over --turns × --steps, for
+//   joined            the backward as one call, then the consumer;
+//   deferred          defer_weight_grads, the consumer's stream of the same priority as the op's;
+//   deferred, high    the consumer's stream of the device's greatest priority;
+//   + margin M        the same on a context with_sm_margin(M) (M = --consumer's blocks): the
+//                     GEMMs' grids leave M SMs (Context::with_sm_margin);
+// and the consumer alone. Checks that every way wrote dx, dW1, dW2 bit-identical to the first
+// (the GEMMs with a margin run the same tiles on fewer CTAs).
+// At least `ns` long (an all-to-all over NVLink moves dx slower than a copy in HBM): each block
+// copies its share, then waits on the global timer.
+__global__ void consume(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n,
+                        uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+struct ConsumerWay {
+  const char* name;
+  bool defer, high;
+  int margin;
+};
+
+int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, int turns,
+                 double warmup_ms) {
+  cudaStream_t sa, lo, hi;
+  int least = 0, greatest = 0;
+  MOEKIT_BENCH_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, least));
+  MOEKIT_BENCH_CHECK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, greatest));
+  const Context ctx = Context::cuda(0, sa);
+  const Problem q = make_problem(p, ctx);
+  const ConsumerWay ways[] = {{"joined", false, false, 0},
+                              {"deferred", true, false, 0},
+                              {"deferred, high priority", true, true, 0},
+                              {"deferred, margin", true, false, blocks},
+                              {"deferred, high priority, margin", true, true, blocks}};
+  struct Way {
+    std::unique_ptr<GroupedMLP> mlp;
+    GroupedMLP::Saved saved;
+    std::vector<double> to_consumer, to_all;
+    GroupedMLP::Grads first;
+  };
+  std::vector<Way> runs(std::size(ways));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Context c = ways[i].margin > 0 ? ctx.with_sm_margin(ways[i].margin) : ctx;
+    runs[i].mlp = std::make_unique<GroupedMLP>(GroupedMLPConfig{.groups = p.E,
+                                                                .hidden = p.H,
+                                                                .ffn = p.F,
+                                                                .dtype = DType::BF16,
+                                                                .layout = GluLayout::Interleaved32},
+                                               c);
+    runs[i].mlp->fc1()->linear().set_weight(q.w1);
+    runs[i].mlp->fc2()->linear().set_weight(q.w2);
+    runs[i].mlp->forward(q.x, q.probs, q.splits, {}, &runs[i].saved);
+  }
+  const size_t vectors = static_cast<size_t>(p.T * p.H) * 2 / sizeof(uint4);
+  Tensor sink = Tensor::empty({p.T, p.H}, DType::BF16, ctx);
+  cudaEvent_t e0, dx_ready, consumed, all;
+  for (cudaEvent_t* e : {&e0, &dx_ready, &consumed, &all}) MOEKIT_BENCH_CHECK(cudaEventCreate(e));
+  // One step of way i; its times appended when `record`; returns the grads (waited for).
+  auto one = [&](size_t i, bool record) {
+    const ConsumerWay& w = ways[i];
+    const cudaStream_t cs = w.high ? hi : lo;
+    MOEKIT_BENCH_CHECK(cudaEventRecord(e0, sa));
+    GroupedMLP::Grads g =
+        runs[i].mlp->backward(runs[i].saved, q.dy, {.defer_weight_grads = w.defer});
+    MOEKIT_BENCH_CHECK(cudaEventRecord(dx_ready, sa));
+    MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(cs, dx_ready, 0));
+    consume<<<blocks, 512, 0, cs>>>(static_cast<const uint4*>(g.input.data()),
+                                    static_cast<uint4*>(sink.data()), vectors, consumer_ns);
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaEventRecord(consumed, cs));
+    g.weight_grads.wait();
+    MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(sa, consumed, 0));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(all, sa));
+    MOEKIT_BENCH_CHECK(cudaEventSynchronize(all));
+    if (record) {
+      float c_ms = 0, a_ms = 0;
+      MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&c_ms, e0, consumed));
+      MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&a_ms, e0, all));
+      runs[i].to_consumer.push_back(c_ms);
+      runs[i].to_all.push_back(a_ms);
+    }
+    return g;
+  };
+  int mismatches = 0;
+  for (size_t i = 0; i < runs.size(); ++i) runs[i].first = one(i, false);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const char* names[] = {"dx", "dW1", "dW2"};
+    const Tensor as[] = {runs[0].first.input, runs[0].first.fc1.weight, runs[0].first.fc2.weight},
+                 bs[] = {runs[i].first.input, runs[i].first.fc1.weight, runs[i].first.fc2.weight};
+    for (int k = 0; k < 3; ++k) {
+      if (!same_bytes(as[k], bs[k])) {
+        std::printf("%s: %s differs between '%s' and '%s'\n", p.name, names[k], ways[0].name,
+                    ways[i].name);
+        ++mismatches;
+      }
+    }
+  }
+  // The consumer alone, and the warm-up.
+  std::vector<double> alone;
+  for (int i = 0; i < 20; ++i) {
+    MOEKIT_BENCH_CHECK(cudaEventRecord(e0, lo));
+    consume<<<blocks, 512, 0, lo>>>(static_cast<const uint4*>(q.dy.data()),
+                                    static_cast<uint4*>(sink.data()), vectors, consumer_ns);
+    MOEKIT_BENCH_CHECK(cudaEventRecord(consumed, lo));
+    MOEKIT_BENCH_CHECK(cudaEventSynchronize(consumed));
+    float ms = 0;
+    MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, consumed));
+    alone.push_back(ms);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+      warmup_ms) {
+    for (size_t i = 0; i < runs.size(); ++i) one(i, false);
+  }
+  for (int t = 0; t < turns; ++t) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      for (int s = 0; s < steps; ++s) one(i, true);
+    }
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::printf("| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %s |\n", p.name, ways[i].name, blocks,
+                median(alone), median(runs[i].to_consumer), median(runs[i].to_all),
+                median(runs[0].to_consumer) / median(runs[i].to_consumer),
+                mismatches ? "DIFFER" : "bit-identical");
+  }
+  std::fflush(stdout);
+  for (cudaEvent_t e : {e0, dx_ready, consumed, all}) MOEKIT_BENCH_CHECK(cudaEventDestroy(e));
+  return mismatches ? 1 : 0;
+}
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "moekit_overlap_probe: %s\nusage: moekit_overlap_probe [--presets qwen3,dsv3] "
-               "[--steps N] [--turns N] [--warmup-ms MS] [--deferred 0|1]\n",
+               "[--steps N] [--turns N] [--warmup-ms MS] [--deferred 0|1] [--consumer BLOCKS] "
+               "[--consumer-us US] [--two-streams 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -325,6 +478,9 @@ int main(int argc, char** argv) {
   int steps = 10, turns = 5;
   double warmup_ms = 1000;
   bool deferred = false;
+  int consumer = 0;
+  double consumer_us = 0;
+  bool two_streams = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage(arg + " needs a value");
@@ -340,16 +496,29 @@ int main(int argc, char** argv) {
     else if (arg == "--deferred") {
       if (v != "0" && v != "1") usage("--deferred must be 0 or 1, got " + v);
       deferred = v == "1";
+    } else if (arg == "--two-streams") {
+      if (v != "0" && v != "1") usage("--two-streams must be 0 or 1, got " + v);
+      two_streams = v == "1";
+    } else if (arg == "--consumer-us") {
+      consumer_us = std::atof(v.c_str());
+      if (!(consumer_us >= 0 && consumer_us <= 1e6))
+        usage("--consumer-us must be 0..1e6, got " + v);
+    } else if (arg == "--consumer") {
+      consumer = std::atoi(v.c_str());
+      if (consumer < 0 || consumer > 1024) usage("--consumer must be 0..1024 blocks, got " + v);
     } else
       usage("unknown argument " + arg);
   }
   if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
   if (turns < 1) usage("--turns must be >= 1, got " + std::to_string(turns));
   try {
-    std::printf(
-        "| preset | E | T | H | F | serial ms/step | two streams ms/step | serial / two streams | "
-        "outputs |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    if (two_streams) {
+      std::printf(
+          "| preset | E | T | H | F | serial ms/step | two streams ms/step | serial / two streams "
+          "| "
+          "outputs |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    }
     int rc = 0;
     bool any = false;
     std::string list = ",";  // ",qwen3,dsv3,": each name looked up with its commas
@@ -361,7 +530,7 @@ int main(int argc, char** argv) {
     for (const Preset& p : kPresets) {
       if (!chosen(p)) continue;
       any = true;
-      rc |= run_preset(p, steps, turns, warmup_ms);
+      if (two_streams) rc |= run_preset(p, steps, turns, warmup_ms);
     }
     if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
     if (deferred) {
@@ -371,6 +540,17 @@ int main(int argc, char** argv) {
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Preset& p : kPresets) {
         if (chosen(p)) rc |= run_deferred(p, steps, turns, warmup_ms);
+      }
+    }
+    if (consumer > 0) {
+      std::printf(
+          "\n| preset | way | consumer blocks | consumer alone ms | ms to consumer | ms to all | "
+          "joined / this, to consumer | outputs |\n");
+      std::printf("|---|---|---|---|---|---|---|---|\n");
+      for (const Preset& p : kPresets) {
+        if (chosen(p))
+          rc |= run_consumer(p, consumer, static_cast<uint64_t>(consumer_us * 1e3), steps, turns,
+                             warmup_ms);
       }
     }
     return rc;

@@ -891,6 +891,29 @@ TEST(Context, WithAllocatorRejectsNullAndForeignDevices) {
   EXPECT_EQ(p.allocator().stats().bytes, 12);
 }
 
+TEST(Context, SmMarginIsCheckedKeptByCopiesAndIgnoredOnTheCpu) {
+  const Context ctx = Context::cpu(2);
+  EXPECT_EQ(ctx.sm_margin(), 0);
+  auto e = caught([&] { ctx.with_sm_margin(-1); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'sms'"), HasSubstr(">= 0"), HasSubstr("got -1")));
+  const Context m = ctx.with_sm_margin(16);
+  EXPECT_EQ(m.sm_margin(), 16);
+  EXPECT_EQ(ctx.sm_margin(), 0);  // a copy: the original keeps its own
+  EXPECT_EQ(m.with_backend("cpu").sm_margin(), 16);
+  EXPECT_EQ(test::poisoned(m).sm_margin(), 16);  // with_allocator
+  EXPECT_EQ(m.with_sm_margin(0).sm_margin(), 0);
+  // The CPU has no SMs to leave: the same results as without a margin.
+  Tensor a = test::random_normal({5, 4}, DType::F32, 21),
+         b = test::random_normal({2, 3, 4}, DType::F32, 22);
+  Tensor out0 = test::host_filled({5, 3}, DType::F32, test::kSentinel);
+  Tensor out1 = test::host_filled({5, 3}, DType::F32, test::kSentinel);
+  grouped_gemm_group_m(ctx, a, b, BOp::Transposed, Splits::host({2, 3}), out0);
+  grouped_gemm_group_m(m, a, b, BOp::Transposed, Splits::host({2, 3}), out1);
+  EXPECT_EQ(test::to_doubles(ctx, out0), test::to_doubles(ctx, out1));
+}
+
 // A tiny group-M GEMM on the host: [3, 2] x [1, 2, 2]^T.
 struct TinyGemm {
   Tensor a = test::random_normal({3, 2}, DType::F32, 11);

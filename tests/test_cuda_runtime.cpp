@@ -559,6 +559,54 @@ TEST(CudaGroupedGemm, BitwiseReproducibleRunToRun) {
   }
 }
 
+// Context::with_sm_margin on the cuBLAS backend: its handle's (and cuBLASLt's) SM-count target.
+// cuBLAS may pick another algorithm for fewer SMs, so the results are checked against the fp64
+// reference (not bit for bit against a run on every SM): group-M with and without bias (cuBLASLt's
+// bias epilogue), dgrad, wgrad, through the per-group loop (8 groups) and one grouped-batched call
+// (48).
+TEST(CudaGroupedGemm, SmMarginOnCublasMatchesReferenceInsideGuardBands) {
+  MOEKIT_REQUIRE_GPU();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  const int sms = api.sm_count(0);
+  ASSERT_GT(sms, 17);
+  const DType dt = DType::BF16;
+  const int64_t T = 1100, K = 256, N = 384;
+  uint64_t seed = 700;
+  for (int margin : {16, sms - 1}) {
+    const Context ctx = gpu().with_backend("cublas").with_sm_margin(margin);
+    for (int64_t G : {8, 48}) {
+      SCOPED_TRACE(str("margin ", margin, ", ", G, " groups"));
+      const auto counts = skewed_counts(G, 1090, seed, {2});
+      const int64_t S = sum_of(counts);
+      const Tensor x = test::random_normal({T, K}, dt, ++seed),
+                   dy = test::random_normal({T, N}, dt, ++seed);
+      const Tensor w = test::random_normal({G, N, K}, dt, ++seed, 1.0 / 16);
+      const Tensor b = test::random_normal({G, N}, dt, ++seed);
+      const Splits splits = Splits::host(counts);
+      Guarded y({T, N}, dt), dx({T, K}, dt), dw({G * N * K}, dt, 5);
+      grouped_gemm_group_m(ctx, to_device(ctx, x), to_device(ctx, w), BOp::Transposed, splits,
+                           y.view, to_device(ctx, b));
+      grouped_gemm_group_m(ctx, to_device(ctx, dy), to_device(ctx, w), BOp::Plain, splits, dx.view);
+      grouped_gemm_group_k(ctx, to_device(ctx, dy), to_device(ctx, x), splits,
+                           dw.view.view({G, N, K}), false);
+      EXPECT_TRUE(y.untouched_outside(S));
+      EXPECT_TRUE(dx.untouched_outside(S));
+      EXPECT_TRUE(dw.untouched_outside(G * N * K));
+      EXPECT_TRUE(test::matches_reference(
+          "y", y.values(),
+          test::reference_forward(host_doubles(x), host_doubles(w), host_doubles(b), counts, K, N),
+          dt));
+      EXPECT_TRUE(test::matches_reference(
+          "dx", dx.values(), test::reference_dgrad(host_doubles(dy), host_doubles(w), counts, K, N),
+          dt));
+      EXPECT_TRUE(test::matches_reference(
+          "dw", dw.values(),
+          test::reference_wgrad(host_doubles(dy), host_doubles(x), counts, K, N, {}), dt));
+    }
+  }
+}
+
 // ================================================================ device splits
 
 TEST(CudaDeviceSplits, MatchHostSplitsBitwise) {

@@ -1019,6 +1019,106 @@ TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
   }
 }
 
+// Context::with_sm_margin: the persistent GEMM grids of group-M and group-K take at most the
+// device's SMs less the margin, in whole clusters (seen in the captured launches: the GEMM node is
+// the one with dynamic shared memory), and write the same bits as with every SM — a tile's work
+// does not depend on which CTA takes it — inside the guard bands, zero-row groups exact.
+TEST(CudaSm90, SmMarginShrinksThePersistentGridsAndWritesTheSameBits) {
+  MOEKIT_REQUIRE_GRAPH_STREAM();
+  {
+    const Context base = Context::cuda(0, stream).with_backend("sm90");
+    const int sms = api.sm_count(0);
+    ASSERT_GT(sms, 20);
+    // 128x128 output tiles: fprop 20 x 16 over the groups' rows, wgrad 16 x 2 per group (x 3):
+    // more tiles than SMs either way.
+    const int64_t T = 2500, K = 256, N = 2048;
+    const std::vector<int64_t> cnt{1200, 0, 1000, 290};  // a zero-row group, a tail of 10
+    const int64_t G = static_cast<int64_t>(cnt.size()), S = sum_of(cnt);
+    const Tensor x_h = test::random_normal({T, K}, DType::BF16, 91);
+    const Tensor w_h = test::random_normal({G, N, K}, DType::BF16, 92, 1.0 / 16);
+    const Tensor dy_h = test::random_normal({T, N}, DType::BF16, 93);
+    const Tensor x = to_device(base, x_h), w = to_device(base, w_h), dy = to_device(base, dy_h);
+    const Tensor counts = to_device(base, test::counts_tensor(cnt, DType::I32));
+    struct Run {
+      std::vector<uint8_t> y, dw;
+      std::vector<double> y_values, dw_values;
+      unsigned grid_m = 0, grid_k = 0;
+    };
+    auto gemm_grid = [&](void* graph) {
+      unsigned grid = 0;
+      for (const auto& k : api.kernels(graph)) {
+        if (k.shared_bytes > 0) grid = k.grid[0] * k.grid[1] * k.grid[2];
+      }
+      return grid;
+    };
+    auto run = [&](int margin) {
+      SCOPED_TRACE(str("margin ", margin));
+      const Context ctx = base.with_sm_margin(margin);
+      Run r;
+      Guarded y(ctx, T, N, DType::BF16);
+      Tensor dw = Tensor::empty({G, N, K}, DType::BF16, ctx);
+      fill(ctx, dw, std::nan(""));
+      ctx.synchronize();
+      for (bool wgrad : {false, true}) {
+        const auto gemm = [&] {
+          if (wgrad) {
+            grouped_gemm_group_k(ctx, dy, x, Splits::device(counts), dw, false);
+          } else {
+            grouped_gemm_group_m(ctx, x, w, BOp::Transposed, Splits::device(counts), y.view);
+          }
+        };
+        void* graph = nullptr;
+        EXPECT_EQ(api.capture(stream, gemm, &graph), "");
+        (wgrad ? r.grid_k : r.grid_m) = gemm_grid(graph);
+        void* exec = nullptr;
+        EXPECT_EQ(api.instantiate(&exec, graph, 0), 0);
+        EXPECT_EQ(api.launch(exec, stream), 0);
+        EXPECT_EQ(api.stream_sync(stream), 0);
+        api.exec_destroy(exec);
+        api.graph_destroy(graph);
+      }
+      EXPECT_TRUE(y.untouched_outside(S));
+      r.y = test::bytes_of(ctx, y.view);
+      r.dw = test::bytes_of(ctx, dw);
+      r.y_values = y.values();
+      r.dw_values = test::to_doubles(ctx, dw);
+      return r;
+    };
+    const Run all = run(0);
+    EXPECT_TRUE(test::matches_reference(
+        "y", all.y_values, test::reference_forward(doubles_of(x_h), doubles_of(w_h), {}, cnt, K, N),
+        DType::BF16));
+    EXPECT_GT(all.grid_m, 0u);
+    EXPECT_LE(all.grid_m, static_cast<unsigned>(sms));
+    EXPECT_LE(all.grid_k, static_cast<unsigned>(sms));
+    for (int margin : {16, 17, sms - 1}) {
+      SCOPED_TRACE(str("margin ", margin));
+      const Run r = run(margin);
+      const unsigned most = static_cast<unsigned>(std::max(sms - margin, 2));  // clusters of <= 2
+      for (const auto& [what, grid, grid_all] : {std::tuple{"group-M", r.grid_m, all.grid_m},
+                                                 std::tuple{"group-K", r.grid_k, all.grid_k}}) {
+        EXPECT_LE(grid, most) << what;
+        EXPECT_GE(grid + 3, std::min(grid_all, most)) << what;  // whole clusters of <= 4
+        EXPECT_GT(grid, 0u) << what;
+      }
+      EXPECT_TRUE(r.y == all.y) << "y differs from the run on every SM";
+      EXPECT_TRUE(r.dw == all.dw) << "dw differs from the run on every SM";
+    }
+    const size_t group_bytes = static_cast<size_t>(N * K) * size_of(DType::BF16);
+    EXPECT_TRUE(group_is_exact_zero(all.dw, 1, group_bytes));
+    EXPECT_TRUE(test::matches_reference(
+        "dw", all.dw_values,
+        test::reference_wgrad(doubles_of(dy_h), doubles_of(x_h), cnt, K, N, {}), DType::BF16));
+    EXPECT_EQ(base.device_error_bits(), 0u);
+    // The margin must leave an SM.
+    auto e = caught([&] { base.with_sm_margin(sms); });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), ::testing::AllOf(::testing::HasSubstr("'sms'"),
+                                            ::testing::HasSubstr(str(sms, " SMs")),
+                                            ::testing::HasSubstr(str("got ", sms))));
+  }
+}
+
 // What "fused" means, observably: captured with device counts and "sm90" forced, fc1 + SwiGLU is
 // two kernels (the setup kernel and the GEMM with SwiGLU in its epilogue) and fc2 dgrad + SwiGLU
 // backward (no dprobs) two as well, for the Interleaved32 layout; for Halves, which the epilogues

@@ -18,6 +18,7 @@ struct Context::Impl {
   int threads = 1;                       // CPU worker threads
   std::string backend;                   // forced backend name, "" = automatic
   std::shared_ptr<void> cuda;            // CUDA resources (stream ownership, cuBLAS handle, ...)
+  int sm_margin = 0;                     // SMs the persistent GEMMs leave free (with_sm_margin)
 };
 
 namespace detail {
@@ -33,6 +34,8 @@ void cuda_fill(const Context& ctx, const Tensor& t, double value);
 void cuda_synchronize(const Context& ctx);
 /// Reads and clears the CUDA context's device error word (synchronises its stream).
 uint32_t cuda_take_error_bits(const Context& ctx);
+/// The SM count of a CUDA context's device.
+int cuda_sm_count(const Context& ctx);
 /// The side stream of a CUDA context (core/side_stream.h): the Impl of a context on a second
 /// stream of ctx's device, created on first use and owned by ctx's resources, with ctx's forced
 /// backend and error word and its own stream-ordered allocator and library handles. Null when

@@ -168,6 +168,11 @@ void group_m_with_bias(CudaResources& res, const detail::GroupMArgs& args, const
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+  const int sms = gemm_sm_target(args.ctx);  // Context::with_sm_margin
+  if (sms > 0) {
+    MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                       &sms, sizeof(sms)));
+  }
   // A = B_g: stored K×N (ld K) and transposed, or stored N×K (ld N).
   LtLayout a_layout(t, transposed ? K : N, transposed ? N : K, lda);
   const float alpha = 1.0f, beta = 0.0f;
@@ -183,15 +188,33 @@ void group_m_with_bias(CudaResources& res, const detail::GroupMArgs& args, const
     MOEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_g, sizeof(bias_g)));
     LtLayout b_layout(t, K, m, ldb);
     LtLayout d_layout(t, N, m, ldd);
-    const LtPlanKey key{static_cast<int>(t), static_cast<int>(op_a), static_cast<int>(epilogue),
-                        N, m, K, lda, ldb, ldd, alignment(A), alignment(B), alignment(D),
-                        alignment(bias_g)};
+    const LtPlanKey key{static_cast<int>(t),
+                        static_cast<int>(op_a),
+                        static_cast<int>(epilogue),
+                        N,
+                        m,
+                        K,
+                        lda,
+                        ldb,
+                        ldd,
+                        alignment(A),
+                        alignment(B),
+                        alignment(D),
+                        alignment(bias_g),
+                        sms};
     const cublasLtMatmulAlgo_t algo = lt_plan(res, key, desc.d, a_layout.l, b_layout.l, d_layout.l);
     MOEKIT_CUBLAS_CHECK(cublasLtMatmul(res.lt, desc.d, &alpha, A, a_layout.l, B, b_layout.l, &beta,
                                        D, d_layout.l, D, d_layout.l, &algo, res.workspace,
                                        res.workspace_bytes, res.stream));
     off += m;
   }
+}
+
+// The cuBLAS handle's SM-count target for this call's context (Context::with_sm_margin; 0: every
+// SM). The handle is shared by the copies of a context, which may differ in margin, so every call
+// sets it (a host-side setting; calls on one context come from one host thread).
+void target_sms(CudaResources& res, const Context& ctx) {
+  MOEKIT_CUBLAS_CHECK(cublasSetSmCountTarget(res.blas, gemm_sm_target(ctx)));
 }
 
 // ---- per-group GEMMs: one cublasGemmEx each, or one cublasGemmGroupedBatchedEx for all of them.
@@ -386,6 +409,7 @@ std::string group_m_rejects(const detail::GroupMArgs& args) {
 void group_m_run(const detail::GroupMArgs& args) {
   CudaResources& res = resources(args.ctx);
   DeviceGuard guard(res.device);
+  target_sms(res, args.ctx);
   const std::vector<int64_t> counts = checked_host_counts(args.ctx, args.splits, args.rows);
   const int64_t K = args.k, N = args.n;
   if (N == 0) return;
@@ -438,6 +462,7 @@ std::string group_k_rejects(const detail::GroupKArgs& args) {
 void group_k_run(const detail::GroupKArgs& args) {
   CudaResources& res = resources(args.ctx);
   DeviceGuard guard(res.device);
+  target_sms(res, args.ctx);
   const std::vector<int64_t> counts = checked_host_counts(args.ctx, args.splits, args.rows);
   const int64_t K = args.k, N = args.n;
   if (K == 0 || N == 0) return;

@@ -27,14 +27,16 @@
 namespace moekit::cuda {
 
 /// A cuBLASLt algorithm chosen once for a problem and reused (keyed by everything that the
-/// heuristic looks at: types, transposes, sizes, leading dimensions, pointer alignments).
+/// heuristic looks at: types, transposes, sizes, leading dimensions, pointer alignments, the
+/// SM-count target).
 struct LtPlanKey {
   int dtype, op_a, epilogue;
   int64_t m, n, k, lda, ldb, ldd;
   int align_a, align_b, align_d, align_bias;
+  int sms;  // gemm_sm_target: 0 = every SM
   auto tie() const {
     return std::tie(dtype, op_a, epilogue, m, n, k, lda, ldb, ldd, align_a, align_b, align_d,
-                    align_bias);
+                    align_bias, sms);
   }
   friend bool operator<(const LtPlanKey& x, const LtPlanKey& y) { return x.tie() < y.tie(); }
 };
@@ -72,6 +74,11 @@ struct CudaResources {
 
 /// The resources of a CUDA context (throws InvalidArgument for a CPU context).
 CudaResources& resources(const Context& ctx);
+
+/// The SMs a context's persistent GEMM kernels may use (Context::with_sm_margin): 0 = all of them.
+inline int gemm_sm_target(const Context& ctx) {
+  return ctx.sm_margin() > 0 ? resources(ctx).sm_count - ctx.sm_margin() : 0;
+}
 
 /// Makes `device` current for the scope and restores the previous device after.
 class DeviceGuard {

@@ -239,6 +239,7 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
   impl->allocator = res.side_allocator;
   impl->threads = 1;
   impl->backend = ctx.forced_backend();
+  impl->sm_margin = ctx.sm_margin();
   impl->cuda = res.side;
   return impl;
 }
@@ -277,6 +278,10 @@ uint32_t cuda_take_error_bits(const Context& ctx) {
   MOEKIT_CUDA_CHECK(cudaMemsetAsync(res.error_word, 0, sizeof bits, res.stream));
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
   return bits;
+}
+
+int cuda_sm_count(const Context& ctx) {
+  return cuda::resources(ctx).sm_count;
 }
 
 void cuda_synchronize(const Context& ctx) {

@@ -34,6 +34,17 @@ struct CudaGraphApi {
   int (*get_nodes)(void*, void**, size_t*) = nullptr;               // cudaGraphGetNodes
   int (*node_type)(void*, int*) = nullptr;                          // cudaGraphNodeGetType
   static constexpr int kKernelNode = 0;                             // cudaGraphNodeTypeKernel
+  // cudaKernelNodeParams, as driver_types.h lays it out.
+  struct KernelParams {
+    void* func;
+    unsigned grid[3], block[3];
+    unsigned shared_bytes;
+    void** args;
+    void** extra;
+  };
+  int (*kernel_params)(void*, KernelParams*) = nullptr;  // cudaGraphKernelNodeGetParams
+  int (*device_attribute)(int*, int, int) = nullptr;     // cudaDeviceGetAttribute
+  static constexpr int kSmCountAttribute = 16;           // cudaDevAttrMultiProcessorCount
   bool ok = false;
 
   CudaGraphApi() {
@@ -48,11 +59,36 @@ struct CudaGraphApi {
     };
     ok = get(stream_create, "cudaStreamCreateWithFlags") &&
          get(stream_destroy, "cudaStreamDestroy") && get(stream_sync, "cudaStreamSynchronize") &&
-         get(begin_capture, "cudaStreamBeginCapture") &&
-         get(end_capture, "cudaStreamEndCapture") && get(instantiate, "cudaGraphInstantiate") &&
-         get(launch, "cudaGraphLaunch") && get(exec_destroy, "cudaGraphExecDestroy") &&
-         get(graph_destroy, "cudaGraphDestroy") && get(get_nodes, "cudaGraphGetNodes") &&
-         get(node_type, "cudaGraphNodeGetType");
+         get(begin_capture, "cudaStreamBeginCapture") && get(end_capture, "cudaStreamEndCapture") &&
+         get(instantiate, "cudaGraphInstantiate") && get(launch, "cudaGraphLaunch") &&
+         get(exec_destroy, "cudaGraphExecDestroy") && get(graph_destroy, "cudaGraphDestroy") &&
+         get(get_nodes, "cudaGraphGetNodes") && get(node_type, "cudaGraphNodeGetType") &&
+         get(kernel_params, "cudaGraphKernelNodeGetParams") &&
+         get(device_attribute, "cudaDeviceGetAttribute");
+  }
+
+  /// Each kernel node's launch of a captured graph, in the graph's node order (empty on error).
+  std::vector<KernelParams> kernels(void* graph) const {
+    size_t n = 0;
+    if (get_nodes(graph, nullptr, &n) != 0) return {};
+    std::vector<void*> nodes(n);
+    if (n > 0 && get_nodes(graph, nodes.data(), &n) != 0) return {};
+    std::vector<KernelParams> out;
+    for (void* node : nodes) {
+      int type = -1;
+      if (node_type(node, &type) != 0) return {};
+      if (type != kKernelNode) continue;
+      KernelParams p{};
+      if (kernel_params(node, &p) != 0) return {};
+      out.push_back(p);
+    }
+    return out;
+  }
+
+  /// The SM count of CUDA device `device` (0 on error).
+  int sm_count(int device) const {
+    int n = 0;
+    return device_attribute(&n, kSmCountAttribute, device) == 0 ? n : 0;
   }
 
   /// Kernel nodes of a captured graph (allocation, memset and copy nodes not counted); -1 on error.

@@ -11,6 +11,7 @@ count() { ctest --test-dir "$1" -N 2>/dev/null | sed -nE 's/^Total Tests: ([0-9]
 "$tool" "$build" "$work/c" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
 expect "marker" "$(head -1 "$work/c/MOEKIT_CARRIED" | cut -d' ' -f1)" "commit"
 left=$(grep -c . "$work/c/LEFT_OUT")
+expect "this test left out" "$(grep -cx "tools.carry_build" "$work/c/LEFT_OUT")" "1"
 expect "test count" "$(count "$work/c")" "$(( $(count "$build") - left ))"
 mv "$work/c" "$work/d"
 "$tool" --relocate "$work/d" || fail=1

@@ -41,6 +41,16 @@ class Context {
   /// MOEKIT_BACKEND does the same for every context that forces nothing.
   Context with_backend(std::string name) const;
   const std::string& forced_backend() const;
+  /// A copy of this context whose persistent GEMM kernels (the sm90 grouped kernels' grids, cuBLAS
+  /// through its SM-count target) leave `sms` of the device's SMs to work the caller runs beside
+  /// them: an expert-parallel all-to-all on another stream while deferred weight gradients run
+  /// (SPEC §1b). Such a kernel holds its SMs until it ends, so a kernel queued after it starts
+  /// only on SMs it leaves. 0 (the default) uses every SM. The side stream's work (the weight
+  /// gradients) keeps the margin. InvalidArgument naming 'sms' unless 0 <= sms < the device's SM
+  /// count; CPU contexts take any sms >= 0 and ignore it. The sm90 kernels write the same bits
+  /// whatever sms; cuBLAS may choose another algorithm for fewer SMs (SPEC §1b).
+  Context with_sm_margin(int sms) const;
+  int sm_margin() const;
   /// Waits for all work queued on the context's stream.
   void synchronize() const;
 

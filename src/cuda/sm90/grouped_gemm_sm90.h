@@ -77,6 +77,10 @@ struct GroupMProblem {
   // odd-numbered tiles walk K backwards, so a wave starts on the K blocks the wave before read
   // last, still in L2). The same setting and env apply to GroupKProblem (K = the group's rows).
   int k_order = -1;
+  // SMs the persistent grid may use (Context::with_sm_margin; kernel_common.cuh, limit_sms): 0 all
+  // of the device's, else at most this many, rounded down to whole clusters (at least one). The
+  // same applies to GroupKProblem.
+  int sms = 0;
   // Fused SwiGLU (fc1 of a grouped MLP; swiglu_epilogue.cuh): when glu_z is set, the epilogue also
   // writes glu_z [rows, n/2] = p_t · silu(a) · b of `out` (= h) in the Interleaved32 layout, with
   // p_t = glu_probs[t] (nullptr: 1). Needs b_transposed and n % 64 == 0; bit-identical to running
@@ -150,6 +154,7 @@ struct GroupKProblem {
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
   int k_order = -1;  // as GroupMProblem::k_order
+  int sms = 0;       // as GroupMProblem::sms
   // Raster and swizzle of the [n, k] output tiles (M = n, N = k), as GroupMProblem's.
   int raster = -1;
   int swizzle = -1;

@@ -482,6 +482,16 @@ cutlass::KernelHardwareInfo hardware_info(int device) {
   return hw;
 }
 
+// hw limited to `sms` SMs (GroupMProblem::sms; 0: all): whole clusters of `cluster` CTAs, at
+// least one, and no more clusters at once than before. CUTLASS's persistent schedulers size the
+// grid from these two (tile_scheduler_params.h, get_grid_shape).
+inline cutlass::KernelHardwareInfo limit_sms(cutlass::KernelHardwareInfo hw, int sms, int cluster) {
+  if (sms <= 0 || sms >= hw.sm_count) return hw;
+  hw.sm_count = std::max(cluster, sms / cluster * cluster);
+  if (hw.max_active_clusters > 0) hw.max_active_clusters = std::min(hw.max_active_clusters, hw.sm_count / cluster);
+  return hw;
+}
+
 inline void check_status(cutlass::Status s, const char* what, const char* config) {
   if (s != cutlass::Status::kSuccess) {
     throw_error(ErrorKind::Runtime, str("sm90 grouped GEMM (", config, "): ", what, " failed: ",
@@ -503,6 +513,7 @@ struct ParamsKey {
   int variant = 0;
   int raster = 0, swizzle = 0;
   int k_order = 0;
+  int sm_count = 0;  // the grid's SMs (limit_sms)
   bool operator==(const ParamsKey&) const = default;
 };
 
@@ -537,7 +548,9 @@ struct GroupedCall {
 
   GroupedCall(const Problem& p, void* workspace) {
     MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
-    hw = hardware_info<G>(device);
+    using Cluster = typename G::Config::Cluster;
+    hw = limit_sms(hardware_info<G>(device), p.sms,
+                   cute::size<0>(Cluster{}) * cute::size<1>(Cluster{}) * cute::size<2>(Cluster{}));
     WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, Arrays{}, hw)));
     arrays = Arrays::carve(w, p);
     bytes = w.total();
@@ -548,8 +561,8 @@ struct GroupedCall {
   // templates in them (templates_of).
   typename G::Gemm::Params gemm_params(const Problem& p, void* workspace, cudaStream_t stream,
                                        const char* name, int variant, int raster = 0, int swizzle = 1) const {
-    const ParamsKey key{device,  p.counts.groups, p.n,     p.k,      workspace,
-                        variant, raster,          swizzle, p.k_order};
+    const ParamsKey key{device,  p.counts.groups, p.n,     p.k,       workspace,
+                        variant, raster,          swizzle, p.k_order, hw.sm_count};
     return cached_params<typename G::Gemm>(key, make_arguments<G>(p, arrays, hw), workspace, stream, name);
   }
   // Launches it, after the setup kernel filled `arrays`: what GemmUniversalAdapter::run does

@@ -42,6 +42,7 @@ sm90::GroupMProblem problem_of(const detail::GroupMArgs& args, const DeviceCount
   p.k = args.k;
   p.n = args.n;
   p.dtype = args.a.dtype();
+  p.sms = gemm_sm_target(args.ctx);  // Context::with_sm_margin
   return p;
 }
 
@@ -83,6 +84,7 @@ sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCount
   p.dtype = args.dy.dtype();
   p.dw_dtype = args.dw.dtype();
   p.accumulate = args.accumulate;
+  p.sms = gemm_sm_target(args.ctx);
   return p;
 }
 
