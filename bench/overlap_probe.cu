@@ -328,6 +328,7 @@ int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
 //   deferred, high    the consumer's stream of the device's greatest priority;
 //   + margin M        the same on a context with_sm_margin(M) (M = --consumer's blocks): the
 //                     GEMMs' grids leave M SMs (Context::with_sm_margin);
+//   + deferred margin the margin on the deferred weight gradients only (deferred_sm_margin);
 // and the consumer alone. Checks that every way wrote dx, dW1, dW2 bit-identical to the first
 // (the GEMMs with a margin run the same tiles on fewer CTAs).
 // At least `ns` long (an all-to-all over NVLink moves dx slower than a copy in HBM): each block
@@ -347,7 +348,7 @@ __global__ void consume(const uint4* __restrict__ src, uint4* __restrict__ dst, 
 struct ConsumerWay {
   const char* name;
   bool defer, high;
-  int margin;
+  int margin, deferred_margin;
 };
 
 int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, int turns,
@@ -360,11 +361,12 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
   MOEKIT_BENCH_CHECK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, greatest));
   const Context ctx = Context::cuda(0, sa);
   const Problem q = make_problem(p, ctx);
-  const ConsumerWay ways[] = {{"joined", false, false, 0},
-                              {"deferred", true, false, 0},
-                              {"deferred, high priority", true, true, 0},
-                              {"deferred, margin", true, false, blocks},
-                              {"deferred, high priority, margin", true, true, blocks}};
+  const ConsumerWay ways[] = {{"joined", false, false, 0, 0},
+                              {"deferred", true, false, 0, 0},
+                              {"deferred, high priority", true, true, 0, 0},
+                              {"deferred, margin", true, false, blocks, 0},
+                              {"deferred, high priority, margin", true, true, blocks, 0},
+                              {"deferred, deferred margin", true, false, 0, blocks}};
   struct Way {
     std::unique_ptr<GroupedMLP> mlp;
     GroupedMLP::Saved saved;
@@ -393,8 +395,9 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
     const ConsumerWay& w = ways[i];
     const cudaStream_t cs = w.high ? hi : lo;
     MOEKIT_BENCH_CHECK(cudaEventRecord(e0, sa));
-    GroupedMLP::Grads g =
-        runs[i].mlp->backward(runs[i].saved, q.dy, {.defer_weight_grads = w.defer});
+    GroupedMLP::Grads g = runs[i].mlp->backward(
+        runs[i].saved, q.dy,
+        {.defer_weight_grads = w.defer, .deferred_sm_margin = w.deferred_margin});
     MOEKIT_BENCH_CHECK(cudaEventRecord(dx_ready, sa));
     MOEKIT_BENCH_CHECK(cudaStreamWaitEvent(cs, dx_ready, 0));
     consume<<<blocks, 512, 0, cs>>>(static_cast<const uint4*>(g.input.data()),

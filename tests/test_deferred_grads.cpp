@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -295,7 +296,9 @@ TEST_P(Deferred, SequentialFusedAndUnfusedEqualTheJoinedBackward) {
     EXPECT_EQ(seq.fused(), fuse);
     auto run = [&](bool defer) {
       auto [y, tape] = seq.forward(x, {.splits = Splits::host(d.c.counts), .probs = probs});
-      SequentialGrads g = seq.backward(tape, dy, {.defer_weight_grads = defer});
+      // Deferred with an SM margin on the deferred GEMMs (deferred_sm_margin; the CPU ignores it).
+      SequentialGrads g = seq.backward(
+          tape, dy, {.defer_weight_grads = defer, .deferred_sm_margin = defer ? 16 : 0});
       EXPECT_EQ(g.weight_grads.pending(), defer && expect_pending());
       g.weight_grads.wait();
       EXPECT_FALSE(g.weight_grads.pending());
@@ -305,6 +308,61 @@ TEST_P(Deferred, SequentialFusedAndUnfusedEqualTheJoinedBackward) {
     };
     const Images joined = run(false);
     expect_same(run(true), joined, {"dx", "dprobs f32", "dW1", "db1", "dW2", "db2"}, DType::BF16);
+  }
+}
+
+// A bad deferred_sm_margin (negative; on a GPU, not below its SM count) is an InvalidArgument
+// naming it, raised before any work: the caller's dx buffer keeps its sentinels.
+TEST_P(Deferred, BadDeferredSmMarginIsRejectedBeforeAnyWork) {
+  const MlpData d = make_mlp_data(
+      {.G = 3, .H = 64, .F = 64, .counts = {21, 0, 35}, .dtype = DType::BF16, .seed = 47});
+  const MlpOps ops = make_mlp_ops(ctx_, d);
+  const Tensor x = to_device(ctx_, d.x), probs = to_device(ctx_, d.probs),
+               dy = to_device(ctx_, d.dy);
+  const Splits splits = Splits::host(d.c.counts);
+  const GroupedMLP mlp(ops.fc1, ops.act, ops.fc2);
+  GroupedMLP::Saved mlp_saved;
+  mlp.forward(x, probs, splits, {}, &mlp_saved);
+  GroupedLinear::Saved fc2_saved;
+  ops.fc2->linear().forward(to_device(ctx_, random_normal({d.c.T, d.c.F}, DType::BF16, 48)), splits,
+                            {}, &fc2_saved);
+  Sequential seq({ops.fc1, ops.act, ops.fc2});
+  std::vector<int> bad{-1};
+  if (ctx_.device().is_cuda()) bad.push_back(1 << 20);  // more SMs than any GPU has
+  for (int margin : bad) {
+    SCOPED_TRACE(str("deferred_sm_margin ", margin));
+    const Tensor dx = filled(ctx_, {d.c.T, d.c.H}, DType::BF16, kSentinel);
+    const Tensor dz = filled(ctx_, {d.c.T, d.c.F}, DType::BF16, kSentinel);
+    OpArgs args;
+    args[0].grad_input = dx;
+    auto [y, tape] = seq.forward(x, {.splits = splits, .probs = probs}, args);
+    const std::vector<std::function<void()>> calls = {
+        [&] {
+          ops.fc2->linear().backward(
+              fc2_saved, dy,
+              {.grad_input = dz, .defer_weight_grads = true, .deferred_sm_margin = margin});
+        },
+        [&] {
+          mlp.backward(
+              mlp_saved, dy,
+              {.grad_input = dx, .defer_weight_grads = true, .deferred_sm_margin = margin});
+        },
+        [&] {
+          seq.backward(tape, dy, {.defer_weight_grads = true, .deferred_sm_margin = margin});
+        }};
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const char* const names[] = {"GroupedLinear", "GroupedMLP", "Sequential"};
+      SCOPED_TRACE(names[i]);
+      auto e = caught(calls[i]);
+      ASSERT_TRUE(e);
+      EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(e->what(), ::testing::AllOf(::testing::HasSubstr("'deferred_sm_margin'"),
+                                              ::testing::HasSubstr(str("got ", margin))));
+    }
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dx), 0, d.c.T, d.c.H, DType::BF16))
+        << "dx written";
+    EXPECT_TRUE(rows_hold_sentinel(bytes_of(ctx_, dz), 0, d.c.T, d.c.F, DType::BF16))
+        << "dz written";
   }
 }
 

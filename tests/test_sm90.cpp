@@ -654,24 +654,32 @@ TEST(CudaSm90, GraphCapturedForwardWithHostCountsReplaysTheCapturedCounts) {
 TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_GRAPH_STREAM();
   // The fused kernels (bf16 and f16, Interleaved32) and the GEMM + SwiGLU-kernel path (Halves).
-  // The last configuration defers the weight gradients (BackwardOptions::defer_weight_grads):
-  // the graph then holds the fork after fc1's dgrad and the join of the handle's wait().
+  // The last three configurations defer the weight gradients (BackwardOptions::defer_weight_grads):
+  // the graph then holds the fork after fc1's dgrad and the join of the handle's wait(). One on a
+  // context with an SM margin (Context::with_sm_margin): every GEMM of the step, the side
+  // stream's deferred ones included, on a grid of at most the SMs it leaves; the last with the
+  // margin on the deferred GEMMs only (deferred_sm_margin): the two weight gradients' grids.
   struct Config {
     DType dt;
     GluLayout layout;
     bool defer;
+    int margin, deferred_margin;
   };
-  const Config configs[] = {{DType::BF16, GluLayout::Interleaved32, false},
-                            {DType::F16, GluLayout::Interleaved32, false},
-                            {DType::BF16, GluLayout::Halves, false},
-                            {DType::BF16, GluLayout::Interleaved32, true}};
-  for (const auto& [dt, layout, defer] : configs) {
+  const Config configs[] = {{DType::BF16, GluLayout::Interleaved32, false, 0, 0},
+                            {DType::F16, GluLayout::Interleaved32, false, 0, 0},
+                            {DType::BF16, GluLayout::Halves, false, 0, 0},
+                            {DType::BF16, GluLayout::Interleaved32, true, 0, 0},
+                            {DType::BF16, GluLayout::Interleaved32, true, 16, 0},
+                            {DType::BF16, GluLayout::Interleaved32, true, 0, 16}};
+  const int sms = api.sm_count(0);
+  for (const auto& [dt, layout, defer, margin, deferred_margin] : configs) {
     const bool eager_first = &dt != &configs[0].dt;
     const bool side_stream = eager_first && test::side_stream_enabled();
     SCOPED_TRACE(str(name(dt), layout == GluLayout::Halves ? ", halves" : ", interleaved32",
                      eager_first ? ", captured after an eager step" : ", captured first",
-                     defer ? ", weight gradients deferred" : ""));
-    const Context ctx = Context::cuda(0, stream).with_backend("sm90");
+                     defer ? ", weight gradients deferred" : "", margin ? ", SM margin" : "",
+                     deferred_margin ? ", SM margin of the deferred GEMMs" : ""));
+    const Context ctx = Context::cuda(0, stream).with_backend("sm90").with_sm_margin(margin);
     const int64_t G = 4, H = 128, F = 128, T = 640;
     const test::MlpData d = test::make_mlp_data({.G = G, .H = H, .F = F, .T = T,
                                                  .counts = {160, 160, 160, 160},
@@ -700,8 +708,11 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
       GroupedMLP::Saved local;
       GroupedMLP::Saved& saved = keep ? *keep : local;
       const Tensor out = mlp.forward(x, probs, Splits::device(counts), {.output = y.view}, &saved);
-      GroupedMLP::Grads g = mlp.backward(
-          saved, dy, {.grad_input = dx.view, .grad_probs = dp, .defer_weight_grads = defer});
+      GroupedMLP::Grads g = mlp.backward(saved, dy,
+                                         {.grad_input = dx.view,
+                                          .grad_probs = dp,
+                                          .defer_weight_grads = defer,
+                                          .deferred_sm_margin = deferred_margin});
       EXPECT_EQ(g.weight_grads.pending(), defer && side_stream);
       g.weight_grads.wait();
       EXPECT_FALSE(g.weight_grads.pending());
@@ -723,6 +734,21 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
     void* exec = nullptr;
     ASSERT_EQ(api.capture(stream, [&] { step(nullptr); }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+    if (margin > 0 || deferred_margin > 0) {
+      // The nodes with dynamic shared memory: the step's six GEMMs, each on a grid of every SM
+      // (these problems' sizes are on the device: CUTLASS's grid does not shrink to them) or of
+      // at most the SMs the margin leaves.
+      const unsigned most =
+          static_cast<unsigned>(std::max(sms - std::max(margin, deferred_margin), 2));
+      int gemms = 0, narrow = 0;
+      for (const auto& k : api.kernels(graph)) {
+        if (k.shared_bytes == 0) continue;
+        ++gemms;
+        narrow += k.grid[0] * k.grid[1] * k.grid[2] <= most ? 1 : 0;
+      }
+      EXPECT_EQ(gemms, 6);
+      EXPECT_EQ(narrow, margin > 0 ? 6 : 2) << "GEMMs on at most " << most << " SMs";
+    }
 
     const std::vector<std::vector<int64_t>> scenarios = {
         {0, 300, 1, 200}, {0, 0, 640, 0}, {160, 160, 160, 160}, {0, 0, 0, 0}};

@@ -1,5 +1,6 @@
 #include "moekit/core/checks.h"
 
+#include "core/runtime.h"
 #include "moekit/core/error.h"
 
 namespace moekit {
@@ -50,6 +51,17 @@ void check_caller_buffer(std::string_view argument, const Tensor& buffer, const 
       throw_invalid(argument, "memory that overlaps no input of the call",
                     str("memory overlapping input '", in.name, "' (", in.tensor.describe(), ")"));
     }
+  }
+}
+
+void check_sm_margin(std::string_view argument, int sms, const Context& ctx) {
+  if (sms < 0) throw_invalid(argument, "an SM margin >= 0", std::to_string(sms));
+  if (!ctx.device().is_cuda()) return;
+  const int count = detail::cuda_sm_count(ctx);
+  if (sms >= count) {
+    throw_invalid(argument,
+                  str("an SM margin below ", ctx.device().to_string(), "'s ", count, " SMs"),
+                  std::to_string(sms));
   }
 }
 

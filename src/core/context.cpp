@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/runtime.h"
+#include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 
 namespace moekit {
@@ -90,14 +91,7 @@ Context Context::with_backend(std::string name) const {
 const std::string& Context::forced_backend() const { return impl_->backend; }
 
 Context Context::with_sm_margin(int sms) const {
-  if (sms < 0) throw_invalid("sms", "an SM margin >= 0", std::to_string(sms));
-  if (device().is_cuda()) {
-    const int count = detail::cuda_sm_count(*this);
-    if (sms >= count) {
-      throw_invalid("sms", str("an SM margin below ", device().to_string(), "'s ", count, " SMs"),
-                    std::to_string(sms));
-    }
-  }
+  check_sm_margin("sms", sms, *this);
   auto impl = std::make_shared<Impl>(*impl_);
   impl->sm_margin = sms;
   return Context(std::move(impl));

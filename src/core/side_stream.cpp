@@ -39,6 +39,10 @@ void SideStream::join() {
   cuda_order_after(ctx_, *side_);
 }
 
+Context deferred_context(const Context& side, int sms) {
+  return sms > side.sm_margin() ? side.with_sm_margin(sms) : side;
+}
+
 void defer(PendingWork& pending, std::unique_ptr<SideStream> side, std::vector<Tensor> held) {
   if (!side || !side->forked()) return;  // nothing queued beside the op's stream
   auto& state = pending.state();

@@ -55,6 +55,10 @@ class SideStream {
   bool forked_ = false;  // side work queued since the last join
 };
 
+/// The context deferred work runs on: `side` (SideStream::fork()) with SM margin `sms` when that
+/// is larger than its own (a backward's deferred_sm_margin; SPEC §1b).
+Context deferred_context(const Context& side, int sms);
+
 /// Hands `side`'s unjoined work to `pending` (backward with defer_weight_grads), with the tensors
 /// it reads and writes, which stay allocated until the join. Nothing is kept when nothing was
 /// forked.

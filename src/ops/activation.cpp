@@ -71,7 +71,7 @@ Tensor SwiGLU::op_forward(const Tensor& x, const ExtraInputs& in, const OpArgume
 }
 
 OpGrads SwiGLU::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&, Tensor&,
-                            bool) const {
+                            const Deferral&) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by SwiGLU", "another op's context");
   return {backward(*s, dy), {}};
@@ -139,7 +139,7 @@ Tensor ScaledSwiGLU::op_forward(const Tensor& x, const ExtraInputs& in, const Op
 }
 
 OpGrads ScaledSwiGLU::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&,
-                                  Tensor& dprobs, bool) const {
+                                  Tensor& dprobs, const Deferral&) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by ScaledSwiGLU", "another op's context");
   Grads g = backward(*s, dy, {.grad_probs = dprobs});

@@ -53,7 +53,7 @@ Tensor Bias::op_forward(const Tensor& x, const ExtraInputs& in, const OpArgument
 }
 
 OpGrads Bias::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&, Tensor& dprobs,
-                          bool) const {
+                          const Deferral&) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by Bias", "another op's context");
   check_input("grad_output", dy, {s->rows, config_.features}, config_.dtype, ctx_.device());

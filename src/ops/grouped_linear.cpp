@@ -68,6 +68,7 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
   const Device dev = ctx_.device();
   const int64_t T = saved.input.size(0);
   check_input("grad_output", dy, {T, config_.out}, config_.dtype, dev);
+  check_sm_margin("deferred_sm_margin", options.deferred_sm_margin, ctx_);
   const bool need_dx = saved.input_requires_grad;
   const bool need_dw = weight_requires_grad_;
   if (options.grad_input.defined()) {
@@ -101,7 +102,9 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
   const bool defer = options.defer_weight_grads;
   auto weight_grad = [&] {
     if (need_dw) {
-      grouped_gemm_group_k(side->fork(), dy, saved.input, saved.splits, grads.weight,
+      const Context& on = side->fork();
+      grouped_gemm_group_k(defer ? detail::deferred_context(on, options.deferred_sm_margin) : on,
+                           dy, saved.input, saved.splits, grads.weight,
                            /*accumulate=*/main_grad_.defined());
     }
   };

@@ -85,11 +85,13 @@ Tensor GroupedLinearOp::op_forward(const Tensor& x, const ExtraInputs& in, const
 
 OpGrads GroupedLinearOp::op_backward(const OpContext& saved, const Tensor& dy,
                                      const Tensor& grad_input, Tensor& dprobs,
-                                     bool defer_weight_grads) const {
+                                     const Deferral& defer) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by GroupedLinearOp", "another op's context");
-  GroupedLinear::Grads g = linear_.backward(
-      s->linear, dy, {.grad_input = grad_input, .defer_weight_grads = defer_weight_grads});
+  GroupedLinear::Grads g = linear_.backward(s->linear, dy,
+                                            {.grad_input = grad_input,
+                                             .defer_weight_grads = defer.weight_grads,
+                                             .deferred_sm_margin = defer.sm_margin});
   OpGrads grads{g.input, {g.weight, g.bias}, std::move(g.weight_grads)};
   if (options_.scale_bias) {
     const bool need_db = linear_.weight_requires_grad();

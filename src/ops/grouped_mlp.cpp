@@ -156,6 +156,7 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   const int64_t T = s.input.size(0);
   // ---- validation, host metadata only, before any work
   check_input("grad_output", dy, {T, out_features()}, dt, dev);
+  check_sm_margin("deferred_sm_margin", options.deferred_sm_margin, context());
   // Every buffer the call writes (grad_input, grad_probs, each main_grad it accumulates into)
   // against everything the call reads and the other buffers it writes.
   auto check_written = [&](const char* name, const Tensor& buffer, const Shape& shape, DType type) {
@@ -218,11 +219,15 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   auto side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
   auto side1 =
       std::make_unique<detail::SideStream>(l1.context(), dw1 && (defer || s.input_requires_grad));
+  // Deferred: on the side stream with the options' SM margin (detail::deferred_context).
+  auto on = [&](const Context& side) {
+    return defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
+  };
   auto fc2_weight_grad = [&] {
-    if (dw2) weight_grad(side2->fork(), l2, dy, s.z, s.splits, grads.fc2.weight);
+    if (dw2) weight_grad(on(side2->fork()), l2, dy, s.z, s.splits, grads.fc2.weight);
   };
   auto fc1_weight_grad = [&] {
-    if (dw1) weight_grad(side1->fork(), l1, dh, s.input, s.splits, grads.fc1.weight);
+    if (dw1) weight_grad(on(side1->fork()), l1, dh, s.input, s.splits, grads.fc1.weight);
   };
 
   bool dp_written = accumulate_dp;

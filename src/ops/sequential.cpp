@@ -360,6 +360,8 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
   if (r.ops != ops_) {
     throw_invalid("tape", "a tape recorded by this Sequential's forward", "a tape of other ops");
   }
+  for (const OpHandle& op : ops_)
+    check_sm_margin("deferred_sm_margin", options.deferred_sm_margin, op->context());
   // The grad_input buffers bound at forward are written during this call: none may overlap its
   // input dy (each op checks them against its own grad_output only, which is dy for the last).
   for (size_t pos = 0; pos < r.grad_inputs.size(); ++pos) {
@@ -382,15 +384,17 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
             st.fused->backward(saved, grad,
                                {.grad_input = r.grad_inputs[begin],
                                 .grad_probs = dprobs,
-                                .defer_weight_grads = options.defer_weight_grads});
+                                .defer_weight_grads = options.defer_weight_grads,
+                                .deferred_sm_margin = options.deferred_sm_margin});
         out.weight_grads.merge(std::move(g.weight_grads));
         if (g.probs.defined()) dprobs = g.probs;
         out.params[begin] = g.fc1;
         out.params[begin + 2] = g.fc2;
         grad = g.input;
       } else {
-        OpGrads g = ops_[begin]->op_backward(*r.contexts[k], grad, r.grad_inputs[begin], dprobs,
-                                             options.defer_weight_grads);
+        OpGrads g = ops_[begin]->op_backward(
+            *r.contexts[k], grad, r.grad_inputs[begin], dprobs,
+            {.weight_grads = options.defer_weight_grads, .sm_margin = options.deferred_sm_margin});
         out.weight_grads.merge(std::move(g.weight_grads));
         out.params[begin] = g.params;
         grad = g.input;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "moekit/core/context.h"
 #include "moekit/core/tensor.h"
 
 namespace moekit {
@@ -30,5 +31,9 @@ void check_caller_buffer(std::string_view argument, const Tensor& buffer, const 
 /// that needs no grad): InvalidArgument "expected no buffer (<why>)". Nothing when `written`.
 void check_buffer_written(std::string_view argument, const Tensor& buffer, bool written,
                           std::string_view why);
+
+/// An SM margin (Context::with_sm_margin; a backward's deferred_sm_margin): 0 <= sms < the SM
+/// count of ctx's device; on a CPU context any sms >= 0.
+void check_sm_margin(std::string_view argument, int sms, const Context& ctx);
 
 }  // namespace moekit

@@ -49,7 +49,7 @@ class SwiGLU final : public Op {
   Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
                     bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
   OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, bool defer_weight_grads) const override;
+                      Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   SwiGLUConfig config_;
@@ -98,7 +98,7 @@ class ScaledSwiGLU final : public Op {
   Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
                     bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
   OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, bool defer_weight_grads) const override;
+                      Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   SwiGLUConfig config_;

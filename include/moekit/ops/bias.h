@@ -53,7 +53,7 @@ class Bias final : public Op {
   Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
                     bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
   OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, bool defer_weight_grads) const override;
+                      Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   BiasConfig config_;

@@ -59,6 +59,10 @@ struct GroupedLinearBackwardOptions {
   /// true: return once dx is queued; dW (and main_grad's update) may still be running on a side
   /// stream — Grads::weight_grads holds it until wait() (moekit/core/pending.h, SPEC §1b).
   bool defer_weight_grads = false;
+  /// With defer_weight_grads: the deferred GEMMs leave this many SMs to the caller's work on dx
+  /// (as Context::with_sm_margin, when larger than the context's margin; the input-gradient
+  /// GEMMs keep the context's). 0 <= it < the device's SM count.
+  int deferred_sm_margin = 0;
 };
 
 class GroupedLinear {

@@ -63,6 +63,7 @@ struct GroupedMLPBackwardOptions {
   /// running on a side stream — Grads::weight_grads holds them until wait()
   /// (moekit/core/pending.h).
   bool defer_weight_grads = false;
+  int deferred_sm_margin = 0;  // as GroupedLinearBackwardOptions::deferred_sm_margin
 };
 
 class GroupedMLP {

@@ -52,6 +52,13 @@ struct ParamGrads {
   Tensor bias;    // db
 };
 
+/// What a backward may leave running past its return (SPEC §1b): its options'
+/// defer_weight_grads and deferred_sm_margin.
+struct Deferral {
+  bool weight_grads = false;
+  int sm_margin = 0;
+};
+
 struct OpGrads {
   Tensor input;  // dx [T, in] (undefined when the op's input does not require grad)
   ParamGrads params;
@@ -93,10 +100,10 @@ class Op {
   /// Backward from dy [T, out]. `grad_input`: caller buffer for dx (undefined: allocated).
   /// `dprobs` [T] f32 is in/out: undefined — an op with a probs gradient creates it; defined —
   /// the op adds its part (rows [0, S)).
-  /// `defer_weight_grads`: as GroupedLinear's option of that name — the op may return with its
-  /// weight gradients still running, held by OpGrads::weight_grads.
+  /// `defer`: as GroupedLinear's options defer_weight_grads and deferred_sm_margin — the op may
+  /// return with its weight gradients still running, held by OpGrads::weight_grads.
   virtual OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                              Tensor& dprobs, bool defer_weight_grads) const = 0;
+                              Tensor& dprobs, const Deferral& defer) const = 0;
 };
 
 /// An op handle: the op's identity in a Sequential and a key of its op_args.

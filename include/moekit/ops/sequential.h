@@ -98,6 +98,7 @@ struct SequentialBackwardOptions {
   /// true: every op that can returns with its weight gradients still running on a side stream;
   /// SequentialGrads::weight_grads holds them all until wait() (moekit/core/pending.h).
   bool defer_weight_grads = false;
+  int deferred_sm_margin = 0;  // as GroupedLinearBackwardOptions::deferred_sm_margin
 };
 
 struct SequentialGrads {
