@@ -735,14 +735,14 @@ TEST(CudaSm90, GraphCapturedMlpForwardAndBackwardReplaysWithNewDeviceCounts) {
     ASSERT_EQ(api.capture(stream, [&] { step(nullptr); }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
     if (margin > 0 || deferred_margin > 0) {
-      // The nodes with dynamic shared memory: the step's six GEMMs, each on a grid of every SM
-      // (these problems' sizes are on the device: CUTLASS's grid does not shrink to them) or of
-      // at most the SMs the margin leaves.
+      // The step's six GEMMs (test::is_gemm_launch), each on a grid of every SM (these problems'
+      // sizes are on the device: CUTLASS's grid does not shrink to them) or of at most the SMs
+      // the margin leaves.
       const unsigned most =
           static_cast<unsigned>(std::max(sms - std::max(margin, deferred_margin), 2));
       int gemms = 0, narrow = 0;
       for (const auto& k : api.kernels(graph)) {
-        if (k.shared_bytes == 0) continue;
+        if (!test::is_gemm_launch(k)) continue;
         ++gemms;
         narrow += k.grid[0] * k.grid[1] * k.grid[2] <= most ? 1 : 0;
       }
@@ -1046,8 +1046,8 @@ TEST(CudaSm90, WgradIsTwoKernelsAndItsGraphZeroesTheGroupsEmptyInEachReplay) {
 }
 
 // Context::with_sm_margin: the persistent GEMM grids of group-M and group-K take at most the
-// device's SMs less the margin, in whole clusters (seen in the captured launches: the GEMM node is
-// the one with dynamic shared memory), and write the same bits as with every SM — a tile's work
+// device's SMs less the margin, in whole clusters (seen in the captured launches:
+// test::is_gemm_launch), and write the same bits as with every SM — a tile's work
 // does not depend on which CTA takes it — inside the guard bands, zero-row groups exact.
 TEST(CudaSm90, SmMarginShrinksThePersistentGridsAndWritesTheSameBits) {
   MOEKIT_REQUIRE_GRAPH_STREAM();
@@ -1073,7 +1073,7 @@ TEST(CudaSm90, SmMarginShrinksThePersistentGridsAndWritesTheSameBits) {
     auto gemm_grid = [&](void* graph) {
       unsigned grid = 0;
       for (const auto& k : api.kernels(graph)) {
-        if (k.shared_bytes > 0) grid = k.grid[0] * k.grid[1] * k.grid[2];
+        if (test::is_gemm_launch(k)) grid = k.grid[0] * k.grid[1] * k.grid[2];
       }
       return grid;
     };

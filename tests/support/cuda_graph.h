@@ -128,6 +128,13 @@ struct CudaGraphApi {
   }
 };
 
+/// Whether a captured launch is one of the sm90 persistent GEMMs: the only kernels that take more
+/// than 96 KiB of dynamic shared memory (their pipeline stages; the largest other, the bias
+/// kernels' offset table, is 64 KiB at most).
+inline bool is_gemm_launch(const CudaGraphApi::KernelParams& k) {
+  return k.shared_bytes > 96 * 1024;
+}
+
 /// A non-blocking stream of one test, destroyed with it; get() is nullptr if creation failed.
 class OwnedStream {
  public:
