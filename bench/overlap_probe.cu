@@ -24,7 +24,8 @@
 // the first table (serial against two streams).
 // Exit status 1 on any error or a mismatch, 2 on a bad argument.
 // Usage: moekit_overlap_probe [--presets qwen3,dsv3] [--steps N] [--turns N] [--warmup-ms MS]
-//                             [--deferred 0|1] [--consumer BLOCKS] [--consumer-us US]
+//                             [--deferred 0|1] [--consumer BLOCKS] [--consumer-us US] [--margins
+//                             M,...]
 //                             [--two-streams 0|1]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -328,7 +329,8 @@ int run_deferred(const Preset& p, int steps, int turns, double warmup_ms) {
 //   deferred, high    the consumer's stream of the device's greatest priority;
 //   + margin M        the same on a context with_sm_margin(M) (M = --consumer's blocks): the
 //                     GEMMs' grids leave M SMs (Context::with_sm_margin);
-//   + deferred margin the margin on the deferred weight gradients only (deferred_sm_margin);
+//   + deferred margin the margin on the deferred weight gradients only (deferred_sm_margin), for
+//                     each of --margins (default: the consumer's blocks);
 // and the consumer alone. Checks that every way wrote dx, dW1, dW2 bit-identical to the first
 // (the GEMMs with a margin run the same tiles on fewer CTAs).
 // At least `ns` long (an all-to-all over NVLink moves dx slower than a copy in HBM): each block
@@ -346,13 +348,13 @@ __global__ void consume(const uint4* __restrict__ src, uint4* __restrict__ dst, 
 }
 
 struct ConsumerWay {
-  const char* name;
+  std::string name;
   bool defer, high;
   int margin, deferred_margin;
 };
 
-int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, int turns,
-                 double warmup_ms) {
+int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, const std::vector<int>& margins,
+                 int steps, int turns, double warmup_ms) {
   cudaStream_t sa, lo, hi;
   int least = 0, greatest = 0;
   MOEKIT_BENCH_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -361,19 +363,20 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
   MOEKIT_BENCH_CHECK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, greatest));
   const Context ctx = Context::cuda(0, sa);
   const Problem q = make_problem(p, ctx);
-  const ConsumerWay ways[] = {{"joined", false, false, 0, 0},
-                              {"deferred", true, false, 0, 0},
-                              {"deferred, high priority", true, true, 0, 0},
-                              {"deferred, margin", true, false, blocks, 0},
-                              {"deferred, high priority, margin", true, true, blocks, 0},
-                              {"deferred, deferred margin", true, false, 0, blocks}};
+  std::vector<ConsumerWay> ways = {{"joined", false, false, 0, 0},
+                                   {"deferred", true, false, 0, 0},
+                                   {"deferred, high priority", true, true, 0, 0},
+                                   {"deferred, margin", true, false, blocks, 0},
+                                   {"deferred, high priority, margin", true, true, blocks, 0}};
+  for (int m : margins)
+    ways.push_back({"deferred, deferred margin " + std::to_string(m), true, false, 0, m});
   struct Way {
     std::unique_ptr<GroupedMLP> mlp;
     GroupedMLP::Saved saved;
     std::vector<double> to_consumer, to_all;
     GroupedMLP::Grads first;
   };
-  std::vector<Way> runs(std::size(ways));
+  std::vector<Way> runs(ways.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     const Context c = ways[i].margin > 0 ? ctx.with_sm_margin(ways[i].margin) : ctx;
     runs[i].mlp = std::make_unique<GroupedMLP>(GroupedMLPConfig{.groups = p.E,
@@ -425,8 +428,8 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
                  bs[] = {runs[i].first.input, runs[i].first.fc1.weight, runs[i].first.fc2.weight};
     for (int k = 0; k < 3; ++k) {
       if (!same_bytes(as[k], bs[k])) {
-        std::printf("%s: %s differs between '%s' and '%s'\n", p.name, names[k], ways[0].name,
-                    ways[i].name);
+        std::printf("%s: %s differs between '%s' and '%s'\n", p.name, names[k],
+                    ways[0].name.c_str(), ways[i].name.c_str());
         ++mismatches;
       }
     }
@@ -455,8 +458,8 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
     }
   }
   for (size_t i = 0; i < runs.size(); ++i) {
-    std::printf("| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %s |\n", p.name, ways[i].name, blocks,
-                median(alone), median(runs[i].to_consumer), median(runs[i].to_all),
+    std::printf("| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %s |\n", p.name, ways[i].name.c_str(),
+                blocks, median(alone), median(runs[i].to_consumer), median(runs[i].to_all),
                 median(runs[0].to_consumer) / median(runs[i].to_consumer),
                 mismatches ? "DIFFER" : "bit-identical");
   }
@@ -469,7 +472,7 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, int steps, i
   std::fprintf(stderr,
                "moekit_overlap_probe: %s\nusage: moekit_overlap_probe [--presets qwen3,dsv3] "
                "[--steps N] [--turns N] [--warmup-ms MS] [--deferred 0|1] [--consumer BLOCKS] "
-               "[--consumer-us US] [--two-streams 0|1]\n",
+               "[--consumer-us US] [--margins M,M...] [--two-streams 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -483,6 +486,7 @@ int main(int argc, char** argv) {
   bool deferred = false;
   int consumer = 0;
   double consumer_us = 0;
+  std::vector<int> margins;
   bool two_streams = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -502,6 +506,14 @@ int main(int argc, char** argv) {
     } else if (arg == "--two-streams") {
       if (v != "0" && v != "1") usage("--two-streams must be 0 or 1, got " + v);
       two_streams = v == "1";
+    } else if (arg == "--margins") {
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        const int m = std::atoi(v.substr(at, comma - at).c_str());
+        if (m < 1 || m > 131) usage("--margins takes SM counts 1..131, got " + v);
+        margins.push_back(m);
+        at = comma + 1;
+      }
     } else if (arg == "--consumer-us") {
       consumer_us = std::atof(v.c_str());
       if (!(consumer_us >= 0 && consumer_us <= 1e6))
@@ -552,7 +564,8 @@ int main(int argc, char** argv) {
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Preset& p : kPresets) {
         if (chosen(p))
-          rc |= run_consumer(p, consumer, static_cast<uint64_t>(consumer_us * 1e3), steps, turns,
+          rc |= run_consumer(p, consumer, static_cast<uint64_t>(consumer_us * 1e3),
+                             margins.empty() ? std::vector<int>{consumer} : margins, steps, turns,
                              warmup_ms);
       }
     }
