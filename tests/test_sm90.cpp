@@ -351,8 +351,8 @@ class CudaSm90Wgrad : public ::testing::TestWithParam<Sm90WgradCase> {};
 // hold NaN: a group whose K range ran past its rows (or into the tail) would turn NaN. dw starts
 // as NaN when overwritten (beta = 0 must not read it), as random values when accumulating (empty
 // groups must keep them bit for bit).
-void check_wgrad_case(const Sm90WgradCase& c) {
-  const Context& ctx = sm90();
+void check_wgrad_case(const Sm90WgradCase& c, int sm_margin = 0) {
+  const Context ctx = sm90().with_sm_margin(sm_margin);
   const int64_t G = static_cast<int64_t>(c.counts.size()), S = sum_of(c.counts);
   Tensor dy_h = test::random_normal({c.T, c.N}, c.dtype, 41);
   Tensor x_h = test::random_normal({c.T, c.K}, c.dtype, 42);
@@ -400,9 +400,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaSm90Wgrad, ::testing::ValuesIn(kWgradCases)
 // dims, 8-column tails), mostly small groups with zero-row groups (now and then one large group,
 // or all empty), a tail of NaN rows, bf16 / f16 into the input dtype or f32 (accumulating or not),
 // i32 / i64 counts.
+// The SM margin (Context::with_sm_margin) of a fuzzed case, from its own generator (the shapes'
+// draws stay as they were): none for half the cases, else 1 to all but one of the device's SMs,
+// so the persistent grids run from one cluster to nearly every SM.
+class FuzzedSmMargin {
+ public:
+  explicit FuzzedSmMargin(uint64_t seed) : rng_(seed) {
+    const test::CudaGraphApi& api = test::CudaGraphApi::get();
+    sms_ = api.ok ? api.sm_count(0) : 0;
+  }
+  int next() {
+    if (sms_ < 2 || rng_() % 2 == 0) return 0;
+    return 1 + static_cast<int>(rng_() % static_cast<uint64_t>(sms_ - 1));
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  int sms_ = 0;
+};
+
 TEST(CudaSm90, WgradFuzzedShapesMatchFp64Reference) {
   MOEKIT_REQUIRE_SM90();
   std::mt19937_64 rng(1201);
+  FuzzedSmMargin margins(1202);
   auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
   };
@@ -419,10 +439,11 @@ TEST(CudaSm90, WgradFuzzedShapesMatchFp64Reference) {
     const Sm90WgradCase c{case_name.c_str(), dt, out == 2 ? DType::F32 : dt, accumulate,
                           uniform(0, 1) ? DType::I32 : DType::I64, sum_of(counts) + uniform(1, 30),
                           8 * uniform(1, 33), 8 * uniform(1, 33), counts};
+    const int margin = margins.next();
     SCOPED_TRACE(str("case ", it, ": G ", G, " T ", c.T, " K ", c.K, " N ", c.N, " ", name(dt),
                      " -> ", name(c.dw_dtype), accumulate ? " accumulate" : "", " counts ",
-                     ::testing::PrintToString(counts)));
-    check_wgrad_case(c);
+                     ::testing::PrintToString(counts), " SM margin ", margin));
+    check_wgrad_case(c, margin);
   }
 }
 
@@ -1327,8 +1348,8 @@ void check_fuzz_case(const Context& ctx, const FuzzCase& fc) {
 // none), bf16 / f16, with and without bias and probs, device (i32 / i64) or host counts.
 TEST(CudaSm90, FusedSwiGluFuzzedShapesEqualTwoCalls) {
   MOEKIT_REQUIRE_SM90();
-  const Context& ctx = sm90();
   std::mt19937_64 rng(2026);
+  FuzzedSmMargin margins(2027);
   auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
   };
@@ -1348,8 +1369,9 @@ TEST(CudaSm90, FusedSwiGluFuzzedShapesEqualTwoCalls) {
     fc.accumulate = uniform(0, 1);
     fc.counts_kind = static_cast<int>(uniform(0, 2));
     fc.seed = 300 + 10 * static_cast<uint64_t>(it);
-    SCOPED_TRACE(str("case ", it));
-    check_fuzz_case(ctx, fc);
+    const int margin = margins.next();
+    SCOPED_TRACE(str("case ", it, ", SM margin ", margin));
+    check_fuzz_case(sm90().with_sm_margin(margin), fc);
   }
 }
 
