@@ -225,14 +225,8 @@ int main(int argc, char** argv) {
     if (arg == "--presets") {
       presets = v;
     } else if (arg == "--margins") {
-      margins.clear();
-      for (size_t at = 0; at <= v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        const int m = std::atoi(v.substr(at, comma - at).c_str());
-        if (m < 1 || m > 131) usage("--margins takes SM counts 1..131, got " + v);
-        margins.push_back(m);
-        at = comma + 1;
-      }
+      margins = moekit_bench::parse_sm_margins(v);
+      if (margins.empty()) usage("--margins takes SM counts 1..131, got " + v);
     } else if (arg == "--steps") {
       steps = std::atoi(v.c_str());
     } else if (arg == "--turns") {

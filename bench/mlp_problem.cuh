@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "bench_common.cuh"
@@ -90,6 +92,19 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
   MOEKIT_BENCH_CHECK(cudaMemcpy(x.data(), a.data(), x.size(), cudaMemcpyDeviceToHost));
   MOEKIT_BENCH_CHECK(cudaMemcpy(y.data(), b.data(), y.size(), cudaMemcpyDeviceToHost));
   return x == y;
+}
+
+// A probe's --margins list ("8,16,32": SM counts 1..131); empty when any entry is not one.
+inline std::vector<int> parse_sm_margins(const std::string& list) {
+  std::vector<int> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const int m = std::atoi(list.substr(at, comma - at).c_str());
+    if (m < 1 || m > 131) return {};
+    out.push_back(m);
+    at = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace moekit_bench

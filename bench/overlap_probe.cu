@@ -445,13 +445,8 @@ int main(int argc, char** argv) {
       if (v != "0" && v != "1") usage("--two-streams must be 0 or 1, got " + v);
       two_streams = v == "1";
     } else if (arg == "--margins") {
-      for (size_t at = 0; at <= v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        const int m = std::atoi(v.substr(at, comma - at).c_str());
-        if (m < 1 || m > 131) usage("--margins takes SM counts 1..131, got " + v);
-        margins.push_back(m);
-        at = comma + 1;
-      }
+      margins = moekit_bench::parse_sm_margins(v);
+      if (margins.empty()) usage("--margins takes SM counts 1..131, got " + v);
     } else if (arg == "--consumer-us") {
       consumer_us = std::atof(v.c_str());
       if (!(consumer_us >= 0 && consumer_us <= 1e6))
