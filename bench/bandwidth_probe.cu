@@ -10,9 +10,25 @@
 //   write   every 16-byte vector stored once (a pattern that depends on the index);
 //   copy    read one buffer, write another (bytes counted: read + written);
 //   memset  cudaMemsetAsync (the driver's own write kernel).
+// Then (--tiles 1, the default) the write pattern of a group-K epilogue: small_E64's dW, 64 groups
+// of 1024 x 2048 bf16, written as 128 x 128 output tiles by a persistent grid, each CTA taking
+// every gridDim-th tile in CUTLASS's raster (M fastest inside a group, or N fastest):
+//   tiles st.global   256 threads per CTA store each tile row by row, 16 bytes each (4 CTAs/SM);
+//   tiles TMA         one warpgroup per CTA stages each 64 x 128 half tile (16 KB) in shared
+//                     memory and one thread stores it with a TMA bulk tensor store, as CUTLASS's
+//                     TMA epilogue does (a barrier, a proxy fence, the store, a commit; a buffer is
+//                     reused after `wait_group.read`): 1 or 2 CTAs per SM, 2 or 4 buffers, and
+//                     with an L2 evict-first hint on the stores;
+//   ping-pong         two warpgroups per CTA, one CTA per SM, alternate tiles, each after a wait
+//                     standing for its tile's MMA: in CUTLASS's ping-pong order (turns for the
+//                     MMA and the epilogue, shared D buffers drained before each hand-over), with
+//                     turns but own buffers and no drain, and with no turns.
+// So the GEMM's write stream can be judged against the same bytes written in its own pattern by
+// an SM that does nothing else.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
 // Exit status 1 on any CUDA error, 2 on a bad argument.
-// Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS]
+// Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS] [--tiles 0|1]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,16 +82,211 @@ __global__ void copy_kernel(const uint4* __restrict__ in, uint4* __restrict__ ou
   stream_in(in, n, [&](size_t i, uint4 v) { __stcs(out + i, v); });
 }
 
+// small_E64's dW as row-major [kTileGroups * kTileRows, kTileCols] bf16, in 128 x 128 tiles.
+constexpr int kTileGroups = 64, kTileRows = 1024, kTileCols = 2048;
+constexpr int kTileM = 128, kTileN = 128, kHalfM = 64;  // a TMA store writes kHalfM x kTileN
+constexpr int kTilesM = kTileRows / kTileM, kTilesN = kTileCols / kTileN;
+constexpr int kTiles = kTileGroups * kTilesM * kTilesN;
+constexpr int kTileVectors = kTileN * 2 / 16;  // 16-byte vectors per tile row
+
+// Tile t's first row and column in the raster: 0 M fastest inside a group (CUTLASS's AlongM), 1 N.
+__device__ int2 tile_origin(int t, int raster) {
+  const int g = t / (kTilesM * kTilesN), r = t % (kTilesM * kTilesN);
+  const int m = raster == 0 ? r % kTilesM : r / kTilesN;
+  const int n = raster == 0 ? r / kTilesM : r % kTilesN;
+  return make_int2(g * kTileRows + m * kTileM, n * kTileN);
+}
+
+__global__ void tile_store_kernel(uint4* __restrict__ out, int raster) {
+  for (int t = blockIdx.x; t < kTiles; t += gridDim.x) {
+    const int2 o = tile_origin(t, raster);
+    for (int v = threadIdx.x; v < kTileM * kTileVectors; v += blockDim.x) {
+      const int row = o.x + v / kTileVectors;
+      const uint32_t x = static_cast<uint32_t>(t * 7919 + v);
+      out[(size_t(row) * kTileCols + o.y) / 8 + v % kTileVectors] =
+          make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+    }
+  }
+}
+
+// One warpgroup per CTA; `buffers` half tiles of kHalfM x kTileN bf16 in dynamic shared memory.
+__global__ void __launch_bounds__(128) tile_tma_kernel(const __grid_constant__ CUtensorMap map,
+                                                       int raster, int buffers, int evict_first) {
+  extern __shared__ __align__(1024) uint4 stage[];
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  uint64_t policy = 0;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  int issued = 0;
+  for (int t = blockIdx.x; t < kTiles; t += gridDim.x) {
+    const int2 o = tile_origin(t, raster);
+    for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
+      const int b = issued % buffers;
+      // The buffer's last store has read it (CUTLASS: wait_group.read<StagesD - 1>, a barrier).
+      if (threadIdx.x == 0 && issued >= buffers) {
+        switch (buffers) {
+          case 2:
+            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            break;
+          default:
+            asm volatile("cp.async.bulk.wait_group.read 3;" ::: "memory");
+            break;
+        }
+      }
+      __syncthreads();
+      uint4* buf = stage + b * kHalfVectors;
+      for (int v = threadIdx.x; v < kHalfVectors; v += blockDim.x) {
+        const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
+        buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+        const int col = o.y, row = o.x + half * kHalfM;
+        if (evict_first) {
+          asm volatile(
+              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint"
+              " [%0, {%1, %2}], [%3], %4;" ::"l"(&map),
+              "r"(col), "r"(row), "r"(smem), "l"(policy)
+              : "memory");
+        } else {
+          asm volatile(
+              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                  &map),
+              "r"(col), "r"(row), "r"(smem)
+              : "memory");
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+  }
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// A named barrier of one warpgroup (ids 1 and 2; 0 is __syncthreads').
+__device__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
+// The ping-pong GEMM's epilogue schedule without the GEMM: two warpgroups per CTA, one CTA per SM,
+// take a CTA's tiles alternately; each waits `mma_cycles` for its tile's MMA and then stores the
+// tile as tile_tma_kernel does (two 64 x 128 halves). mode 0 — CUTLASS's ping-pong: the
+// warpgroups take turns for the MMA and then for the epilogue (one token, passed MMA 0, MMA 1,
+// epilogue 0, epilogue 1, ...), both stage in the same two buffers, so each drains its stores
+// (wait_group.read 0) before it passes the token; mode 1: the same turns, each warpgroup with its
+// own two buffers and no drain; mode 2: no turns, own buffers (the epilogues overlap).
+__global__ void __launch_bounds__(256, 1)
+    pingpong_store_kernel(const __grid_constant__ CUtensorMap map, int mode, int mma_cycles) {
+  extern __shared__ __align__(1024) uint4 stage[];
+  __shared__ volatile int token;  // turns taken so far in the CTA
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  const int wg = static_cast<int>(threadIdx.x / 128), lt = static_cast<int>(threadIdx.x % 128);
+  if (threadIdx.x == 0) token = 0;
+  __syncthreads();
+  uint4* buffers = stage + (mode == 0 ? 0 : wg * 2 * kHalfVectors);
+  int turns = 0;  // this warpgroup's k-th turn is the CTA's turn 2k + wg
+  const auto wait_turn = [&] {
+    if (mode != 2 && lt == 0) {
+      while (token != 2 * turns + wg) {
+      }
+    }
+    warpgroup_sync(wg);
+  };
+  const auto pass_turn = [&] {
+    warpgroup_sync(wg);
+    if (mode != 2 && lt == 0) {
+      __threadfence_block();
+      token = token + 1;
+    }
+    ++turns;
+  };
+  const int count = (kTiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                    static_cast<int>(gridDim.x);
+  int issued = 0;
+  for (int pair = 0; 2 * pair < count; ++pair) {
+    const int j = 2 * pair + wg;
+    const bool mine = j < count;  // without a tile a warpgroup still takes its turns
+    wait_turn();
+    const long long start = clock64();
+    pass_turn();
+    if (lt == 0 && mine) {
+      while (clock64() - start < mma_cycles) {
+      }
+    }
+    wait_turn();
+    if (mine) {
+      const int t = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+      const int2 o = tile_origin(t, 0);
+      for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
+        if (lt == 0 && issued >= 2) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        warpgroup_sync(wg);
+        uint4* buf = buffers + (issued % 2) * kHalfVectors;
+        for (int v = lt; v < kHalfVectors; v += 128) {
+          const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
+          buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        warpgroup_sync(wg);
+        if (lt == 0) {
+          const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+          asm volatile(
+              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                  &map),
+              "r"(o.y), "r"(o.x + half * kHalfM), "r"(smem)
+              : "memory");
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      }
+      if (mode == 0) {  // the other warpgroup stages in these buffers next
+        if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        issued = 0;
+      }
+    }
+    pass_turn();
+  }
+  if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// The TMA map of the tiled dW for tile_tma_kernel (the driver's encoder through the runtime).
+CUtensorMap tile_map(void* base) {
+  using Encode =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  MOEKIT_BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                      cudaEnableDefault, &found));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    std::fprintf(stderr, "moekit_bandwidth_probe: cuTensorMapEncodeTiled not found\n");
+    std::exit(1);
+  }
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {kTileCols, cuuint64_t{kTileGroups} * kTileRows};
+  const cuuint64_t strides[1] = {kTileCols * 2};
+  const cuuint32_t box[2] = {kTileN, kHalfM}, elem_strides[2] = {1, 1};
+  const CUresult r = reinterpret_cast<Encode>(fn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "moekit_bandwidth_probe: cuTensorMapEncodeTiled failed (%d)\n", int(r));
+    std::exit(1);
+  }
+  return map;
+}
+
 struct Options {
   std::vector<double> mb{268.435456, 2147.483648};
   int iters = 20;
   double warmup_ms = 500;
+  bool tiles = true;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "moekit_bandwidth_probe: %s\nusage: moekit_bandwidth_probe [--mb N[,N...]] "
-               "[--iters N] [--warmup-ms MS]\n",
+               "[--iters N] [--warmup-ms MS] [--tiles 0|1]\n",
                why);
   std::exit(2);
 }
@@ -101,6 +312,9 @@ Options parse(int argc, char** argv) {
     } else if (a == "--warmup-ms") {
       o.warmup_ms = std::atof(v.c_str());
       if (o.warmup_ms < 0) usage(("--warmup-ms: expected >= 0, got '" + v + "'").c_str());
+    } else if (a == "--tiles") {
+      if (v != "0" && v != "1") usage(("--tiles: expected 0 or 1, got '" + v + "'").c_str());
+      o.tiles = v == "1";
     } else {
       usage(("unknown option " + a).c_str());
     }
@@ -177,6 +391,59 @@ int main(int argc, char** argv) {
            time_us([&] { MOEKIT_BENCH_CHECK(cudaMemsetAsync(b, 0, bytes)); }, o));
     MOEKIT_BENCH_CHECK(cudaFree(a));
     MOEKIT_BENCH_CHECK(cudaFree(b));
+  }
+  if (o.tiles) {
+    const size_t bytes = size_t{kTileGroups} * kTileRows * kTileCols * 2;
+    uint4* d = nullptr;
+    MOEKIT_BENCH_CHECK(cudaMalloc(&d, bytes));
+    const CUtensorMap map = tile_map(d);
+    const auto report = [&](const std::string& what, double us) {
+      std::printf("| %s | %.1f | %.1f | %.3f |\n", what.c_str(), bytes / 1e6, us, bytes / us / 1e6);
+    };
+    const char* raster_name[2] = {"M fastest", "N fastest"};
+    for (int raster = 0; raster < 2; ++raster) {
+      report(std::string("tiles st.global, ") + raster_name[raster] + ", 4 CTAs/SM",
+             time_us([&] { tile_store_kernel<<<4 * sms, 256>>>(d, raster); }, o));
+    }
+    struct TmaCase {
+      int ctas, buffers, evict_first, raster;
+    };
+    const TmaCase cases[] = {{1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0}, {2, 4, 0, 0},
+                             {1, 2, 1, 0}, {2, 2, 1, 0}, {1, 2, 0, 1}, {2, 2, 0, 1}};
+    for (const TmaCase& c : cases) {
+      const int smem = c.buffers * kHalfM * kTileN * 2;
+      MOEKIT_BENCH_CHECK(
+          cudaFuncSetAttribute(tile_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      char what[160];
+      std::snprintf(what, sizeof what, "tiles TMA, %s, %d CTA/SM, %d buffers%s",
+                    raster_name[c.raster], c.ctas, c.buffers, c.evict_first ? ", evict-first" : "");
+      report(what, time_us(
+                       [&] {
+                         tile_tma_kernel<<<c.ctas * sms, 128, smem>>>(map, c.raster, c.buffers,
+                                                                      c.evict_first);
+                       },
+                       o));
+    }
+    const char* mode_name[3] = {"turns, shared buffers, drain", "turns, own buffers",
+                                "no turns, own buffers"};
+    const int mode_smem[3] = {2 * kHalfM * kTileN * 2, 4 * kHalfM * kTileN * 2,
+                              4 * kHalfM * kTileN * 2};
+    MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(
+        pingpong_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mode_smem[1]));
+    for (int mma_cycles : {0, 600, 1200}) {
+      for (int mode = 0; mode < 3; ++mode) {
+        char what[160];
+        std::snprintf(what, sizeof what, "ping-pong epilogues, %s, MMA %d cycles", mode_name[mode],
+                      mma_cycles);
+        report(what, time_us(
+                         [&] {
+                           pingpong_store_kernel<<<sms, 256, mode_smem[mode]>>>(map, mode,
+                                                                                mma_cycles);
+                         },
+                         o));
+      }
+    }
+    MOEKIT_BENCH_CHECK(cudaFree(d));
   }
   MOEKIT_BENCH_CHECK(cudaFree(sink));
   return 0;
