@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/launch.cuh"  // wait_for_prior_grid
 #include "cuda/sm90/tile_units.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"  // the schedulers with what they need (pipelines)
@@ -121,11 +122,6 @@ void set_raster(Arguments& args, int raster, int swizzle, const uint32_t* stripe
 // kernel was launched with programmatic dependent launch, run_gemm), so the setup kernel's
 // writes are visible before anything reads them. (The ptr-array kernels of CUTLASS 4.2 do not
 // wait themselves.)
-CUTLASS_HOST_DEVICE void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 struct GridDependencyWait {
   CUTLASS_HOST_DEVICE GridDependencyWait() { wait_for_prior_grid(); }
 };
