@@ -22,7 +22,8 @@
 //   ping-pong         two warpgroups per CTA, one CTA per SM, alternate tiles, each after a wait
 //                     standing for its tile's MMA: in CUTLASS's ping-pong order (turns for the
 //                     MMA and the epilogue, shared D buffers drained before each hand-over), with
-//                     turns but own buffers and no drain, and with no turns.
+//                     turns but own buffers and no drain, and with no turns; with more cycles of
+//                     epilogue work per half tile.
 // So the GEMM's write stream can be judged against the same bytes written in its own pattern by
 // an SM that does nothing else.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
@@ -37,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_common.cuh"
@@ -175,8 +177,11 @@ __device__ void warpgroup_sync(int wg) {
 // epilogue 0, epilogue 1, ...), both stage in the same two buffers, so each drains its stores
 // (wait_group.read 0) before it passes the token; mode 1: the same turns, each warpgroup with its
 // own two buffers and no drain; mode 2: no turns, own buffers (the epilogues overlap).
+// `epi_cycles` more per half tile stand for the epilogue's own work before its shared stores
+// (the accumulator's conversion, the fragment stores' latency, the fence).
 __global__ void __launch_bounds__(256, 1)
-    pingpong_store_kernel(const __grid_constant__ CUtensorMap map, int mode, int mma_cycles) {
+    pingpong_store_kernel(const __grid_constant__ CUtensorMap map, int mode, int mma_cycles,
+                          int epi_cycles) {
   extern __shared__ __align__(1024) uint4 stage[];
   __shared__ volatile int token;  // turns taken so far in the CTA
   constexpr int kHalfVectors = kHalfM * kTileVectors;
@@ -219,6 +224,11 @@ __global__ void __launch_bounds__(256, 1)
       const int2 o = tile_origin(t, 0);
       for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
         if (lt == 0 && issued >= 2) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        if (lt == 0) {
+          const long long work = clock64();
+          while (clock64() - work < epi_cycles) {
+          }
+        }
         warpgroup_sync(wg);
         uint4* buf = buffers + (issued % 2) * kHalfVectors;
         for (int v = lt; v < kHalfVectors; v += 128) {
@@ -430,15 +440,17 @@ int main(int argc, char** argv) {
                               4 * kHalfM * kTileN * 2};
     MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(
         pingpong_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mode_smem[1]));
-    for (int mma_cycles : {0, 600, 1200}) {
+    const std::pair<int, int> cycles[] = {{0, 0}, {600, 0}, {1200, 0}, {600, 400}, {600, 800}, {600, 1200}};
+    for (const auto& [mma_cycles, epi_cycles] : cycles) {
       for (int mode = 0; mode < 3; ++mode) {
         char what[160];
-        std::snprintf(what, sizeof what, "ping-pong epilogues, %s, MMA %d cycles", mode_name[mode],
-                      mma_cycles);
+        std::snprintf(what, sizeof what, "ping-pong epilogues, %s, MMA %d cycles%s", mode_name[mode],
+                      mma_cycles,
+                      epi_cycles > 0 ? (", epilogue +" + std::to_string(epi_cycles) + " per half").c_str() : "");
         report(what, time_us(
                          [&] {
-                           pingpong_store_kernel<<<sms, 256, mode_smem[mode]>>>(map, mode,
-                                                                                mma_cycles);
+                           pingpong_store_kernel<<<sms, 256, mode_smem[mode]>>>(map, mode, mma_cycles,
+                                                                                epi_cycles);
                          },
                          o));
       }
