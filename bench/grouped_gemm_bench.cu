@@ -101,16 +101,6 @@ using moekit::Tensor;
 using moekit_bench::dirichlet_counts;
 using moekit_bench::randn_bf16;
 
-#define CK(call)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s (%s) at %s:%d\n", #call, cudaGetErrorName(e_),       \
-                   cudaGetErrorString(e_), __FILE__, __LINE__);                                \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
-
 struct Shape {
   const char* name;
   int64_t E, T, K, N;
@@ -208,26 +198,26 @@ void fill_input(const Context& ctx, const Tensor& t, uint64_t seed) {
   } else {
     randn_bf16<<<1024, 256, 0, stream>>>(t.data_as<__nv_bfloat16>(), static_cast<size_t>(t.numel()), seed);
   }
-  CK(cudaGetLastError());
+  MOEKIT_BENCH_CHECK(cudaGetLastError());
 }
 
 // Non-finite elements among the first n of p (bf16, or f32 when `f32`).
 unsigned long long nonfinite(const Context& ctx, const void* p, size_t n, bool f32 = false) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   Tensor counter = Tensor::empty({1}, DType::I64, ctx);
-  CK(cudaMemsetAsync(counter.data(), 0, 8, stream));
+  MOEKIT_BENCH_CHECK(cudaMemsetAsync(counter.data(), 0, 8, stream));
   if (n && f32) {
     count_nonfinite<<<1024, 256, 0, stream>>>(static_cast<const float*>(p), n,
                                               counter.data_as<unsigned long long>());
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
   } else if (n) {
     count_nonfinite<<<1024, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(p), n,
                                               counter.data_as<unsigned long long>());
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
   }
   unsigned long long host = 0;
-  CK(cudaMemcpyAsync(&host, counter.data(), 8, cudaMemcpyDeviceToHost, stream));
-  CK(cudaStreamSynchronize(stream));
+  MOEKIT_BENCH_CHECK(cudaMemcpyAsync(&host, counter.data(), 8, cudaMemcpyDeviceToHost, stream));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   return host;
 }
 
@@ -249,15 +239,15 @@ std::vector<double> fetch(const void* base, int64_t first, int64_t count, int64_
   const auto* src = static_cast<const __nv_bfloat16*>(base) + first;
   if (stride != 1) {
     if (scratch_count < count) {
-      if (scratch) CK(cudaFree(scratch));
-      CK(cudaMalloc(&scratch, static_cast<size_t>(count) * 2));
+      if (scratch) MOEKIT_BENCH_CHECK(cudaFree(scratch));
+      MOEKIT_BENCH_CHECK(cudaMalloc(&scratch, static_cast<size_t>(count) * 2));
       scratch_count = count;
     }
     gather_strided_bf16<<<64, 256>>>(src, stride, count, scratch);
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
     src = scratch;
   }
-  CK(cudaMemcpy(raw.data(), src, raw.size() * 2, cudaMemcpyDeviceToHost));
+  MOEKIT_BENCH_CHECK(cudaMemcpy(raw.data(), src, raw.size() * 2, cudaMemcpyDeviceToHost));
   std::vector<double> out(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) out[i] = static_cast<double>(__bfloat162float(raw[i]));
   return out;
@@ -266,7 +256,8 @@ std::vector<double> fetch(const void* base, int64_t first, int64_t count, int64_
 double fetch_one(const void* base, int64_t index) { return fetch(base, index, 1, 1)[0]; }
 double fetch_one_f32(const void* base, int64_t index) {
   float v = 0;
-  CK(cudaMemcpy(&v, static_cast<const float*>(base) + index, 4, cudaMemcpyDeviceToHost));
+  MOEKIT_BENCH_CHECK(
+      cudaMemcpy(&v, static_cast<const float*>(base) + index, 4, cudaMemcpyDeviceToHost));
   return v;
 }
 
@@ -534,24 +525,24 @@ std::vector<Timed> time_calls(const std::vector<std::function<void()>>& fns, Tim
     for (const auto* f : group) {
       for (int i = 0; i < warmup; ++i) (*f)();
     }
-    CK(cudaStreamSynchronize(stream));
+    MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
     const auto t0 = std::chrono::steady_clock::now();
     while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
            warmup_ms) {
       for (const auto* f : group) (*f)();
-      CK(cudaStreamSynchronize(stream));
+      MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
     }
   };
   std::vector<Timed> out(fns.size());
   const int calls = timing == Timing::BackToBack ? kBackToBackCalls : 1;
   auto timed = [&](size_t f, int n, bool sample_midway) {
     for (int i = 0; i < n; ++i) {
-      CK(cudaEventRecord(start, stream));
+      MOEKIT_BENCH_CHECK(cudaEventRecord(start, stream));
       for (int c = 0; c < calls; ++c) fns[f]();
-      CK(cudaEventRecord(stop, stream));
-      CK(cudaEventSynchronize(stop));
+      MOEKIT_BENCH_CHECK(cudaEventRecord(stop, stream));
+      MOEKIT_BENCH_CHECK(cudaEventSynchronize(stop));
       float t = 0;
-      CK(cudaEventElapsedTime(&t, start, stop));
+      MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&t, start, stop));
       out[f].ms.push_back(t / calls);
       if (sample_midway && i == n / 2) out[f].clock = Nvml::instance().sample();
     }
@@ -598,16 +589,16 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, size_t n, u
 bool identical_bf16(const Context& ctx, const void* a, const void* b, size_t n) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   Tensor counter = Tensor::empty({1}, DType::I64, ctx);
-  CK(cudaMemsetAsync(counter.data(), 0, 8, stream));
+  MOEKIT_BENCH_CHECK(cudaMemsetAsync(counter.data(), 0, 8, stream));
   if (n) {
     count_diff_u16<<<1024, 256, 0, stream>>>(static_cast<const uint16_t*>(a),
                                              static_cast<const uint16_t*>(b), n,
                                              counter.data_as<unsigned long long>());
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
   }
   unsigned long long host = 0;
-  CK(cudaMemcpyAsync(&host, counter.data(), 8, cudaMemcpyDeviceToHost, stream));
-  CK(cudaStreamSynchronize(stream));
+  MOEKIT_BENCH_CHECK(cudaMemcpyAsync(&host, counter.data(), 8, cudaMemcpyDeviceToHost, stream));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   return host == 0;
 }
 
@@ -622,20 +613,21 @@ Comparison alone_vs_back_to_back(const Context& ctx, const Options& o, const Sha
                                  cudaEvent_t start, cudaEvent_t stop) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   call();
-  CK(cudaMemcpyAsync(copy.data(), out.data(), valid * 2, cudaMemcpyDeviceToDevice, stream));
+  MOEKIT_BENCH_CHECK(
+      cudaMemcpyAsync(copy.data(), out.data(), valid * 2, cudaMemcpyDeviceToDevice, stream));
   const auto alone = time_in_turns({call}, o.iters, o.warmup, o.warmup_ms, stream, start, stop);
   const int calls = std::max(8, o.iters);
   std::vector<double> per_call, enqueue_us;
   for (int r = 0; r < 5; ++r) {
-    CK(cudaEventRecord(start, stream));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(start, stream));
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) call();
     enqueue_us.push_back(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls);
-    CK(cudaEventRecord(stop, stream));
-    CK(cudaEventSynchronize(stop));
+    MOEKIT_BENCH_CHECK(cudaEventRecord(stop, stream));
+    MOEKIT_BENCH_CHECK(cudaEventSynchronize(stop));
     float t = 0;
-    CK(cudaEventElapsedTime(&t, start, stop));
+    MOEKIT_BENCH_CHECK(cudaEventElapsedTime(&t, start, stop));
     per_call.push_back(t / calls);
   }
   // The host's enqueue time per call (the loop above, which returns before the GPU finishes)
@@ -667,7 +659,8 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
   fill_input(ctx, x, seed + 1);
   fill_input(ctx, w, seed + 2);
   Tensor counts_dev = Tensor::empty({s.E}, DType::I64, ctx);
-  CK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
+  MOEKIT_BENCH_CHECK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8,
+                                     cudaMemcpyHostToDevice, stream));
   const Splits host = Splits::host(counts), device = Splits::device(counts_dev);
   std::vector<Comparison> out;
   const size_t valid = static_cast<size_t>(S * s.N);
@@ -714,7 +707,7 @@ std::vector<Comparison> compare_paths(const Context& ctx, const Options& o, cons
     c.b_ms = median(ms[1]);
     out.push_back(c);
   }
-  CK(cudaStreamSynchronize(stream));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   return out;
 }
 
@@ -726,7 +719,7 @@ int run(const Options& o) {
   const Context base = Context::cuda(0);
   auto stream = static_cast<cudaStream_t>(base.stream());
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  MOEKIT_BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   const std::string smi_query =
       "nvidia-smi --query-gpu=clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu,"
       "driver_version --format=csv,noheader 2>/dev/null | head -1";
@@ -764,8 +757,8 @@ int run(const Options& o) {
 
   std::vector<Result> results;
   cudaEvent_t start, stop;
-  CK(cudaEventCreate(&start));
-  CK(cudaEventCreate(&stop));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&start));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&stop));
   bool all_pass = true;
   uint64_t data_seed = o.seed;
   for (const auto& [s, si] : selected_shapes(o.shapes)) {
@@ -786,7 +779,7 @@ int run(const Options& o) {
       fill_input(base, dw, ++data_seed);
       bf16_to_f32<<<1024, 256, 0, stream>>>(dw.data_as<__nv_bfloat16>(), main_grad_init.data_as<float>(),
                                             static_cast<size_t>(dw.numel()));
-      CK(cudaGetLastError());
+      MOEKIT_BENCH_CHECK(cudaGetLastError());
     }
     for (const std::string routing : {"uniform", "skewed"}) {
       if (!wanted(o.routings, routing)) continue;
@@ -821,10 +814,10 @@ int run(const Options& o) {
           // Poison (main_grad: its starting values), one run, check that run's output: each
           // backend is checked on its own.
           if (accumulate) {
-            CK(cudaMemcpyAsync(out.data(), main_grad_init.data(), out.nbytes(),
-                               cudaMemcpyDeviceToDevice, stream));
+            MOEKIT_BENCH_CHECK(cudaMemcpyAsync(out.data(), main_grad_init.data(), out.nbytes(),
+                                               cudaMemcpyDeviceToDevice, stream));
           } else {
-            CK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
+            MOEKIT_BENCH_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
           }
           try {
             step(ctx);
@@ -838,7 +831,7 @@ int run(const Options& o) {
                         pass.c_str(), name.c_str(), e.what());
           }
           if (b.ran()) {
-            CK(cudaStreamSynchronize(stream));
+            MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
             b.check = check_pass(base, pass, s, counts, x, w, dy, out, main_grad_init, o.samples,
                                  o.seed + si * 7 + pass.size());
             all_pass = all_pass && b.check.pass();
@@ -984,8 +977,8 @@ int run(const Options& o) {
     f << "  ]\n}\n";
     std::printf("wrote %s\n", o.json.c_str());
   }
-  CK(cudaEventDestroy(start));
-  CK(cudaEventDestroy(stop));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(start));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(stop));
   return all_pass ? 0 : 1;
 }
 
