@@ -22,6 +22,8 @@ extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32
 extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;
 // The same with a 2x1 cluster, the default for those groups (kernels_group_k_wide21.cu).
 extern const GroupKInstance group_k_bf16_f32_wide21, group_k_bf16_bf16_wide21;
+// bf16 -> bf16 on the own ping-pong kernel, for groups of < 128 rows on average (kernels_group_k_own.cu).
+extern const GroupKInstance group_k_bf16_bf16_own;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;

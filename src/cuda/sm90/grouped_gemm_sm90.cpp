@@ -322,10 +322,32 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
     return (wide21 ? kWide21 : kWide).pick(p);
   }
+  // bf16 -> bf16 groups of fewer than 128 rows on average (at most two K blocks): kLarge's tile
+  // on the own ping-pong kernel (group_k_pingpong.cuh: the consumer warpgroups' epilogues side by
+  // side, each on its own D buffers, instead of in turns on shared ones). Against CUTLASS's
+  // kernel on the H200, in turns in one process (bench/results/2026-12-01-nvidia-h200-*-group-k-own.md):
+  // small_E64 (64 rows) -3 to -7% per call (ncu: 90.3 against 93.4 µs uniform, 96.9 against
+  // 97.9 skewed); at 256 rows -2% uniform but +3% skewed, at 512 and 1024 rows a tie to +3% (its
+  // D buffers leave the mainloop 5 stages instead of 6), hence the bound. It takes its D
+  // descriptors from the setup kernel, so not with MOEKIT_SM90_PREBUILT_TENSORMAPS=0. Env
+  // MOEKIT_SM90_GROUP_K_OWN=0 never takes it, =1 takes it for every bf16 -> bf16 call below the
+  // wide tile's groups (A/B runs, ctest variants); unset: the rule.
+  constexpr int64_t kOwnGroupKRows = 128;
+  static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1"});
+  const bool small_groups = p.counts.rows < kOwnGroupKRows * p.counts.groups;
+  if (!f16 && p.dw_dtype == DType::BF16 && prebuilt_tensormaps_setting() &&
+      (own == 1 || (own < 0 && small_groups))) {
+    return group_k_bf16_bf16_own;
+  }
   return kGroupK[f16 ? 1 : 0].pick(p);
 }
 
 }  // namespace
+
+bool prebuilt_tensormaps_setting() {
+  static const bool on = detail::env_choice("MOEKIT_SM90_PREBUILT_TENSORMAPS", {"0", "1"}) != 0;
+  return on;
+}
 
 std::string rejects(const GroupMProblem& p, int device) {
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");

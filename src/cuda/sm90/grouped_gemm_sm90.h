@@ -167,4 +167,9 @@ size_t workspace_bytes(const GroupKProblem& p);
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream);
 std::string config_name(const GroupKProblem& p);
 
+/// Env MOEKIT_SM90_PREBUILT_TENSORMAPS=0 leaves the TMA descriptors to CUTLASS (a per-SM copy
+/// rewritten on each group change), for A/B runs; unset or 1: the setup kernels build every
+/// group's (prebuilt_tensormaps.cuh). Read once.
+bool prebuilt_tensormaps_setting();
+
 }  // namespace moekit::cuda::sm90

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/sm90/group_k_pingpong.cuh"
+#include "cuda/sm90/grouped_gemm_sm90.h"
 #include "cuda/sm90/k_order.cuh"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/prebuilt_tensormaps.cuh"
@@ -183,6 +185,15 @@ struct ConfigWide21Epi64 : ConfigWide21 {
   static constexpr int kMinStages = 4;
 };
 
+// kLarge's bf16 -> bf16 group-K (kernels_group_k_own.cu; grouped_gemm_sm90.cpp, instance): the
+// same tile, cluster, mainloop and scheduler on moekit's own ping-pong kernel, whose consumer
+// warpgroups run their epilogues side by side, each on its own D buffers, instead of in turns
+// (group_k_pingpong.cuh). Its four 64x128 D buffers (64 KB, against CUTLASS's shared two) leave
+// the mainloop 5 stages instead of 6.
+struct ConfigLargeOwn : ConfigLarge {
+  static constexpr bool kOwnKernel = true;
+};
+
 // The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64, ConfigWide21Epi64,
 // the study epi32),
 // else `fallback` — each form's own choice (group_m_kernel.cuh, group_k_kernel.cuh).
@@ -204,19 +215,35 @@ constexpr auto epilogue_tile_or(Fallback fallback) {
 // Both collectives take every group's TMA descriptors from the setup kernel
 // (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change; the mainloop
 // walks K as the call says (k_order.cuh).
+// A configuration with kOwnKernel (ConfigLargeOwn) runs on GroupKPingPongKernel around CUTLASS's
+// kernel type (group_k_pingpong.cuh), its mainloop stages sized beside that kernel's D staging.
 template <class P>
 struct GroupedGemm : P {
+  static constexpr bool kOwnKernel = [] {
+    if constexpr (requires { P::Config::kOwnKernel; }) {
+      return P::Config::kOwnKernel;
+    } else {
+      return false;
+    }
+  }();
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
+  static constexpr int kEpilogueSmemBytes = [] {
+    if constexpr (kOwnKernel) {
+      return GroupKPingPongStaging<typename P::CollectiveEpilogue>::kSmemBytes;
+    } else {
+      return static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage));
+    }
+  }();
   using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
       typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
       typename P::Config::Tile, typename P::Config::Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       typename P::Config::Schedule>::CollectiveOp;
   using CollectiveMainloop = KOrderMainloop<PrebuiltMainloop<CutlassMainloop>>;
   using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Kernel = std::conditional_t<kOwnKernel, GroupKPingPongKernel<CutlassKernel>, CutlassKernel>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
@@ -519,13 +546,8 @@ struct GroupedCall {
   }
 };
 
-// Env MOEKIT_SM90_PREBUILT_TENSORMAPS=0 leaves the descriptors to CUTLASS (a per-SM copy rewritten
-// on each group change), for A/B runs; unset or 1: the setup kernel builds them
-// (prebuilt_tensormaps.cuh). make_arguments passes the slots, or null for CUTLASS's path.
-inline bool prebuilt_tensormaps_setting() {
-  static const bool on = detail::env_choice("MOEKIT_SM90_PREBUILT_TENSORMAPS", {"0", "1"}) != 0;
-  return on;
-}
+// make_arguments passes the slots for the setup kernel's descriptors, or null for CUTLASS's path
+// (prebuilt_tensormaps_setting, grouped_gemm_sm90.h).
 inline const cute::TmaDescriptor* tensormap_slots(cute::TmaDescriptor* slots) {
   return prebuilt_tensormaps_setting() ? slots : nullptr;
 }

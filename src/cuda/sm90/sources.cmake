@@ -48,6 +48,7 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_fprop_wide21.cu  # bf16 fprop of large K (2 instances)
   ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_wide21.cu  # bf16 group-K of large groups, 2x1 (2)
   ${CMAKE_CURRENT_LIST_DIR}/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
 )
 # Tile studies (off by default: seven more translation units, ~2-5 minutes of CPU each):
 # cooperative 256x128 instances (MOEKIT_SM90_TILE=coop, kernels_study.cu, with the epi32 group-K),
