@@ -325,10 +325,11 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // bf16 -> bf16 groups of fewer than 128 rows on average (at most two K blocks): kLarge's tile
   // on the own ping-pong kernel (group_k_pingpong.cuh: the consumer warpgroups' epilogues side by
   // side, each on its own D buffers, instead of in turns on shared ones). Against CUTLASS's
-  // kernel on the H200, in turns in one process (bench/results/2026-12-01-nvidia-h200-*-group-k-own.md):
-  // small_E64 (64 rows) -3 to -7% per call (ncu: 90.3 against 93.4 µs uniform, 96.9 against
-  // 97.9 skewed); at 256 rows -2% uniform but +3% skewed, at 512 and 1024 rows a tie to +3% (its
-  // D buffers leave the mainloop 5 stages instead of 6), hence the bound. It takes its D
+  // kernel on the H200 (bench/results/2026-12-01-nvidia-h200-0cf88d9-group-k-own.md): small_E64
+  // (64 rows) under ncu 90.3 against 93.4 µs uniform, 96.4-96.9 against 97.5-97.9 skewed (one
+  // reading 99.4 against 98.0), per call 0.93-1.00 (processes spread ~5%); at 256 rows 0.98
+  // uniform but 1.03 skewed, at 512 and 1024 rows 1.00-1.03 (its D buffers leave the mainloop 5
+  // stages instead of 6, and its MMAs take turns), hence the bound. It takes its D
   // descriptors from the setup kernel, so not with MOEKIT_SM90_PREBUILT_TENSORMAPS=0. Env
   // MOEKIT_SM90_GROUP_K_OWN=0 never takes it, =1 takes it for every bf16 -> bf16 call below the
   // wide tile's groups (A/B runs, ctest variants); unset: the rule.
