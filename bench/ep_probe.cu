@@ -214,31 +214,20 @@ int run_preset(const Preset& p, const std::vector<ncclComm_t>& comms, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string presets = "qwen3,dsv3";
-  std::vector<int> margins{8, 16};
-  int steps = 5, turns = 3;
-  double warmup_ms = 300;
+  moekit_bench::ProbeArgs args;
+  args.steps = 5;
+  args.turns = 3;
+  args.warmup_ms = 300;
+  args.margins = {8, 16};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage(arg + " needs a value");
-    const std::string v = argv[++i];
-    if (arg == "--presets") {
-      presets = v;
-    } else if (arg == "--margins") {
-      margins = moekit_bench::parse_sm_margins(v);
-      if (margins.empty()) usage("--margins takes SM counts 1..131, got " + v);
-    } else if (arg == "--steps") {
-      steps = std::atoi(v.c_str());
-    } else if (arg == "--turns") {
-      turns = std::atoi(v.c_str());
-    } else if (arg == "--warmup-ms") {
-      warmup_ms = std::atof(v.c_str());
-    } else {
-      usage("unknown argument " + arg);
-    }
+    std::string why;
+    const int taken = args.take(arg, argv[++i], &why);
+    if (taken < 0) usage(why);
+    if (taken == 0) usage("unknown argument " + arg);
   }
-  if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
-  if (turns < 1) usage("--turns must be >= 1, got " + std::to_string(turns));
+  if (const std::string why = args.check(); !why.empty()) usage(why);
   try {
     int n = 0;
     MOEKIT_BENCH_CHECK(cudaGetDeviceCount(&n));
@@ -247,7 +236,7 @@ int main(int argc, char** argv) {
     std::vector<ncclComm_t> comms(n);
     EP_NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
     std::vector<Way> ways{{"joined", false, 0}, {"deferred", true, 0}};
-    for (int m : margins)
+    for (int m : args.margins)
       ways.push_back({"deferred, deferred_sm_margin " + std::to_string(m), true, m});
     std::printf(
         "| preset | ranks | way | ms to all-to-all | ms to all | joined / this, to all-to-all | "
@@ -255,14 +244,13 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|\n");
     int rc = 0;
     bool any = false;
-    const std::string list = "," + presets + ",";
     for (const Preset& p : kPresets) {
-      if (list.find(std::string(",") + p.name + ",") == std::string::npos) continue;
+      if (!args.wants(p)) continue;
       any = true;
-      rc |= run_preset(p, comms, ways, steps, turns, warmup_ms);
+      rc |= run_preset(p, comms, ways, args.steps, args.turns, args.warmup_ms);
     }
     for (ncclComm_t c : comms) ncclCommDestroy(c);
-    if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
+    if (!any) usage("--presets names none of qwen3, dsv3: " + args.presets);
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moekit_ep_probe: %s\n", e.what());

@@ -107,4 +107,44 @@ inline std::vector<int> parse_sm_margins(const std::string& list) {
   return out;
 }
 
+// The options both probes take — --presets, --steps, --turns, --warmup-ms, --margins — with the
+// defaults each gives. take() returns 1 when `arg` is one of them (its value `v` stored), 0 when
+// not, -1 when its value is bad (*why says so); check() says what is wrong once all are taken.
+struct ProbeArgs {
+  std::string presets = "qwen3,dsv3";
+  int steps = 1, turns = 1;
+  double warmup_ms = 0;
+  std::vector<int> margins;
+
+  int take(const std::string& arg, const std::string& v, std::string* why) {
+    if (arg == "--presets") {
+      presets = v;
+    } else if (arg == "--steps") {
+      steps = std::atoi(v.c_str());
+    } else if (arg == "--turns") {
+      turns = std::atoi(v.c_str());
+    } else if (arg == "--warmup-ms") {
+      warmup_ms = std::atof(v.c_str());
+    } else if (arg == "--margins") {
+      margins = parse_sm_margins(v);
+      if (margins.empty()) {
+        *why = "--margins takes SM counts 1..131, got " + v;
+        return -1;
+      }
+    } else {
+      return 0;
+    }
+    return 1;
+  }
+  std::string check() const {
+    if (steps < 1) return "--steps must be >= 1, got " + std::to_string(steps);
+    if (turns < 1) return "--turns must be >= 1, got " + std::to_string(turns);
+    return "";
+  }
+  // Whether --presets names `p` (a comma-separated list).
+  bool wants(const Preset& p) const {
+    return ("," + presets + ",").find(std::string(",") + p.name + ",") != std::string::npos;
+  }
+};
+
 }  // namespace moekit_bench

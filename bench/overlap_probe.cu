@@ -418,35 +418,28 @@ int run_consumer(const Preset& p, int blocks, uint64_t consumer_ns, const std::v
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string presets = "qwen3,dsv3";
-  int steps = 10, turns = 5;
-  double warmup_ms = 1000;
+  moekit_bench::ProbeArgs args;
+  args.steps = 10;
+  args.turns = 5;
+  args.warmup_ms = 1000;
   bool deferred = false;
   int consumer = 0;
   double consumer_us = 0;
-  std::vector<int> margins;
   bool two_streams = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) usage(arg + " needs a value");
     const std::string v = argv[++i];
-    if (arg == "--presets")
-      presets = v;
-    else if (arg == "--steps")
-      steps = std::atoi(v.c_str());
-    else if (arg == "--turns")
-      turns = std::atoi(v.c_str());
-    else if (arg == "--warmup-ms")
-      warmup_ms = std::atof(v.c_str());
-    else if (arg == "--deferred") {
+    std::string why;
+    const int taken = args.take(arg, v, &why);
+    if (taken < 0) usage(why);
+    if (taken > 0) continue;
+    if (arg == "--deferred") {
       if (v != "0" && v != "1") usage("--deferred must be 0 or 1, got " + v);
       deferred = v == "1";
     } else if (arg == "--two-streams") {
       if (v != "0" && v != "1") usage("--two-streams must be 0 or 1, got " + v);
       two_streams = v == "1";
-    } else if (arg == "--margins") {
-      margins = moekit_bench::parse_sm_margins(v);
-      if (margins.empty()) usage("--margins takes SM counts 1..131, got " + v);
     } else if (arg == "--consumer-us") {
       consumer_us = std::atof(v.c_str());
       if (!(consumer_us >= 0 && consumer_us <= 1e6))
@@ -454,11 +447,14 @@ int main(int argc, char** argv) {
     } else if (arg == "--consumer") {
       consumer = std::atoi(v.c_str());
       if (consumer < 0 || consumer > 1024) usage("--consumer must be 0..1024 blocks, got " + v);
-    } else
+    } else {
       usage("unknown argument " + arg);
+    }
   }
-  if (steps < 1) usage("--steps must be >= 1, got " + std::to_string(steps));
-  if (turns < 1) usage("--turns must be >= 1, got " + std::to_string(turns));
+  if (const std::string why = args.check(); !why.empty()) usage(why);
+  const int steps = args.steps, turns = args.turns;
+  const double warmup_ms = args.warmup_ms;
+  const std::vector<int>& margins = args.margins;
   try {
     if (two_streams) {
       std::printf(
@@ -469,25 +465,19 @@ int main(int argc, char** argv) {
     }
     int rc = 0;
     bool any = false;
-    std::string list = ",";  // ",qwen3,dsv3,": each name looked up with its commas
-    list += presets;
-    list += ',';
-    auto chosen = [&](const Preset& p) {
-      return list.find(std::string(",") + p.name + ",") != std::string::npos;
-    };
     for (const Preset& p : kPresets) {
-      if (!chosen(p)) continue;
+      if (!args.wants(p)) continue;
       any = true;
       if (two_streams) rc |= run_preset(p, steps, turns, warmup_ms);
     }
-    if (!any) usage("--presets names none of qwen3, dsv3: " + presets);
+    if (!any) usage("--presets names none of qwen3, dsv3: " + args.presets);
     if (deferred) {
       std::printf(
           "\n| preset | joined: ms to dx | deferred: ms to dx | joined / deferred | joined: ms to "
           "all | deferred: ms to all | joined / deferred | outputs |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Preset& p : kPresets) {
-        if (chosen(p)) rc |= run_deferred(p, steps, turns, warmup_ms);
+        if (args.wants(p)) rc |= run_deferred(p, steps, turns, warmup_ms);
       }
     }
     if (consumer > 0) {
@@ -496,7 +486,7 @@ int main(int argc, char** argv) {
           "joined / this, to consumer | outputs |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (const Preset& p : kPresets) {
-        if (chosen(p))
+        if (args.wants(p))
           rc |= run_consumer(p, consumer, static_cast<uint64_t>(consumer_us * 1e3),
                              margins.empty() ? std::vector<int>{consumer} : margins, steps, turns,
                              warmup_ms);
