@@ -10,10 +10,11 @@
 // rate (moekit_bandwidth_probe's ping-pong rows). Here each consumer warpgroup
 //   - takes every other tile (the scheduler warp publishes the tiles; each warpgroup reads all of
 //     them and skips the other's), and runs its epilogue without waiting for the other's;
-//   - stages its whole tile's D in its own subtile buffers (the epilogue collective's shared
-//     memory layout, so the setup kernel's prebuilt D descriptors fit), two named barriers of its
-//     own per tile (ids past CUTLASS's reserved ones), one thread issuing the TMA stores;
-//   - waits for its stores to finish reading only before its next tile's epilogue writes.
+//   - stages its tile's D in its own subtile buffers (the epilogue collective's shared memory
+//     layout, so the setup kernel's prebuilt D descriptors fit; kDBuffers of them, the subtiles in
+//     rounds when fewer than the tile's two), two named barriers of its own per round (ids past
+//     CUTLASS's reserved ones), one thread issuing the TMA stores;
+//   - waits for its stores to finish reading only before its buffers are written again.
 // The MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it).
 // The producer warp runs the mainloop collective's loads (descriptors prebuilt: the setup
 // kernel's), another warp of the producer warpgroup the scheduler.
@@ -36,14 +37,17 @@
 
 namespace moekit::cuda::sm90 {
 
-// The kernel's D staging, from the epilogue collective alone (GroupedGemm sizes the mainloop's
-// stages from it before the kernel type exists).
-template <class Epilogue>
+// The kernel's D staging, from the epilogue collective and the buffer count alone (GroupedGemm
+// sizes the mainloop's stages from it before the kernel type exists): kDBuffers subtile buffers
+// (64 x 128 each, of the 128 x 128 tile's two) per consumer warpgroup. With fewer buffers than
+// subtiles a tile's subtiles are staged in rounds, each waiting for the previous round's stores
+// to finish reading; the shared memory saved goes to the mainloop's stages.
+template <class Epilogue, int kDBuffers>
 struct GroupKPingPongStaging {
   using ElementD = typename Epilogue::ElementD;
   using EpilogueTile = typename Epilogue::EpilogueTile;
-  // Subtile buffers per consumer warpgroup: one per subtile of its tile (64 x 128 of 128 x 128).
-  static constexpr int kBuffers = 2;
+  static constexpr int kBuffers = kDBuffers;
+  static_assert(kBuffers >= 1);
   using SmemLayoutD = decltype(cute::tile_to_shape(
       typename Epilogue::SmemLayoutAtomD{},
       cute::make_shape(cute::size<0>(EpilogueTile{}), cute::size<1>(EpilogueTile{}), cute::Int<kBuffers>{}),
@@ -54,7 +58,7 @@ struct GroupKPingPongStaging {
   static constexpr int kSmemBytes = 2 * kDElements * int(sizeof(ElementD)) + 1024;
 };
 
-template <class CutlassKernel>
+template <class CutlassKernel, int kDBuffers>
 struct GroupKPingPongKernel : CutlassKernel {
   using Base = CutlassKernel;
   using typename Base::Params;
@@ -68,7 +72,7 @@ struct GroupKPingPongKernel : CutlassKernel {
   using EpilogueTile = typename Epilogue::EpilogueTile;
   static_assert(std::is_void_v<typename Epilogue::ElementC>, "an epilogue without a source (C) only");
   static_assert(sizeof(ElementD) == 2, "a 16-bit dw only");
-  using Staging = GroupKPingPongStaging<Epilogue>;
+  using Staging = GroupKPingPongStaging<Epilogue, kDBuffers>;
   static constexpr int kBuffers = Staging::kBuffers;
   using SmemLayoutD = typename Staging::SmemLayoutD;
   static constexpr int kDElements = Staging::kDElements;
@@ -257,9 +261,10 @@ struct GroupKPingPongKernel : CutlassKernel {
   }
 
   // One consumer warpgroup's epilogue of one tile: the accumulators converted to ElementD into
-  // this warpgroup's buffers, one subtile each, and stored by TMA (one thread) through the group's
-  // descriptor. Two barriers of the warpgroup's own: before the writes, after the issuing thread
-  // has seen the previous tile's stores finish reading the buffers (issued one mainloop ago: done,
+  // this warpgroup's buffers, one subtile each, in rounds of kBuffers subtiles, and stored by TMA
+  // (one thread) through the group's descriptor. Per round two barriers of the warpgroup's own:
+  // before the writes, after the issuing thread has seen the previous round's stores finish
+  // reading the buffers (for the first round, the previous tile's, issued one mainloop ago: done,
   // as a rule), and after them, before the stores.
   template <class Accumulators>
   CUTLASS_DEVICE static void store(Params const& params, Accumulators const& accumulators, TiledMma const& mma,
@@ -286,37 +291,37 @@ struct GroupKPingPongKernel : CutlassKernel {
     Tensor bG = s2g.partition_D(gD_epi);  // (S2G, S2G_M, S2G_N, epi_m, epi_n)
 
     // One epilogue subtile is one MMA tile of the warpgroup's accumulators (64 x 128 on the
-    // ping-pong 128 x 128 tile): subtile (epi_m, epi_n) is accumulator block (epi_m, epi_n), in
-    // buffer epi_n * EPI_M + epi_m.
+    // ping-pong 128 x 128 tile): subtile epi_n * EPI_M + epi_m is accumulator block (epi_m, epi_n),
+    // staged in buffer subtile % kBuffers.
     constexpr int kEpiM = decltype(size<2>(gD_epi))::value, kEpiN = decltype(size<3>(gD_epi))::value;
     static_assert(kEpiM == decltype(size<1>(tAcc))::value && kEpiN == decltype(size<2>(tAcc))::value,
                   "the epilogue subtile is the MMA tile");
-    static_assert(kEpiM * kEpiN == kBuffers, "a buffer per subtile of the tile");
+    constexpr int kSubtiles = kEpiM * kEpiN;
+    static_assert(kSubtiles % kBuffers == 0, "whole rounds of subtiles");
     cutlass::NumericArrayConverter<ElementD, float, kFrag, cutlass::FloatRoundStyle::round_to_nearest> convert;
     const uint32_t barrier = kFirstBarrier + static_cast<uint32_t>(consumer);
-    if (issuer) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
     CUTLASS_PRAGMA_UNROLL
-    for (int epi_n = 0; epi_n < kEpiN; ++epi_n) {
+    for (int round = 0; round < kSubtiles / kBuffers; ++round) {
+      if (issuer) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
       CUTLASS_PRAGMA_UNROLL
-      for (int epi_m = 0; epi_m < kEpiM; ++epi_m) {
-        Tensor acc = tAcc_frg(_, epi_m, epi_n);
+      for (int buffer = 0; buffer < kBuffers; ++buffer) {
+        const int subtile = round * kBuffers + buffer;  // = epi_n * kEpiM + epi_m
+        Tensor acc = tAcc_frg(_, subtile % kEpiM, subtile / kEpiM);
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(rD_frg); ++i) rD_frg(i) = convert(acc(i));
-        copy(r2s, rD, tSD(_, _, _, epi_n * kEpiM + epi_m));
+        copy(r2s, rD, tSD(_, _, _, buffer));
       }
-    }
-    tma_store_fence();  // the writes visible to the TMA unit (async proxy)
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
-    if (issuer) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int epi_n = 0; epi_n < kEpiN; ++epi_n) {
+      tma_store_fence();  // the writes visible to the TMA unit (async proxy)
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
+      if (issuer) {
         CUTLASS_PRAGMA_UNROLL
-        for (int epi_m = 0; epi_m < kEpiM; ++epi_m) {
-          copy(tma.with(d_map), bS(_, _, _, epi_n * kEpiM + epi_m), bG(_, _, _, epi_m, epi_n));
+        for (int buffer = 0; buffer < kBuffers; ++buffer) {
+          const int subtile = round * kBuffers + buffer;
+          copy(tma.with(d_map), bS(_, _, _, buffer), bG(_, _, _, subtile % kEpiM, subtile / kEpiM));
         }
+        tma_store_arrive();
       }
-      tma_store_arrive();
     }
   }
 };

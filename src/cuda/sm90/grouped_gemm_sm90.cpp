@@ -322,18 +322,19 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   if (wide && !f16 && p.counts.rows >= kWideGroupKRows * p.counts.groups) {
     return (wide21 ? kWide21 : kWide).pick(p);
   }
-  // bf16 -> bf16 groups of fewer than 128 rows on average (at most two K blocks): kLarge's tile
-  // on the own ping-pong kernel (group_k_pingpong.cuh: the consumer warpgroups' epilogues side by
-  // side, each on its own D buffers, instead of in turns on shared ones). Against CUTLASS's
-  // kernel on the H200 (bench/results/2026-12-01-nvidia-h200-0cf88d9-group-k-own.md): small_E64
-  // (64 rows) under ncu 90.3 against 93.4 µs uniform, 96.4-96.9 against 97.5-97.9 skewed (one
-  // reading 99.4 against 98.0), per call 0.93-1.00 (processes spread ~5%); at 256 rows 0.98
-  // uniform but 1.03 skewed, at 512 and 1024 rows 1.00-1.03 (its D buffers leave the mainloop 5
-  // stages instead of 6, and its MMAs take turns), hence the bound. It takes its D
-  // descriptors from the setup kernel, so not with MOEKIT_SM90_PREBUILT_TENSORMAPS=0. Env
-  // MOEKIT_SM90_GROUP_K_OWN=0 never takes it, =1 takes it for every bf16 -> bf16 call below the
-  // wide tile's groups (A/B runs, ctest variants); unset: the rule.
-  constexpr int64_t kOwnGroupKRows = 128;
+  // bf16 -> bf16 groups of fewer than 1024 rows on average: kLarge's tile on the own ping-pong
+  // kernel (group_k_pingpong.cuh: the consumer warpgroups' epilogues side by side, each on its own
+  // D buffer, instead of in turns on shared ones; 6 mainloop stages as CUTLASS's). Against
+  // CUTLASS's kernel on the H200: with two D buffers per warpgroup (5 stages) small_E64 (64 rows)
+  // under ncu 90.3 against 93.4 µs uniform, 96.4-96.9 against 97.5-97.9 skewed, but 1.00-1.03 at
+  // 256-1024 rows (bench/results/2026-12-01-nvidia-h200-0cf88d9-group-k-own.md); with one
+  // (bench/results/2026-12-01-nvidia-h200-fde2a1c-group-k-own-stages.md) 92.4 against 95.4
+  // uniform, 93.0 against 97.3 skewed, per call 0.99 / 0.94, at 512 rows 1.00 / 0.96; at the wide
+  // tile's groups (>= kWideGroupKRows) the wide tile. It takes its D descriptors from the setup
+  // kernel, so not with MOEKIT_SM90_PREBUILT_TENSORMAPS=0. Env MOEKIT_SM90_GROUP_K_OWN=0 never
+  // takes it, =1 takes it for every bf16 -> bf16 call below the wide tile's groups (A/B runs,
+  // ctest variants); unset: the rule.
+  constexpr int64_t kOwnGroupKRows = 1024;
   static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1"});
   const bool small_groups = p.counts.rows < kOwnGroupKRows * p.counts.groups;
   if (!f16 && p.dw_dtype == DType::BF16 && prebuilt_tensormaps_setting() &&
