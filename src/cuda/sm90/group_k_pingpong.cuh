@@ -1,7 +1,7 @@
 // Internal: moekit's own ping-pong kernel for the group-K grouped GEMM into a 16-bit dw (no C),
 // built from CUTLASS's collectives — the TMA / wgmma mainloop and the group tile scheduler, as
 // the CUTLASS ping-pong kernel it replaces uses them — with an epilogue of its own. Included by
-// group_k_kernel.cuh; chosen per configuration (ConfigLargeOwnEpilogue, kernel_common.cuh).
+// kernels_group_k_own.cu alone, whose configuration (ConfigLargeOwn) names it.
 //
 // Why (design/PERFORMANCE.md, "What holds small_E64 wgrad"): in CUTLASS's ping-pong kernel the two
 // consumer warpgroups' epilogues take turns, share one set of D staging buffers, and each drains
@@ -58,8 +58,9 @@ struct GroupKPingPongStaging {
   static constexpr int kSmemBytes = 2 * kDElements * int(sizeof(ElementD)) + 1024;
 };
 
-template <class CutlassKernel, int kDBuffers>
+template <class CutlassKernel, class Config>
 struct GroupKPingPongKernel : CutlassKernel {
+  static constexpr int kDBuffers = Config::kDBuffers;
   using Base = CutlassKernel;
   using typename Base::Params;
   using typename Base::TileScheduler;
@@ -76,6 +77,7 @@ struct GroupKPingPongKernel : CutlassKernel {
   static constexpr int kBuffers = Staging::kBuffers;
   using SmemLayoutD = typename Staging::SmemLayoutD;
   static constexpr int kDElements = Staging::kDElements;
+  static constexpr int kStagingBytes = Staging::kSmemBytes;  // GroupedGemm (kernel_common.cuh) reserves it
 
   // The consumer warpgroups issue their tiles' MMAs in turns (their epilogues do not take turns).
   // Needed for the mainloop pipeline's phases: a warpgroup waiting for its tile's first stage

@@ -13,7 +13,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/sm90/group_k_pingpong.cuh"
 #include "cuda/sm90/grouped_gemm_sm90.h"
 #include "cuda/sm90/k_order.cuh"
 #include "cuda/sm90/launch.cuh"
@@ -185,16 +184,11 @@ struct ConfigWide21Epi64 : ConfigWide21 {
   static constexpr int kMinStages = 4;
 };
 
-// kLarge's bf16 -> bf16 group-K (kernels_group_k_own.cu; grouped_gemm_sm90.cpp, instance): the
-// same tile, cluster, mainloop and scheduler on moekit's own ping-pong kernel, whose consumer
-// warpgroups run their epilogues side by side, each on its own D buffers, instead of in turns
-// (group_k_pingpong.cuh). kDBuffers 64x128 D buffers per warpgroup: one (its two subtiles in two
-// rounds) leaves the mainloop 6 stages, as CUTLASS's kernel has; two left it 5, and were slower
-// at 512 rows and on skewed routing (bench/results/2026-12-01-nvidia-h200-fde2a1c-group-k-own-stages.md).
-struct ConfigLargeOwn : ConfigLarge {
-  static constexpr bool kOwnKernel = true;
-  static constexpr int kDBuffers = 1;
-};
+// A configuration with kOwnKernel (ConfigLargeOwn, kernels_group_k_own.cu) runs on moekit's own
+// ping-pong kernel class (group_k_pingpong.cuh, included by that file alone: a change to either
+// rebuilds that file alone).
+template <class CutlassKernel, class Config>
+struct GroupKPingPongKernel;
 
 // The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64, ConfigWide21Epi64,
 // the study epi32),
@@ -228,17 +222,13 @@ struct GroupedGemm : P {
       return false;
     }
   }();
-  static constexpr int kDBuffers = [] {  // the own kernel's D buffers per consumer warpgroup
-    if constexpr (kOwnKernel) {
-      return P::Config::kDBuffers;
-    } else {
-      return 0;
-    }
-  }();
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
   static constexpr int kEpilogueSmemBytes = [] {
-    if constexpr (kOwnKernel) {
-      return GroupKPingPongStaging<typename P::CollectiveEpilogue, kDBuffers>::kSmemBytes;
+    if constexpr (kOwnKernel) {  // GroupKPingPongKernel::kStagingBytes (less would fail its size check)
+      using E = typename P::CollectiveEpilogue;
+      return 2 * P::Config::kDBuffers * static_cast<int>(cute::size(typename E::EpilogueTile{})) *
+                 static_cast<int>(sizeof(typename E::ElementD)) +
+             1024;
     } else {
       return static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage));
     }
@@ -252,7 +242,8 @@ struct GroupedGemm : P {
   using CollectiveMainloop = KOrderMainloop<PrebuiltMainloop<CutlassMainloop>>;
   using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
   using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-  using Kernel = std::conditional_t<kOwnKernel, GroupKPingPongKernel<CutlassKernel, kDBuffers>, CutlassKernel>;
+  using Kernel =
+      std::conditional_t<kOwnKernel, GroupKPingPongKernel<CutlassKernel, typename P::Config>, CutlassKernel>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
