@@ -17,7 +17,7 @@
 //   tiles TMA         one warpgroup per CTA stages each 64 x 128 half tile (16 KB) in shared
 //                     memory and one thread stores it with a TMA bulk tensor store, as CUTLASS's
 //                     TMA epilogue does (a barrier, a proxy fence, the store, a commit; a buffer is
-//                     reused after `wait_group.read`): 1 or 2 CTAs per SM, 2 or 4 buffers, and
+//                     reused after `wait_group.read`): 1 or 2 CTAs per SM, 1, 2 or 4 buffers, and
 //                     with an L2 evict-first hint on the stores;
 //   ping-pong         two warpgroups per CTA, one CTA per SM, alternate tiles, each after a wait
 //                     standing for its tile's MMA: in CUTLASS's ping-pong order (turns for the
@@ -126,6 +126,9 @@ __global__ void __launch_bounds__(128) tile_tma_kernel(const __grid_constant__ C
       // The buffer's last store has read it (CUTLASS: wait_group.read<StagesD - 1>, a barrier).
       if (threadIdx.x == 0 && issued >= buffers) {
         switch (buffers) {
+          case 1:
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            break;
           case 2:
             asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
             break;
@@ -418,8 +421,8 @@ int main(int argc, char** argv) {
     struct TmaCase {
       int ctas, buffers, evict_first, raster;
     };
-    const TmaCase cases[] = {{1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0}, {2, 4, 0, 0},
-                             {1, 2, 1, 0}, {2, 2, 1, 0}, {1, 2, 0, 1}, {2, 2, 0, 1}};
+    const TmaCase cases[] = {{1, 1, 0, 0}, {2, 1, 0, 0}, {1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0},
+                             {2, 4, 0, 0}, {1, 2, 1, 0}, {2, 2, 1, 0}, {1, 2, 0, 1}, {2, 2, 0, 1}};
     for (const TmaCase& c : cases) {
       const int smem = c.buffers * kHalfM * kTileN * 2;
       MOEKIT_BENCH_CHECK(
