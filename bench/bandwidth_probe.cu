@@ -24,8 +24,12 @@
 //                     MMA and the epilogue, shared D buffers drained before each hand-over), with
 //                     turns but own buffers and no drain, and with no turns; with more cycles of
 //                     epilogue work per half tile.
+//   ping-pong with operand loads  the no-turns schedule with each tile's two 16 KB operand blocks
+//                     loaded by TMA into stages by a loader warp first (small_E64 wgrad's operands,
+//                     L2-resident), with and without the stores; the loads' mean issue-to-arrival
+//                     time (the 268 MB of rows are the tiles' operand bytes too).
 // So the GEMM's write stream can be judged against the same bytes written in its own pattern by
-// an SM that does nothing else.
+// an SM that does nothing else, and beside its operand loads.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
 // Exit status 1 on any CUDA error, 2 on a bad argument.
 // Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS] [--tiles 0|1]
@@ -260,8 +264,140 @@ __global__ void __launch_bounds__(256, 1)
   if (lt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// The TMA map of the tiled dW for tile_tma_kernel (the driver's encoder through the runtime).
-CUtensorMap tile_map(void* base) {
+// The ping-pong schedule with its operand loads (no turns, own buffers, as the own group-K kernel):
+// warp 0 of a first warpgroup loads each tile's two operand blocks (128 x 64 bf16 of A and of B,
+// 2 x 16 KB, small_E64 wgrad's) by TMA into `stages` stages of 32 KB in the CTA's order; the two
+// other warpgroups take the tiles alternately, each waiting for its tile's stage, holding it
+// `mma_cycles` (standing for the MMA), releasing it, and — with `store` — writing the tile's
+// 64 x 128 halves through its own `dbuf` D buffers by TMA as pingpong_store_kernel does. The loads'
+// issue-to-arrival times (%globaltimer, ns) are summed into `latency` [sum, count].
+constexpr int kOperandK = 64;  // one K block: small_E64's 64 rows per group
+constexpr int kStageBytes = 2 * kTileM * kOperandK * 2;
+
+__device__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n wait_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra wait_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__global__ void __launch_bounds__(384, 1)
+    pingpong_load_kernel(const __grid_constant__ CUtensorMap out_map,
+                         const __grid_constant__ CUtensorMap a_map,
+                         const __grid_constant__ CUtensorMap b_map, int stages, int dbuf, int store,
+                         int mma_cycles, unsigned long long* latency) {
+  extern __shared__ __align__(1024) uint4 stage[];
+  __shared__ __align__(8) uint64_t full[8], empty[8];
+  __shared__ uint64_t issued_at[8];
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  const int wg = static_cast<int>(threadIdx.x / 128), lt = static_cast<int>(threadIdx.x % 128);
+  const auto addr = [](const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&full[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&empty[s])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int count = (kTiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                    static_cast<int>(gridDim.x);
+  const auto tile_of = [&](int j) {
+    return static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+  };
+  uint4* operands = stage;
+  uint4* dbuffers = stage + stages * kStageBytes / 16;
+  if (wg == 0) {
+    if (threadIdx.x != 0) return;
+    for (int j = 0; j < count; ++j) {
+      const int s = j % stages, round = j / stages;
+      mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's wait completes at once
+      const int2 o = tile_origin(tile_of(j), 0);
+      const int group = o.x / kTileRows;
+      const int a_row = o.x, b_row = group * kTileCols + o.y;
+      issued_at[s] = globaltimer();
+      const uint32_t bar = addr(&full[s]);
+      const uint32_t dst = addr(operands + s * kStageBytes / 16);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(kStageBytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+          "{%2, %3}], [%4];" ::"r"(dst),
+          "l"(&a_map), "r"(0), "r"(a_row), "r"(bar)
+          : "memory");
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+          "{%2, %3}], [%4];" ::"r"(dst + kStageBytes / 2),
+          "l"(&b_map), "r"(0), "r"(b_row), "r"(bar)
+          : "memory");
+    }
+    return;
+  }
+  const int consumer = wg - 1;
+  uint4* buffers = dbuffers + consumer * dbuf * kHalfVectors;
+  unsigned long long waited = 0, loads = 0;
+  int issued = 0;
+  for (int j = consumer; j < count; j += 2) {
+    const int s = j % stages, round = j / stages;
+    if (lt == 0) {
+      mbar_wait(addr(&full[s]), round & 1);
+      waited += globaltimer() - issued_at[s];
+      ++loads;
+      const long long start = clock64();
+      while (clock64() - start < mma_cycles) {
+      }
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+    }
+    if (!store) continue;
+    const int t = tile_of(j);
+    const int2 o = tile_origin(t, 0);
+    for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
+      if (lt == 0 && issued >= dbuf) {
+        if (dbuf == 1) {
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        } else {
+          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        }
+      }
+      warpgroup_sync(wg);
+      uint4* buf = buffers + (issued % dbuf) * kHalfVectors;
+      for (int v = lt; v < kHalfVectors; v += 128) {
+        const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
+        buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      warpgroup_sync(wg);
+      if (lt == 0) {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                &out_map),
+            "r"(o.y), "r"(o.x + half * kHalfM), "r"(addr(buf))
+            : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+  }
+  if (lt == 0) {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    atomicAdd(latency, waited);
+    atomicAdd(latency + 1, loads);
+  }
+}
+
+// The driver's tensor-map encoder through the runtime.
+// A 2-D bf16 map of `rows` x `cols` (row-major), boxes of box_rows x box_cols, no swizzle.
+CUtensorMap bf16_map(void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
+                     uint32_t box_cols) {
   using Encode =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -275,9 +411,9 @@ CUtensorMap tile_map(void* base) {
     std::exit(1);
   }
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {kTileCols, cuuint64_t{kTileGroups} * kTileRows};
-  const cuuint64_t strides[1] = {kTileCols * 2};
-  const cuuint32_t box[2] = {kTileN, kHalfM}, elem_strides[2] = {1, 1};
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
   const CUresult r = reinterpret_cast<Encode>(fn)(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -287,6 +423,10 @@ CUtensorMap tile_map(void* base) {
     std::exit(1);
   }
   return map;
+}
+// The TMA map of the tiled dW (tile_tma_kernel, the ping-pong kernels): 64 x 128 halves.
+CUtensorMap tile_map(void* base) {
+  return bf16_map(base, uint64_t{kTileGroups} * kTileRows, kTileCols, kHalfM, kTileN);
 }
 
 struct Options {
@@ -458,6 +598,53 @@ int main(int argc, char** argv) {
                          o));
       }
     }
+    // The same schedule with its operand loads: A [64 groups x 1024, 64] and B [64 x 2048, 64]
+    // bf16.
+    void* a = nullptr;
+    void* b = nullptr;
+    unsigned long long* latency = nullptr;
+    MOEKIT_BENCH_CHECK(cudaMalloc(&a, size_t{kTileGroups} * kTileRows * kOperandK * 2));
+    MOEKIT_BENCH_CHECK(cudaMalloc(&b, size_t{kTileGroups} * kTileCols * kOperandK * 2));
+    MOEKIT_BENCH_CHECK(cudaMemset(a, 0x3c, size_t{kTileGroups} * kTileRows * kOperandK * 2));
+    MOEKIT_BENCH_CHECK(cudaMemset(b, 0x3c, size_t{kTileGroups} * kTileCols * kOperandK * 2));
+    MOEKIT_BENCH_CHECK(cudaMalloc(&latency, 2 * sizeof(unsigned long long)));
+    const CUtensorMap a_map =
+        bf16_map(a, uint64_t{kTileGroups} * kTileRows, kOperandK, kTileM, kOperandK);
+    const CUtensorMap b_map =
+        bf16_map(b, uint64_t{kTileGroups} * kTileCols, kOperandK, kTileN, kOperandK);
+    struct LoadCase {
+      int stages, dbuf, store, mma_cycles;
+    };
+    const LoadCase load_cases[] = {
+        {6, 1, 0, 600}, {6, 1, 1, 0}, {6, 1, 1, 600}, {5, 2, 1, 600}, {6, 2, 1, 600}};
+    for (const LoadCase& c : load_cases) {
+      const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
+      MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(pingpong_load_kernel,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
+      const double us = time_us(
+          [&] {
+            pingpong_load_kernel<<<sms, 384, smem>>>(map, a_map, b_map, c.stages, c.dbuf, c.store,
+                                                     c.mma_cycles, latency);
+          },
+          o);
+      unsigned long long host[2] = {0, 0};
+      MOEKIT_BENCH_CHECK(cudaMemcpy(host, latency, sizeof host, cudaMemcpyDeviceToHost));
+      char what[200];
+      std::snprintf(
+          what, sizeof what,
+          "ping-pong with operand loads (2 x 16 KB per tile, %d stages), %s, MMA %d cycles: "
+          "loads' issue-to-arrival %.0f ns",
+          c.stages,
+          c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
+                                 : "stores, 2 D buffers per warpgroup")
+                  : "no stores",
+          c.mma_cycles, host[1] ? double(host[0]) / double(host[1]) : 0.0);
+      report(what, us);
+    }
+    MOEKIT_BENCH_CHECK(cudaFree(latency));
+    MOEKIT_BENCH_CHECK(cudaFree(b));
+    MOEKIT_BENCH_CHECK(cudaFree(a));
     MOEKIT_BENCH_CHECK(cudaFree(d));
   }
   MOEKIT_BENCH_CHECK(cudaFree(sink));
