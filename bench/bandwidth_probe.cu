@@ -612,13 +612,26 @@ int main(int argc, char** argv) {
         bf16_map(a, uint64_t{kTileGroups} * kTileRows, kOperandK, kTileM, kOperandK);
     const CUtensorMap b_map =
         bf16_map(b, uint64_t{kTileGroups} * kTileCols, kOperandK, kTileN, kOperandK);
+    int smem_optin = 0;
+    MOEKIT_BENCH_CHECK(
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
     struct LoadCase {
       int stages, dbuf, store, mma_cycles;
     };
     const LoadCase load_cases[] = {
-        {6, 1, 0, 600}, {6, 1, 1, 0}, {6, 1, 1, 600}, {5, 2, 1, 600}, {6, 2, 1, 600}};
+        {6, 1, 0, 600}, {6, 1, 1, 0}, {6, 1, 1, 600}, {5, 2, 1, 600}, {4, 2, 1, 600}};
     for (const LoadCase& c : load_cases) {
       const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
+      cudaFuncAttributes attributes{};
+      MOEKIT_BENCH_CHECK(cudaFuncGetAttributes(&attributes, pingpong_load_kernel));
+      if (smem + static_cast<int>(attributes.sharedSizeBytes) > smem_optin) {
+        std::printf(
+            "| ping-pong with operand loads, %d stages, %d D buffers: needs %d bytes of shared "
+            "memory, "
+            "the device has %d, skipped | | | |\n",
+            c.stages, c.dbuf, smem + static_cast<int>(attributes.sharedSizeBytes), smem_optin);
+        continue;
+      }
       MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(pingpong_load_kernel,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
