@@ -25,14 +25,16 @@
 //                     turns but own buffers and no drain, and with no turns; with more cycles of
 //                     epilogue work per half tile.
 //   ping-pong with operand loads  the no-turns schedule with each tile's two 16 KB operand blocks
-//                     loaded by TMA into stages by a loader warp first (small_E64 wgrad's operands,
-//                     L2-resident), with and without the stores; the loads' mean issue-to-arrival
-//                     time (the 268 MB of rows are the tiles' operand bytes too).
+//                     loaded into stages by a loader warp first (small_E64 wgrad's operands,
+//                     L2-resident) — by TMA tensor loads as the GEMM does, by bulk copies, or by
+//                     the loader warp's per-lane cp.async (not through the TMA unit) — with and
+//                     without the stores; the loads' mean issue-to-arrival time (the 268 MB of
+//                     rows are the tiles' operand bytes too). `--tiles loads` runs these rows only.
 // So the GEMM's write stream can be judged against the same bytes written in its own pattern by
 // an SM that does nothing else, and beside its operand loads.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
 // Exit status 1 on any CUDA error, 2 on a bad argument.
-// Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS] [--tiles 0|1]
+// Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS] [--tiles 0|1|loads]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -291,7 +293,8 @@ __device__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __global__ void __launch_bounds__(384, 1)
     pingpong_load_kernel(const __grid_constant__ CUtensorMap out_map,
                          const __grid_constant__ CUtensorMap a_map,
-                         const __grid_constant__ CUtensorMap b_map, int stages, int dbuf, int store,
+                         const __grid_constant__ CUtensorMap b_map, const uint4* a_ptr,
+                         const uint4* b_ptr, int path, int stages, int dbuf, int store,
                          int mma_cycles, unsigned long long* latency) {
   extern __shared__ __align__(1024) uint4 stage[];
   __shared__ __align__(8) uint64_t full[8], empty[8];
@@ -303,7 +306,10 @@ __global__ void __launch_bounds__(384, 1)
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&full[s])) : "memory");
+      // cp.async (path 2): each of the loader warp's 32 lanes arrives when its copies land.
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr(&full[s])),
+                   "r"(path == 2 ? 32 : 1)
+                   : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&empty[s])) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -317,19 +323,52 @@ __global__ void __launch_bounds__(384, 1)
   uint4* operands = stage;
   uint4* dbuffers = stage + stages * kStageBytes / 16;
   if (wg == 0) {
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x >= 32) return;  // warp 0 loads (one lane, or all 32 with cp.async)
+    const int lane = static_cast<int>(threadIdx.x);
+    constexpr int kBlockVectors = kTileM * kOperandK * 2 / 16;  // one operand block, contiguous
     for (int j = 0; j < count; ++j) {
       const int s = j % stages, round = j / stages;
-      mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's wait completes at once
+      if (lane == 0)
+        mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
+      __syncwarp();
       const int2 o = tile_origin(tile_of(j), 0);
       const int group = o.x / kTileRows;
       const int a_row = o.x, b_row = group * kTileCols + o.y;
-      issued_at[s] = globaltimer();
       const uint32_t bar = addr(&full[s]);
       const uint32_t dst = addr(operands + s * kStageBytes / 16);
+      if (lane == 0) issued_at[s] = globaltimer();
+      if (path == 2) {  // per-lane 16-byte cp.async, through the SM's load path, not the TMA unit
+        const uint4* a_src = a_ptr + size_t(a_row) * kOperandK * 2 / 16;
+        const uint4* b_src = b_ptr + size_t(b_row) * kOperandK * 2 / 16;
+        for (int v = lane; v < kBlockVectors; v += 32) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * v),
+                       "l"(a_src + v)
+                       : "memory");
+          asm volatile(
+              "cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kStageBytes / 2 + 16 * v),
+              "l"(b_src + v)
+              : "memory");
+        }
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+        continue;
+      }
+      if (lane != 0) continue;
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
                    "r"(kStageBytes)
                    : "memory");
+      if (path == 1) {  // one bulk copy per block (a block's 128 rows of 64 are contiguous)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst),
+            "l"(a_ptr + size_t(a_row) * kOperandK * 2 / 16), "r"(kStageBytes / 2), "r"(bar)
+            : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst + kStageBytes / 2),
+            "l"(b_ptr + size_t(b_row) * kOperandK * 2 / 16), "r"(kStageBytes / 2), "r"(bar)
+            : "memory");
+        continue;
+      }
       asm volatile(
           "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
           "{%2, %3}], [%4];" ::"r"(dst),
@@ -433,13 +472,13 @@ struct Options {
   std::vector<double> mb{268.435456, 2147.483648};
   int iters = 20;
   double warmup_ms = 500;
-  bool tiles = true;
+  int tiles = 1;  // 0: none, 1: every tile row, 2: the operand-load rows only (no streams either)
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "moekit_bandwidth_probe: %s\nusage: moekit_bandwidth_probe [--mb N[,N...]] "
-               "[--iters N] [--warmup-ms MS] [--tiles 0|1]\n",
+               "[--iters N] [--warmup-ms MS] [--tiles 0|1|loads]\n",
                why);
   std::exit(2);
 }
@@ -466,8 +505,9 @@ Options parse(int argc, char** argv) {
       o.warmup_ms = std::atof(v.c_str());
       if (o.warmup_ms < 0) usage(("--warmup-ms: expected >= 0, got '" + v + "'").c_str());
     } else if (a == "--tiles") {
-      if (v != "0" && v != "1") usage(("--tiles: expected 0 or 1, got '" + v + "'").c_str());
-      o.tiles = v == "1";
+      if (v != "0" && v != "1" && v != "loads")
+        usage(("--tiles: expected 0, 1 or loads, got '" + v + "'").c_str());
+      o.tiles = v == "loads" ? 2 : v == "1" ? 1 : 0;
     } else {
       usage(("unknown option " + a).c_str());
     }
@@ -522,7 +562,7 @@ int main(int argc, char** argv) {
   uint32_t* sink = nullptr;
   MOEKIT_BENCH_CHECK(cudaMalloc(&sink, sizeof(uint32_t) * blocks));
   MOEKIT_BENCH_CHECK(cudaMemset(sink, 0, sizeof(uint32_t) * blocks));
-  for (double mb : o.mb) {
+  for (double mb : o.tiles == 2 ? std::vector<double>{} : o.mb) {
     const size_t bytes = static_cast<size_t>(mb * 1e6) / 16 * 16;
     const size_t n = bytes / 16;
     uint4 *a = nullptr, *b = nullptr;
@@ -553,49 +593,56 @@ int main(int argc, char** argv) {
     const auto report = [&](const std::string& what, double us) {
       std::printf("| %s | %.1f | %.1f | %.3f |\n", what.c_str(), bytes / 1e6, us, bytes / us / 1e6);
     };
-    const char* raster_name[2] = {"M fastest", "N fastest"};
-    for (int raster = 0; raster < 2; ++raster) {
-      report(std::string("tiles st.global, ") + raster_name[raster] + ", 4 CTAs/SM",
-             time_us([&] { tile_store_kernel<<<4 * sms, 256>>>(d, raster); }, o));
-    }
-    struct TmaCase {
-      int ctas, buffers, evict_first, raster;
-    };
-    const TmaCase cases[] = {{1, 1, 0, 0}, {2, 1, 0, 0}, {1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0},
-                             {2, 4, 0, 0}, {1, 2, 1, 0}, {2, 2, 1, 0}, {1, 2, 0, 1}, {2, 2, 0, 1}};
-    for (const TmaCase& c : cases) {
-      const int smem = c.buffers * kHalfM * kTileN * 2;
-      MOEKIT_BENCH_CHECK(
-          cudaFuncSetAttribute(tile_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      char what[160];
-      std::snprintf(what, sizeof what, "tiles TMA, %s, %d CTA/SM, %d buffers%s",
-                    raster_name[c.raster], c.ctas, c.buffers, c.evict_first ? ", evict-first" : "");
-      report(what, time_us(
-                       [&] {
-                         tile_tma_kernel<<<c.ctas * sms, 128, smem>>>(map, c.raster, c.buffers,
-                                                                      c.evict_first);
-                       },
-                       o));
-    }
-    const char* mode_name[3] = {"turns, shared buffers, drain", "turns, own buffers",
-                                "no turns, own buffers"};
-    const int mode_smem[3] = {2 * kHalfM * kTileN * 2, 4 * kHalfM * kTileN * 2,
-                              4 * kHalfM * kTileN * 2};
-    MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(
-        pingpong_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mode_smem[1]));
-    const std::pair<int, int> cycles[] = {{0, 0}, {600, 0}, {1200, 0}, {600, 400}, {600, 800}, {600, 1200}};
-    for (const auto& [mma_cycles, epi_cycles] : cycles) {
-      for (int mode = 0; mode < 3; ++mode) {
+    if (o.tiles == 1) {  // every tile row; --tiles loads: the operand-load rows below only
+      const char* raster_name[2] = {"M fastest", "N fastest"};
+      for (int raster = 0; raster < 2; ++raster) {
+        report(std::string("tiles st.global, ") + raster_name[raster] + ", 4 CTAs/SM",
+               time_us([&] { tile_store_kernel<<<4 * sms, 256>>>(d, raster); }, o));
+      }
+      struct TmaCase {
+        int ctas, buffers, evict_first, raster;
+      };
+      const TmaCase cases[] = {{1, 1, 0, 0}, {2, 1, 0, 0}, {1, 2, 0, 0}, {1, 4, 0, 0},
+                               {2, 2, 0, 0}, {2, 4, 0, 0}, {1, 2, 1, 0}, {2, 2, 1, 0},
+                               {1, 2, 0, 1}, {2, 2, 0, 1}};
+      for (const TmaCase& c : cases) {
+        const int smem = c.buffers * kHalfM * kTileN * 2;
+        MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(tile_tma_kernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         char what[160];
-        std::snprintf(what, sizeof what, "ping-pong epilogues, %s, MMA %d cycles%s", mode_name[mode],
-                      mma_cycles,
-                      epi_cycles > 0 ? (", epilogue +" + std::to_string(epi_cycles) + " per half").c_str() : "");
+        std::snprintf(what, sizeof what, "tiles TMA, %s, %d CTA/SM, %d buffers%s",
+                      raster_name[c.raster], c.ctas, c.buffers,
+                      c.evict_first ? ", evict-first" : "");
         report(what, time_us(
                          [&] {
-                           pingpong_store_kernel<<<sms, 256, mode_smem[mode]>>>(map, mode, mma_cycles,
-                                                                                epi_cycles);
+                           tile_tma_kernel<<<c.ctas * sms, 128, smem>>>(map, c.raster, c.buffers,
+                                                                        c.evict_first);
                          },
                          o));
+      }
+      const char* mode_name[3] = {"turns, shared buffers, drain", "turns, own buffers",
+                                  "no turns, own buffers"};
+      const int mode_smem[3] = {2 * kHalfM * kTileN * 2, 4 * kHalfM * kTileN * 2,
+                                4 * kHalfM * kTileN * 2};
+      MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(
+          pingpong_store_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mode_smem[1]));
+      const std::pair<int, int> cycles[] = {{0, 0},     {600, 0},   {1200, 0},
+                                            {600, 400}, {600, 800}, {600, 1200}};
+      for (const auto& [mma_cycles, epi_cycles] : cycles) {
+        for (int mode = 0; mode < 3; ++mode) {
+          char what[160];
+          std::snprintf(what, sizeof what, "ping-pong epilogues, %s, MMA %d cycles%s",
+                        mode_name[mode], mma_cycles,
+                        epi_cycles > 0
+                            ? (", epilogue +" + std::to_string(epi_cycles) + " per half").c_str()
+                            : "");
+          report(what, time_us(
+                           [&] {
+                             pingpong_store_kernel<<<sms, 256, mode_smem[mode]>>>(
+                                 map, mode, mma_cycles, epi_cycles);
+                           },
+                           o));
+        }
       }
     }
     // The same schedule with its operand loads: A [64 groups x 1024, 64] and B [64 x 2048, 64]
@@ -616,10 +663,13 @@ int main(int argc, char** argv) {
     MOEKIT_BENCH_CHECK(
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
     struct LoadCase {
-      int stages, dbuf, store, mma_cycles;
+      int path, stages, dbuf, store, mma_cycles;
     };
-    const LoadCase load_cases[] = {
-        {6, 1, 0, 600}, {6, 1, 1, 0}, {6, 1, 1, 600}, {5, 2, 1, 600}, {4, 2, 1, 600}};
+    const LoadCase load_cases[] = {{0, 6, 1, 0, 600}, {0, 6, 1, 1, 0},   {0, 6, 1, 1, 600},
+                                   {0, 5, 2, 1, 600}, {0, 4, 2, 1, 600}, {1, 6, 1, 1, 600},
+                                   {2, 6, 1, 0, 600}, {2, 6, 1, 1, 600}, {2, 5, 2, 1, 600}};
+    const char* path_name[3] = {"TMA tensor loads", "bulk-copy loads",
+                                "cp.async loads (loader warp)"};
     for (const LoadCase& c : load_cases) {
       const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
       cudaFuncAttributes attributes{};
@@ -637,8 +687,9 @@ int main(int argc, char** argv) {
       MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
       const double us = time_us(
           [&] {
-            pingpong_load_kernel<<<sms, 384, smem>>>(map, a_map, b_map, c.stages, c.dbuf, c.store,
-                                                     c.mma_cycles, latency);
+            pingpong_load_kernel<<<sms, 384, smem>>>(
+                map, a_map, b_map, static_cast<const uint4*>(a), static_cast<const uint4*>(b),
+                c.path, c.stages, c.dbuf, c.store, c.mma_cycles, latency);
           },
           o);
       unsigned long long host[2] = {0, 0};
@@ -646,9 +697,9 @@ int main(int argc, char** argv) {
       char what[200];
       std::snprintf(
           what, sizeof what,
-          "ping-pong with operand loads (2 x 16 KB per tile, %d stages), %s, MMA %d cycles: "
+          "ping-pong with operand loads (%s, 2 x 16 KB per tile, %d stages), %s, MMA %d cycles: "
           "loads' issue-to-arrival %.0f ns",
-          c.stages,
+          path_name[c.path], c.stages,
           c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
                                  : "stores, 2 D buffers per warpgroup")
                   : "no stores",
