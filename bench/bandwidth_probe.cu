@@ -179,6 +179,30 @@ __device__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 }
 
+// One warpgroup's 64 x 128 half `half` of tile t (at `o`) through its buffer `buf`: the warpgroup's
+// 128 threads write it (a pattern that depends on the position), the proxy fence makes the writes
+// visible to the TMA unit, and thread lt == 0 stores it by TMA and commits the bulk group. The
+// caller waits for the buffer's previous store to have read it first (wait_group.read).
+__device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, int2 o, int wg,
+                           int lt) {
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  warpgroup_sync(wg);
+  for (int v = lt; v < kHalfVectors; v += 128) {
+    const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
+    buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  warpgroup_sync(wg);
+  if (lt == 0) {
+    const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
+        "r"(o.y), "r"(o.x + half * kHalfM), "r"(smem)
+        : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+}
+
 // The ping-pong GEMM's epilogue schedule without the GEMM: two warpgroups per CTA, one CTA per SM,
 // take a CTA's tiles alternately; each waits `mma_cycles` for its tile's MMA and then stores the
 // tile as tile_tma_kernel does (two 64 x 128 halves). mode 0 — CUTLASS's ping-pong: the
@@ -238,23 +262,7 @@ __global__ void __launch_bounds__(256, 1)
           while (clock64() - work < epi_cycles) {
           }
         }
-        warpgroup_sync(wg);
-        uint4* buf = buffers + (issued % 2) * kHalfVectors;
-        for (int v = lt; v < kHalfVectors; v += 128) {
-          const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
-          buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        warpgroup_sync(wg);
-        if (lt == 0) {
-          const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
-          asm volatile(
-              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                  &map),
-              "r"(o.y), "r"(o.x + half * kHalfM), "r"(smem)
-              : "memory");
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        }
+        store_half(map, buffers + (issued % 2) * kHalfVectors, t, half, o, wg, lt);
       }
       if (mode == 0) {  // the other warpgroup stages in these buffers next
         if (lt == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -408,22 +416,7 @@ __global__ void __launch_bounds__(384, 1)
           asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
         }
       }
-      warpgroup_sync(wg);
-      uint4* buf = buffers + (issued % dbuf) * kHalfVectors;
-      for (int v = lt; v < kHalfVectors; v += 128) {
-        const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
-        buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      warpgroup_sync(wg);
-      if (lt == 0) {
-        asm volatile(
-            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                &out_map),
-            "r"(o.y), "r"(o.x + half * kHalfM), "r"(addr(buf))
-            : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      }
+      store_half(out_map, buffers + (issued % dbuf) * kHalfVectors, t, half, o, wg, lt);
     }
   }
   if (lt == 0) {
