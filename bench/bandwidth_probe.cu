@@ -179,16 +179,16 @@ __device__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 }
 
-// One warpgroup's 64 x 128 half `half` of tile t (at `o`) through its buffer `buf`: the warpgroup's
-// 128 threads write it (a pattern that depends on the position), the proxy fence makes the writes
-// visible to the TMA unit, and thread lt == 0 stores it by TMA and commits the bulk group. The
-// caller waits for the buffer's previous store to have read it first (wait_group.read).
-__device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, int2 o, int wg,
-                           int lt) {
-  constexpr int kHalfVectors = kHalfM * kTileVectors;
+// One warpgroup's piece of a tile through its buffer `buf` (`vectors` 16-byte vectors, the box of
+// `map` at column `col`, row `row`): the warpgroup's 128 threads write it (a pattern that depends
+// on `seed`, the piece's position), the proxy fence makes the writes visible to the TMA unit, and
+// thread lt == 0 stores it by TMA and commits the bulk group. The caller waits for the buffer's
+// previous store to have read it first (wait_group.read).
+__device__ void store_piece(const CUtensorMap& map, uint4* buf, uint32_t seed, int vectors, int col,
+                            int row, int wg, int lt) {
   warpgroup_sync(wg);
-  for (int v = lt; v < kHalfVectors; v += 128) {
-    const uint32_t x = static_cast<uint32_t>(t * 7919 + half * kHalfVectors + v);
+  for (int v = lt; v < vectors; v += 128) {
+    const uint32_t x = seed + static_cast<uint32_t>(v);
     buf[v] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -197,10 +197,17 @@ __device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, 
     const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
     asm volatile(
         "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
-        "r"(o.y), "r"(o.x + half * kHalfM), "r"(smem)
+        "r"(col), "r"(row), "r"(smem)
         : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
   }
+}
+// The 64 x 128 half `half` of tile t at `o` (the tiled dW map's box).
+__device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, int2 o, int wg,
+                           int lt) {
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  store_piece(map, buf, static_cast<uint32_t>(t * 7919 + half * kHalfVectors), kHalfVectors, o.y,
+              o.x + half * kHalfM, wg, lt);
 }
 
 // The ping-pong GEMM's epilogue schedule without the GEMM: two warpgroups per CTA, one CTA per SM,
@@ -276,11 +283,15 @@ __global__ void __launch_bounds__(256, 1)
 
 // The ping-pong schedule with its operand loads (no turns, own buffers, as the own group-K kernel):
 // warp 0 of a first warpgroup loads each tile's two operand blocks (128 x 64 bf16 of A and of B,
-// 2 x 16 KB, small_E64 wgrad's) by TMA into `stages` stages of 32 KB in the CTA's order; the two
-// other warpgroups take the tiles alternately, each waiting for its tile's stage, holding it
-// `mma_cycles` (standing for the MMA), releasing it, and — with `store` — writing the tile's
-// 64 x 128 halves through its own `dbuf` D buffers by TMA as pingpong_store_kernel does. The loads'
-// issue-to-arrival times (%globaltimer, ns) are summed into `latency` [sum, count].
+// 2 x 16 KB, small_E64 wgrad's) into `stages` stages of 32 KB in the CTA's order — path 0 by TMA
+// tensor loads, 1 by bulk copies, 2 by the warp's per-lane cp.async (not through the TMA unit),
+// -1 not at all; the two other warpgroups take the tiles alternately, each waiting for its tile's
+// stage, holding it `mma_cycles` (standing for the MMA), releasing it, and — with `store` —
+// writing the tile's 64 x 128 halves through its own `dbuf` D buffers by TMA as
+// pingpong_store_kernel does (with `quarters`, as 64 x 64 pieces through a ring of 2 * dbuf 8 KB
+// slots, each written again once its store has read it: a finer-grained overlap in the same
+// shared memory). The loads' issue-to-arrival times (%globaltimer, ns) are summed into `latency`
+// [sum, count].
 constexpr int kOperandK = 64;  // one K block: small_E64's 64 rows per group
 constexpr int kStageBytes = 2 * kTileM * kOperandK * 2;
 
@@ -300,6 +311,7 @@ __device__ void mbar_wait(uint32_t bar, uint32_t parity) {
 
 __global__ void __launch_bounds__(384, 1)
     pingpong_load_kernel(const __grid_constant__ CUtensorMap out_map,
+                         const __grid_constant__ CUtensorMap quarter_map, int quarters,
                          const __grid_constant__ CUtensorMap a_map,
                          const __grid_constant__ CUtensorMap b_map, const uint4* a_ptr,
                          const uint4* b_ptr, int path, int stages, int dbuf, int store,
@@ -331,7 +343,7 @@ __global__ void __launch_bounds__(384, 1)
   uint4* operands = stage;
   uint4* dbuffers = stage + stages * kStageBytes / 16;
   if (wg == 0) {
-    if (threadIdx.x >= 32) return;  // warp 0 loads (one lane, or all 32 with cp.async)
+    if (threadIdx.x >= 32 || path < 0) return;  // warp 0 loads (one lane, or all 32 with cp.async)
     const int lane = static_cast<int>(threadIdx.x);
     constexpr int kBlockVectors = kTileM * kOperandK * 2 / 16;  // one operand block, contiguous
     for (int j = 0; j < count; ++j) {
@@ -397,17 +409,38 @@ __global__ void __launch_bounds__(384, 1)
   for (int j = consumer; j < count; j += 2) {
     const int s = j % stages, round = j / stages;
     if (lt == 0) {
-      mbar_wait(addr(&full[s]), round & 1);
-      waited += globaltimer() - issued_at[s];
-      ++loads;
+      if (path >= 0) {
+        mbar_wait(addr(&full[s]), round & 1);
+        waited += globaltimer() - issued_at[s];
+        ++loads;
+      }
       const long long start = clock64();
       while (clock64() - start < mma_cycles) {
       }
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+      if (path >= 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
     }
     if (!store) continue;
     const int t = tile_of(j);
     const int2 o = tile_origin(t, 0);
+    if (quarters) {  // 64 x 64 pieces through a ring of 2 * dbuf 8 KB slots, each reused once its
+                     // store read it
+      constexpr int kQuarterVectors = kHalfM * 64 * 2 / 16;
+      const int slots = 2 * dbuf;
+      for (int q = 0; q < 4; ++q, ++issued) {
+        if (lt == 0 && issued >= slots) {
+          if (slots == 2) {
+            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+          } else {
+            asm volatile("cp.async.bulk.wait_group.read 3;" ::: "memory");
+          }
+        }
+        store_piece(quarter_map, buffers + (issued % slots) * kQuarterVectors,
+                    static_cast<uint32_t>(t * 7919 + q * kQuarterVectors), kQuarterVectors,
+                    o.y + (q % 2) * 64, o.x + (q / 2) * kHalfM, wg, lt);
+      }
+      continue;
+    }
     for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
       if (lt == 0 && issued >= dbuf) {
         if (dbuf == 1) {
@@ -655,12 +688,16 @@ int main(int argc, char** argv) {
     int smem_optin = 0;
     MOEKIT_BENCH_CHECK(
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    const CUtensorMap quarter_map = bf16_map(d, uint64_t{kTileGroups} * kTileRows, kTileCols,
+                                             kHalfM, 64);  // 64 x 64 pieces of dW
     struct LoadCase {
-      int path, stages, dbuf, store, mma_cycles;
+      int path, stages, dbuf, store, mma_cycles, quarters = 0;
     };
-    const LoadCase load_cases[] = {{0, 6, 1, 0, 600}, {0, 6, 1, 1, 0},   {0, 6, 1, 1, 600},
-                                   {0, 5, 2, 1, 600}, {0, 4, 2, 1, 600}, {1, 6, 1, 1, 600},
-                                   {2, 6, 1, 0, 600}, {2, 6, 1, 1, 600}, {2, 5, 2, 1, 600}};
+    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},   {0, 6, 1, 1, 0},       {0, 6, 1, 1, 600},
+                                   {0, 5, 2, 1, 600},   {0, 4, 2, 1, 600},     {1, 6, 1, 1, 600},
+                                   {2, 6, 1, 0, 600},   {2, 6, 1, 1, 600},     {2, 5, 2, 1, 600},
+                                   {-1, 6, 1, 1, 600},  {-1, 6, 1, 1, 600, 1}, {0, 6, 1, 1, 600, 1},
+                                   {2, 6, 1, 1, 600, 1}};
     const char* path_name[3] = {"TMA tensor loads", "bulk-copy loads",
                                 "cp.async loads (loader warp)"};
     for (const LoadCase& c : load_cases) {
@@ -680,9 +717,10 @@ int main(int argc, char** argv) {
       MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
       const double us = time_us(
           [&] {
-            pingpong_load_kernel<<<sms, 384, smem>>>(
-                map, a_map, b_map, static_cast<const uint4*>(a), static_cast<const uint4*>(b),
-                c.path, c.stages, c.dbuf, c.store, c.mma_cycles, latency);
+            pingpong_load_kernel<<<sms, 384, smem>>>(map, quarter_map, c.quarters, a_map, b_map,
+                                                     static_cast<const uint4*>(a),
+                                                     static_cast<const uint4*>(b), c.path, c.stages,
+                                                     c.dbuf, c.store, c.mma_cycles, latency);
           },
           o);
       unsigned long long host[2] = {0, 0};
@@ -690,13 +728,14 @@ int main(int argc, char** argv) {
       char what[200];
       std::snprintf(
           what, sizeof what,
-          "ping-pong with operand loads (%s, 2 x 16 KB per tile, %d stages), %s, MMA %d cycles: "
+          "ping-pong with operand loads (%s, 2 x 16 KB per tile, %d stages), %s%s, MMA %d cycles: "
           "loads' issue-to-arrival %.0f ns",
-          path_name[c.path], c.stages,
+          path_name[c.path + 1], c.stages,
           c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
                                  : "stores, 2 D buffers per warpgroup")
                   : "no stores",
-          c.mma_cycles, host[1] ? double(host[0]) / double(host[1]) : 0.0);
+          c.store && c.quarters ? " as a ring of 64 x 64 pieces" : "", c.mma_cycles,
+          host[1] ? double(host[0]) / double(host[1]) : 0.0);
       report(what, us);
     }
     MOEKIT_BENCH_CHECK(cudaFree(latency));
