@@ -599,6 +599,7 @@ int main(int argc, char** argv) {
     MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
     const auto report = [&](const char* what, double moved, double us) {
       std::printf("| %s | %.1f | %.1f | %.3f |\n", what, moved / 1e6, us, moved / us / 1e6);
+      std::fflush(stdout);  // each row out before the next kernel (a crash keeps what ran)
     };
     report("read", double(bytes),
            time_us([&] { read_kernel<<<blocks, kThreads>>>(a, n, sink); }, o));
@@ -618,6 +619,7 @@ int main(int argc, char** argv) {
     const CUtensorMap map = tile_map(d);
     const auto report = [&](const std::string& what, double us) {
       std::printf("| %s | %.1f | %.1f | %.3f |\n", what.c_str(), bytes / 1e6, us, bytes / us / 1e6);
+      std::fflush(stdout);
     };
     if (o.tiles == 1) {  // every tile row; --tiles loads: the operand-load rows below only
       const char* raster_name[2] = {"M fastest", "N fastest"};
