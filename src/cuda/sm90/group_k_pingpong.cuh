@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/sm90/kernel_common.cuh"  // GroupKPingPongStaging
 #include "cuda/sm90/prebuilt_tensormaps.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -36,27 +37,6 @@
 #include "cutlass/pipeline/pipeline.hpp"
 
 namespace moekit::cuda::sm90 {
-
-// The kernel's D staging, from the epilogue collective and the buffer count alone (GroupedGemm
-// sizes the mainloop's stages from it before the kernel type exists): kDBuffers subtile buffers
-// (64 x 128 each, of the 128 x 128 tile's two) per consumer warpgroup. With fewer buffers than
-// subtiles a tile's subtiles are staged in rounds, each waiting for the previous round's stores
-// to finish reading; the shared memory saved goes to the mainloop's stages.
-template <class Epilogue, int kDBuffers>
-struct GroupKPingPongStaging {
-  using ElementD = typename Epilogue::ElementD;
-  using EpilogueTile = typename Epilogue::EpilogueTile;
-  static constexpr int kBuffers = kDBuffers;
-  static_assert(kBuffers >= 1);
-  using SmemLayoutD = decltype(cute::tile_to_shape(
-      typename Epilogue::SmemLayoutAtomD{},
-      cute::make_shape(cute::size<0>(EpilogueTile{}), cute::size<1>(EpilogueTile{}), cute::Int<kBuffers>{}),
-      cute::Step<cute::_1, cute::_2, cute::_3>{}));  // D row-major, as the collective lays it out
-  static constexpr int kDElements = cute::cosize_v<SmemLayoutD>;
-  // What the mainloop's stage count leaves room for (GroupedGemm's carveout): both warpgroups'
-  // buffers and ~1 KB of barriers, scheduler responses and descriptors.
-  static constexpr int kSmemBytes = 2 * kDElements * int(sizeof(ElementD)) + 1024;
-};
 
 template <class CutlassKernel, class Config>
 struct GroupKPingPongKernel : CutlassKernel {
@@ -77,7 +57,6 @@ struct GroupKPingPongKernel : CutlassKernel {
   static constexpr int kBuffers = Staging::kBuffers;
   using SmemLayoutD = typename Staging::SmemLayoutD;
   static constexpr int kDElements = Staging::kDElements;
-  static constexpr int kStagingBytes = Staging::kSmemBytes;  // GroupedGemm (kernel_common.cuh) reserves it
 
   // The consumer warpgroups issue their tiles' MMAs in turns (their epilogues do not take turns).
   // Needed for the mainloop pipeline's phases: a warpgroup waiting for its tile's first stage

@@ -186,9 +186,30 @@ struct ConfigWide21Epi64 : ConfigWide21 {
 
 // A configuration with kOwnKernel (ConfigLargeOwn, kernels_group_k_own.cu) runs on moekit's own
 // ping-pong kernel class (group_k_pingpong.cuh, included by that file alone: a change to either
-// rebuilds that file alone).
+// rebuilds that file alone). Its D staging is here: GroupedGemm sizes the mainloop from it.
 template <class CutlassKernel, class Config>
 struct GroupKPingPongKernel;
+
+// The kernel's D staging, from the epilogue collective and the buffer count alone (GroupedGemm
+// sizes the mainloop's stages from it before the kernel type exists): kDBuffers subtile buffers
+// (64 x 128 each, of the 128 x 128 tile's two) per consumer warpgroup. With fewer buffers than
+// subtiles a tile's subtiles are staged in rounds, each waiting for the previous round's stores
+// to finish reading; the shared memory saved goes to the mainloop's stages.
+template <class Epilogue, int kDBuffers>
+struct GroupKPingPongStaging {
+  using ElementD = typename Epilogue::ElementD;
+  using EpilogueTile = typename Epilogue::EpilogueTile;
+  static constexpr int kBuffers = kDBuffers;
+  static_assert(kBuffers >= 1);
+  using SmemLayoutD = decltype(cute::tile_to_shape(
+      typename Epilogue::SmemLayoutAtomD{},
+      cute::make_shape(cute::size<0>(EpilogueTile{}), cute::size<1>(EpilogueTile{}), cute::Int<kBuffers>{}),
+      cute::Step<cute::_1, cute::_2, cute::_3>{}));  // D row-major, as the collective lays it out
+  static constexpr int kDElements = cute::cosize_v<SmemLayoutD>;
+  // What the mainloop's stage count leaves room for (GroupedGemm's carveout): both warpgroups'
+  // buffers and ~1 KB of barriers, scheduler responses and descriptors.
+  static constexpr int kSmemBytes = 2 * kDElements * int(sizeof(ElementD)) + 1024;
+};
 
 // The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64, ConfigWide21Epi64,
 // the study epi32),
@@ -211,8 +232,8 @@ constexpr auto epilogue_tile_or(Fallback fallback) {
 // Both collectives take every group's TMA descriptors from the setup kernel
 // (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change; the mainloop
 // walks K as the call says (k_order.cuh).
-// A configuration with kOwnKernel (ConfigLargeOwn) runs on GroupKPingPongKernel around CUTLASS's
-// kernel type (group_k_pingpong.cuh), its mainloop stages sized beside that kernel's D staging.
+// A configuration with kOwnKernel runs on GroupKPingPongKernel, its mainloop stages sized beside
+// that kernel's D staging (GroupKPingPongStaging).
 template <class P>
 struct GroupedGemm : P {
   static constexpr bool kOwnKernel = [] {
@@ -224,11 +245,8 @@ struct GroupedGemm : P {
   }();
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
   static constexpr int kEpilogueSmemBytes = [] {
-    if constexpr (kOwnKernel) {  // GroupKPingPongKernel::kStagingBytes (less would fail its size check)
-      using E = typename P::CollectiveEpilogue;
-      return 2 * P::Config::kDBuffers * static_cast<int>(cute::size(typename E::EpilogueTile{})) *
-                 static_cast<int>(sizeof(typename E::ElementD)) +
-             1024;
+    if constexpr (kOwnKernel) {
+      return GroupKPingPongStaging<typename P::CollectiveEpilogue, P::Config::kDBuffers>::kSmemBytes;
     } else {
       return static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage));
     }
