@@ -29,12 +29,16 @@
 //                     L2-resident) — by TMA tensor loads as the GEMM does, by bulk copies, or by
 //                     the loader warp's per-lane cp.async (not through the TMA unit) — with and
 //                     without the stores; the loads' mean issue-to-arrival time (the 268 MB of
-//                     rows are the tiles' operand bytes too). `--tiles loads` runs these rows only.
+//                     rows are the tiles' operand bytes too); also with A's block only (16 KB per
+//                     tile: the bytes of a kernel that reuses B's block across the tiles sharing
+//                     it). `--tiles loads` runs these rows only, `--load-case N` row #N alone (to
+//                     run under a profiler).
 // So the GEMM's write stream can be judged against the same bytes written in its own pattern by
 // an SM that does nothing else, and beside its operand loads.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
 // Exit status 1 on any CUDA error, 2 on a bad argument.
 // Usage: moekit_bandwidth_probe [--mb N[,N...]] [--iters N] [--warmup-ms MS] [--tiles 0|1|loads]
+//                               [--load-case N]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -314,8 +318,8 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap quarter_map, int quarters,
                          const __grid_constant__ CUtensorMap a_map,
                          const __grid_constant__ CUtensorMap b_map, const uint4* a_ptr,
-                         const uint4* b_ptr, int path, int stages, int dbuf, int store,
-                         int mma_cycles, unsigned long long* latency) {
+                         const uint4* b_ptr, int path, int b_loads, int stages, int dbuf,
+                         int store, int mma_cycles, unsigned long long* latency) {
   extern __shared__ __align__(1024) uint4 stage[];
   __shared__ __align__(8) uint64_t full[8], empty[8];
   __shared__ uint64_t issued_at[8];
@@ -364,17 +368,18 @@ __global__ void __launch_bounds__(384, 1)
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * v),
                        "l"(a_src + v)
                        : "memory");
-          asm volatile(
-              "cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kStageBytes / 2 + 16 * v),
-              "l"(b_src + v)
-              : "memory");
+          if (b_loads)
+            asm volatile(
+                "cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kStageBytes / 2 + 16 * v),
+                "l"(b_src + v)
+                : "memory");
         }
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
         continue;
       }
       if (lane != 0) continue;
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(kStageBytes)
+                   "r"(b_loads ? kStageBytes : kStageBytes / 2)
                    : "memory");
       if (path == 1) {  // one bulk copy per block (a block's 128 rows of 64 are contiguous)
         asm volatile(
@@ -382,7 +387,8 @@ __global__ void __launch_bounds__(384, 1)
             "[%3];" ::"r"(dst),
             "l"(a_ptr + size_t(a_row) * kOperandK * 2 / 16), "r"(kStageBytes / 2), "r"(bar)
             : "memory");
-        asm volatile(
+        if (b_loads)
+          asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
             "[%3];" ::"r"(dst + kStageBytes / 2),
             "l"(b_ptr + size_t(b_row) * kOperandK * 2 / 16), "r"(kStageBytes / 2), "r"(bar)
@@ -394,7 +400,8 @@ __global__ void __launch_bounds__(384, 1)
           "{%2, %3}], [%4];" ::"r"(dst),
           "l"(&a_map), "r"(0), "r"(a_row), "r"(bar)
           : "memory");
-      asm volatile(
+      if (b_loads)
+        asm volatile(
           "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
           "{%2, %3}], [%4];" ::"r"(dst + kStageBytes / 2),
           "l"(&b_map), "r"(0), "r"(b_row), "r"(bar)
@@ -499,12 +506,13 @@ struct Options {
   int iters = 20;
   double warmup_ms = 500;
   int tiles = 1;  // 0: none, 1: every tile row, 2: the operand-load rows only (no streams either)
+  int load_case = -1;  // >= 0: that operand-load row alone (for a profiler), implies tiles = 2
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "moekit_bandwidth_probe: %s\nusage: moekit_bandwidth_probe [--mb N[,N...]] "
-               "[--iters N] [--warmup-ms MS] [--tiles 0|1|loads]\n",
+               "[--iters N] [--warmup-ms MS] [--tiles 0|1|loads] [--load-case N]\n",
                why);
   std::exit(2);
 }
@@ -534,6 +542,11 @@ Options parse(int argc, char** argv) {
       if (v != "0" && v != "1" && v != "loads")
         usage(("--tiles: expected 0, 1 or loads, got '" + v + "'").c_str());
       o.tiles = v == "loads" ? 2 : v == "1" ? 1 : 0;
+    } else if (a == "--load-case") {
+      o.load_case = std::atoi(v.c_str());
+      if (o.load_case < 0 || v.find_first_not_of("0123456789") != std::string::npos)
+        usage(("--load-case: expected a row number >= 0, got '" + v + "'").c_str());
+      o.tiles = 2;
     } else {
       usage(("unknown option " + a).c_str());
     }
@@ -693,25 +706,38 @@ int main(int argc, char** argv) {
     const CUtensorMap quarter_map = bf16_map(d, uint64_t{kTileGroups} * kTileRows, kTileCols,
                                              kHalfM, 64);  // 64 x 64 pieces of dW
     struct LoadCase {
-      int path, stages, dbuf, store, mma_cycles, quarters = 0;
+      int path, stages, dbuf, store, mma_cycles, quarters = 0, b_loads = 1;
     };
-    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},   {0, 6, 1, 1, 0},       {0, 6, 1, 1, 600},
-                                   {0, 5, 2, 1, 600},   {0, 4, 2, 1, 600},     {1, 6, 1, 1, 600},
-                                   {2, 6, 1, 0, 600},   {2, 6, 1, 1, 600},     {2, 5, 2, 1, 600},
-                                   {-1, 6, 1, 1, 600},  {-1, 6, 1, 1, 600, 1}, {0, 6, 1, 1, 600, 1},
-                                   {2, 6, 1, 1, 600, 1}};
-    const char* path_name[3] = {"TMA tensor loads", "bulk-copy loads",
+    // Path -1: no loads; b_loads 0: A's block only (16 KB per tile: the bytes of a kernel that
+    // reuses B's block across the tiles sharing it).
+    const LoadCase load_cases[] = {
+        {0, 6, 1, 0, 600},         {0, 6, 1, 1, 0},          {0, 6, 1, 1, 600},
+        {0, 5, 2, 1, 600},         {0, 4, 2, 1, 600},        {1, 6, 1, 1, 600},
+        {2, 6, 1, 0, 600},         {2, 6, 1, 1, 600},        {2, 5, 2, 1, 600},
+        {-1, 6, 1, 1, 600},        {-1, 6, 1, 1, 600, 1},    {0, 6, 1, 1, 600, 1},
+        {2, 6, 1, 1, 600, 1},      {0, 6, 1, 0, 600, 0, 0},  {0, 6, 1, 1, 600, 0, 0},
+        {2, 6, 1, 1, 600, 0, 0}};
+    constexpr int kLoadCases = sizeof load_cases / sizeof load_cases[0];
+    if (o.load_case >= kLoadCases) {
+      std::fprintf(stderr, "moekit_bandwidth_probe: --load-case: expected < %d, got %d\n",
+                   kLoadCases, o.load_case);
+      return 2;
+    }
+    const char* path_name[4] = {"no loads", "TMA tensor loads", "bulk-copy loads",
                                 "cp.async loads (loader warp)"};
-    for (const LoadCase& c : load_cases) {
+    for (int index = 0; index < kLoadCases; ++index) {
+      if (o.load_case >= 0 && index != o.load_case) continue;
+      const LoadCase& c = load_cases[index];
       const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
       cudaFuncAttributes attributes{};
       MOEKIT_BENCH_CHECK(cudaFuncGetAttributes(&attributes, pingpong_load_kernel));
       if (smem + static_cast<int>(attributes.sharedSizeBytes) > smem_optin) {
         std::printf(
-            "| ping-pong with operand loads, %d stages, %d D buffers: needs %d bytes of shared "
+            "| #%d ping-pong with operand loads, %d stages, %d D buffers: needs %d bytes of shared "
             "memory, "
             "the device has %d, skipped | | | |\n",
-            c.stages, c.dbuf, smem + static_cast<int>(attributes.sharedSizeBytes), smem_optin);
+            index, c.stages, c.dbuf, smem + static_cast<int>(attributes.sharedSizeBytes),
+            smem_optin);
         continue;
       }
       MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(pingpong_load_kernel,
@@ -721,18 +747,20 @@ int main(int argc, char** argv) {
           [&] {
             pingpong_load_kernel<<<sms, 384, smem>>>(map, quarter_map, c.quarters, a_map, b_map,
                                                      static_cast<const uint4*>(a),
-                                                     static_cast<const uint4*>(b), c.path, c.stages,
-                                                     c.dbuf, c.store, c.mma_cycles, latency);
+                                                     static_cast<const uint4*>(b), c.path,
+                                                     c.b_loads, c.stages, c.dbuf, c.store,
+                                                     c.mma_cycles, latency);
           },
           o);
       unsigned long long host[2] = {0, 0};
       MOEKIT_BENCH_CHECK(cudaMemcpy(host, latency, sizeof host, cudaMemcpyDeviceToHost));
-      char what[200];
+      char what[240];
       std::snprintf(
           what, sizeof what,
-          "ping-pong with operand loads (%s, 2 x 16 KB per tile, %d stages), %s%s, MMA %d cycles: "
+          "#%d ping-pong with operand loads (%s, %s per tile, %d stages), %s%s, MMA %d cycles: "
           "loads' issue-to-arrival %.0f ns",
-          path_name[c.path + 1], c.stages,
+          index, path_name[c.path + 1],
+          c.path < 0 ? "nothing" : c.b_loads ? "2 x 16 KB" : "16 KB (A only)", c.stages,
           c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
                                  : "stores, 2 D buffers per warpgroup")
                   : "no stores",
