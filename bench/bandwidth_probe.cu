@@ -189,7 +189,7 @@ __device__ void warpgroup_sync(int wg) {
 // thread lt == 0 stores it by TMA and commits the bulk group. The caller waits for the buffer's
 // previous store to have read it first (wait_group.read).
 __device__ void store_piece(const CUtensorMap& map, uint4* buf, uint32_t seed, int vectors, int col,
-                            int row, int wg, int lt) {
+                            int row, int wg, int lt, int evict_first = 0) {
   warpgroup_sync(wg);
   for (int v = lt; v < vectors; v += 128) {
     const uint32_t x = seed + static_cast<uint32_t>(v);
@@ -199,19 +199,29 @@ __device__ void store_piece(const CUtensorMap& map, uint4* buf, uint32_t seed, i
   warpgroup_sync(wg);
   if (lt == 0) {
     const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
-    asm volatile(
-        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
-        "r"(col), "r"(row), "r"(smem)
-        : "memory");
+    if (evict_first) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], "
+          "[%3], %4;" ::"l"(&map),
+          "r"(col), "r"(row), "r"(smem), "l"(policy)
+          : "memory");
+    } else {
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
+          "r"(col), "r"(row), "r"(smem)
+          : "memory");
+    }
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
   }
 }
 // The 64 x 128 half `half` of tile t at `o` (the tiled dW map's box).
 __device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, int2 o, int wg,
-                           int lt) {
+                           int lt, int evict_first = 0) {
   constexpr int kHalfVectors = kHalfM * kTileVectors;
   store_piece(map, buf, static_cast<uint32_t>(t * 7919 + half * kHalfVectors), kHalfVectors, o.y,
-              o.x + half * kHalfM, wg, lt);
+              o.x + half * kHalfM, wg, lt, evict_first);
 }
 
 // The ping-pong GEMM's epilogue schedule without the GEMM: two warpgroups per CTA, one CTA per SM,
@@ -318,8 +328,8 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap quarter_map, int quarters,
                          const __grid_constant__ CUtensorMap a_map,
                          const __grid_constant__ CUtensorMap b_map, const uint4* a_ptr,
-                         const uint4* b_ptr, int path, int b_loads, int stages, int dbuf,
-                         int store, int mma_cycles, unsigned long long* latency) {
+                         const uint4* b_ptr, int path, int b_loads, int residency, int stages,
+                         int dbuf, int store, int mma_cycles, unsigned long long* latency) {
   extern __shared__ __align__(1024) uint4 stage[];
   __shared__ __align__(8) uint64_t full[8], empty[8];
   __shared__ uint64_t issued_at[8];
@@ -347,6 +357,25 @@ __global__ void __launch_bounds__(384, 1)
   uint4* operands = stage;
   uint4* dbuffers = stage + stages * kStageBytes / 16;
   if (wg == 0) {
+    if ((residency & 1) && threadIdx.x / 32 == 1) {
+      // Warp 1 asks the L2 for the CTA's 1 / gridDim of both operands at once (4 KB per bulk
+      // prefetch), so their DRAM reads happen before the store stream instead of inside it.
+      constexpr size_t kABytes = size_t{kTileGroups} * kTileRows * kOperandK * 2;
+      constexpr size_t kBBytes = size_t{kTileGroups} * kTileCols * kOperandK * 2;
+      const auto prefetch = [&](const uint4* base, size_t bytes) {
+        const size_t share = (bytes / gridDim.x + 4095) / 4096 * 4096;
+        const size_t begin = share * blockIdx.x,
+                     end = begin + share < bytes ? begin + share : bytes;
+        for (size_t at = begin + 4096 * (threadIdx.x % 32); at < end; at += 4096 * 32)
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
+                           reinterpret_cast<const char*>(base) + at),
+                       "r"(static_cast<uint32_t>(end - at < 4096 ? end - at : 4096))
+                       : "memory");
+      };
+      prefetch(a_ptr, kABytes);
+      prefetch(b_ptr, kBBytes);
+      return;
+    }
     if (threadIdx.x >= 32 || path < 0) return;  // warp 0 loads (one lane, or all 32 with cp.async)
     const int lane = static_cast<int>(threadIdx.x);
     constexpr int kBlockVectors = kTileM * kOperandK * 2 / 16;  // one operand block, contiguous
@@ -393,6 +422,22 @@ __global__ void __launch_bounds__(384, 1)
             "[%3];" ::"r"(dst + kStageBytes / 2),
             "l"(b_ptr + size_t(b_row) * kOperandK * 2 / 16), "r"(kStageBytes / 2), "r"(bar)
             : "memory");
+        continue;
+      }
+      if (residency & 2) {  // both blocks with an L2 evict-last hint
+        uint64_t keep;
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
+            "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+            "l"(&a_map), "r"(0), "r"(a_row), "r"(bar), "l"(keep)
+            : "memory");
+        if (b_loads)
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
+              "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst + kStageBytes / 2),
+              "l"(&b_map), "r"(0), "r"(b_row), "r"(bar), "l"(keep)
+              : "memory");
         continue;
       }
       asm volatile(
@@ -456,7 +501,8 @@ __global__ void __launch_bounds__(384, 1)
           asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
         }
       }
-      store_half(out_map, buffers + (issued % dbuf) * kHalfVectors, t, half, o, wg, lt);
+      store_half(out_map, buffers + (issued % dbuf) * kHalfVectors, t, half, o, wg, lt,
+                 residency & 4);
     }
   }
   if (lt == 0) {
@@ -706,17 +752,24 @@ int main(int argc, char** argv) {
     const CUtensorMap quarter_map = bf16_map(d, uint64_t{kTileGroups} * kTileRows, kTileCols,
                                              kHalfM, 64);  // 64 x 64 pieces of dW
     struct LoadCase {
-      int path, stages, dbuf, store, mma_cycles, quarters = 0, b_loads = 1;
+      int path, stages, dbuf, store, mma_cycles, quarters = 0, b_loads = 1, residency = 0;
     };
     // Path -1: no loads; b_loads 0: A's block only (16 KB per tile: the bytes of a kernel that
-    // reuses B's block across the tiles sharing it).
-    const LoadCase load_cases[] = {
-        {0, 6, 1, 0, 600},         {0, 6, 1, 1, 0},          {0, 6, 1, 1, 600},
-        {0, 5, 2, 1, 600},         {0, 4, 2, 1, 600},        {1, 6, 1, 1, 600},
-        {2, 6, 1, 0, 600},         {2, 6, 1, 1, 600},        {2, 5, 2, 1, 600},
-        {-1, 6, 1, 1, 600},        {-1, 6, 1, 1, 600, 1},    {0, 6, 1, 1, 600, 1},
-        {2, 6, 1, 1, 600, 1},      {0, 6, 1, 0, 600, 0, 0},  {0, 6, 1, 1, 600, 0, 0},
-        {2, 6, 1, 1, 600, 0, 0}};
+    // reuses B's block across the tiles sharing it); residency 1: the operands prefetched into
+    // the L2 at the start (warp 1, each CTA its share), 2: loads evict-last (TMA tensor loads
+    // only), 4: stores evict-first; or'ed.
+    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},          {0, 6, 1, 1, 0},
+                                   {0, 6, 1, 1, 600},          {0, 5, 2, 1, 600},
+                                   {0, 4, 2, 1, 600},          {1, 6, 1, 1, 600},
+                                   {2, 6, 1, 0, 600},          {2, 6, 1, 1, 600},
+                                   {2, 5, 2, 1, 600},          {-1, 6, 1, 1, 600},
+                                   {-1, 6, 1, 1, 600, 1},      {0, 6, 1, 1, 600, 1},
+                                   {2, 6, 1, 1, 600, 1},       {0, 6, 1, 0, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 0},    {2, 6, 1, 1, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 1, 1}, {0, 6, 1, 1, 600, 0, 1, 6},
+                                   {0, 6, 1, 1, 600, 0, 1, 7}, {0, 6, 1, 1, 600, 0, 0, 7},
+                                   {0, 6, 1, 1, 600, 0, 1, 4}, {0, 6, 1, 1, 600, 0, 1, 2},
+                                   {-1, 6, 1, 1, 600, 0, 1, 4}};
     constexpr int kLoadCases = sizeof load_cases / sizeof load_cases[0];
     if (o.load_case >= kLoadCases) {
       std::fprintf(stderr, "moekit_bandwidth_probe: --load-case: expected < %d, got %d\n",
@@ -745,27 +798,31 @@ int main(int argc, char** argv) {
       MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
       const double us = time_us(
           [&] {
-            pingpong_load_kernel<<<sms, 384, smem>>>(map, quarter_map, c.quarters, a_map, b_map,
-                                                     static_cast<const uint4*>(a),
-                                                     static_cast<const uint4*>(b), c.path,
-                                                     c.b_loads, c.stages, c.dbuf, c.store,
-                                                     c.mma_cycles, latency);
+            pingpong_load_kernel<<<sms, 384, smem>>>(
+                map, quarter_map, c.quarters, a_map, b_map, static_cast<const uint4*>(a),
+                static_cast<const uint4*>(b), c.path, c.b_loads, c.residency, c.stages, c.dbuf,
+                c.store, c.mma_cycles, latency);
           },
           o);
       unsigned long long host[2] = {0, 0};
       MOEKIT_BENCH_CHECK(cudaMemcpy(host, latency, sizeof host, cudaMemcpyDeviceToHost));
       char what[240];
-      std::snprintf(
-          what, sizeof what,
-          "#%d ping-pong with operand loads (%s, %s per tile, %d stages), %s%s, MMA %d cycles: "
-          "loads' issue-to-arrival %.0f ns",
-          index, path_name[c.path + 1],
-          c.path < 0 ? "nothing" : c.b_loads ? "2 x 16 KB" : "16 KB (A only)", c.stages,
-          c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
-                                 : "stores, 2 D buffers per warpgroup")
-                  : "no stores",
-          c.store && c.quarters ? " as a ring of 64 x 64 pieces" : "", c.mma_cycles,
-          host[1] ? double(host[0]) / double(host[1]) : 0.0);
+      std::snprintf(what, sizeof what,
+                    "#%d ping-pong with operand loads (%s, %s per tile, %d stages%s%s%s), %s%s, "
+                    "MMA %d cycles: "
+                    "loads' issue-to-arrival %.0f ns",
+                    index, path_name[c.path + 1],
+                    c.path < 0  ? "nothing"
+                    : c.b_loads ? "2 x 16 KB"
+                                : "16 KB (A only)",
+                    c.stages, c.residency & 1 ? ", operands prefetched into L2" : "",
+                    c.residency & 2 ? ", loads evict-last" : "",
+                    c.residency & 4 ? ", stores evict-first" : "",
+                    c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
+                                           : "stores, 2 D buffers per warpgroup")
+                            : "no stores",
+                    c.store && c.quarters ? " as a ring of 64 x 64 pieces" : "", c.mma_cycles,
+                    host[1] ? double(host[0]) / double(host[1]) : 0.0);
       report(what, us);
     }
     MOEKIT_BENCH_CHECK(cudaFree(latency));
