@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(256, 1)
 // pingpong_store_kernel does (with `quarters`, as 64 x 64 pieces through a ring of 2 * dbuf 8 KB
 // slots, each written again once its store has read it: a finer-grained overlap in the same
 // shared memory). The loads' issue-to-arrival times (%globaltimer, ns) are summed into `latency`
-// [sum, count].
+// [sum, count], and the first consumer warpgroup's clock cycles and nanoseconds into latency[2],
+// [3] (the SM clock the row ran at).
 constexpr int kOperandK = 64;  // one K block: small_E64's 64 rows per group
 constexpr int kStageBytes = 2 * kTileM * kOperandK * 2;
 
@@ -321,6 +322,59 @@ __device__ void mbar_wait(uint32_t bar, uint32_t parity) {
       " @!p bra wait_%=;\n}" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+
+// The MMA of a consumer's 128 x 128 tile over one 64-deep K block as the GEMM issues it: 2 x 4
+// wgmma m64n128k16 (bf16, fp32 accumulators) from the stage's A (128 x 64) and B (128 x 64)
+// blocks, K-major with the 128-byte swizzle; the values are whatever the stage holds. Rows with it
+// run the SMs at the clock the GPU allows while its tensor cores work (the GEMM's), which a spin
+// does not. Built for sm_90a only (wgmma_built says whether it was).
+__device__ uint64_t smem_descriptor(uint32_t address) {  // 128B swizzle, 8 rows of 128 B apart
+  return uint64_t((address >> 4) & 0x3FFF) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ void tile_mma(uint32_t stage_address) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float d[64];
+  for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  for (int half = 0; half < 2; ++half) {
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t a = smem_descriptor(stage_address + half * 64 * 128 + k * 32);
+      const uint64_t b = smem_descriptor(stage_address + kStageBytes / 2 + k * 32);
+      asm volatile(
+          "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+          " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+          "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+          "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+          "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+            "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+            "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+            "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+            "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+            "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+            "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+            "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+            "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+            "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+            "+f"(d[62]), "+f"(d[63])
+          : "l"(a), "l"(b), "r"(half + k));
+    }
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#else
+  (void)stage_address;
+#endif
+}
+__global__ void wgmma_built(int* built) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *built = 1;
+#else
+  *built = 0;
+#endif
 }
 
 __global__ void __launch_bounds__(384, 1)
@@ -457,10 +511,24 @@ __global__ void __launch_bounds__(384, 1)
   const int consumer = wg - 1;
   uint4* buffers = dbuffers + consumer * dbuf * kHalfVectors;
   unsigned long long waited = 0, loads = 0;
+  const long long clock_start = clock64();
+  const uint64_t time_start = globaltimer();
   int issued = 0;
   for (int j = consumer; j < count; j += 2) {
     const int s = j % stages, round = j / stages;
-    if (lt == 0) {
+    if (mma_cycles < 0) {  // the tile's wgmma: the whole warpgroup waits for the stage
+      if (path >= 0) {
+        mbar_wait(addr(&full[s]), round & 1);
+        if (lt == 0) {
+          waited += globaltimer() - issued_at[s];
+          ++loads;
+        }
+      }
+      tile_mma(addr(operands + s * kStageBytes / 16));
+      warpgroup_sync(wg);
+      if (lt == 0 && path >= 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+    } else if (lt == 0) {
       if (path >= 0) {
         mbar_wait(addr(&full[s]), round & 1);
         waited += globaltimer() - issued_at[s];
@@ -509,6 +577,10 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     atomicAdd(latency, waited);
     atomicAdd(latency + 1, loads);
+    if (consumer == 0) {  // the SM clock: cycles over nanoseconds of the first warpgroup's run
+      atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
+      atomicAdd(latency + 3, globaltimer() - time_start);
+    }
   }
 }
 
@@ -741,7 +813,7 @@ int main(int argc, char** argv) {
     MOEKIT_BENCH_CHECK(cudaMalloc(&b, size_t{kTileGroups} * kTileCols * kOperandK * 2));
     MOEKIT_BENCH_CHECK(cudaMemset(a, 0x3c, size_t{kTileGroups} * kTileRows * kOperandK * 2));
     MOEKIT_BENCH_CHECK(cudaMemset(b, 0x3c, size_t{kTileGroups} * kTileCols * kOperandK * 2));
-    MOEKIT_BENCH_CHECK(cudaMalloc(&latency, 2 * sizeof(unsigned long long)));
+    MOEKIT_BENCH_CHECK(cudaMalloc(&latency, 4 * sizeof(unsigned long long)));
     const CUtensorMap a_map =
         bf16_map(a, uint64_t{kTileGroups} * kTileRows, kOperandK, kTileM, kOperandK);
     const CUtensorMap b_map =
@@ -757,19 +829,29 @@ int main(int argc, char** argv) {
     // Path -1: no loads; b_loads 0: A's block only (16 KB per tile: the bytes of a kernel that
     // reuses B's block across the tiles sharing it); residency 1: the operands prefetched into
     // the L2 at the start (warp 1, each CTA its share), 2: loads evict-last (TMA tensor loads
-    // only), 4: stores evict-first; or'ed.
-    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},          {0, 6, 1, 1, 0},
-                                   {0, 6, 1, 1, 600},          {0, 5, 2, 1, 600},
-                                   {0, 4, 2, 1, 600},          {1, 6, 1, 1, 600},
-                                   {2, 6, 1, 0, 600},          {2, 6, 1, 1, 600},
-                                   {2, 5, 2, 1, 600},          {-1, 6, 1, 1, 600},
-                                   {-1, 6, 1, 1, 600, 1},      {0, 6, 1, 1, 600, 1},
-                                   {2, 6, 1, 1, 600, 1},       {0, 6, 1, 0, 600, 0, 0},
-                                   {0, 6, 1, 1, 600, 0, 0},    {2, 6, 1, 1, 600, 0, 0},
-                                   {0, 6, 1, 1, 600, 0, 1, 1}, {0, 6, 1, 1, 600, 0, 1, 6},
-                                   {0, 6, 1, 1, 600, 0, 1, 7}, {0, 6, 1, 1, 600, 0, 0, 7},
-                                   {0, 6, 1, 1, 600, 0, 1, 4}, {0, 6, 1, 1, 600, 0, 1, 2},
-                                   {-1, 6, 1, 1, 600, 0, 1, 4}};
+    // only), 4: stores evict-first; or'ed. mma_cycles -1: the tile's MMA by wgmma (tile_mma).
+    int built = 0;
+    {
+      int* flag = nullptr;
+      MOEKIT_BENCH_CHECK(cudaMalloc(&flag, sizeof(int)));
+      wgmma_built<<<1, 1>>>(flag);
+      MOEKIT_BENCH_CHECK(cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost));
+      MOEKIT_BENCH_CHECK(cudaFree(flag));
+    }
+    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},           {0, 6, 1, 1, 0},
+                                   {0, 6, 1, 1, 600},           {0, 5, 2, 1, 600},
+                                   {0, 4, 2, 1, 600},           {1, 6, 1, 1, 600},
+                                   {2, 6, 1, 0, 600},           {2, 6, 1, 1, 600},
+                                   {2, 5, 2, 1, 600},           {-1, 6, 1, 1, 600},
+                                   {-1, 6, 1, 1, 600, 1},       {0, 6, 1, 1, 600, 1},
+                                   {2, 6, 1, 1, 600, 1},        {0, 6, 1, 0, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 0},     {2, 6, 1, 1, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 1, 1},  {0, 6, 1, 1, 600, 0, 1, 6},
+                                   {0, 6, 1, 1, 600, 0, 1, 7},  {0, 6, 1, 1, 600, 0, 0, 7},
+                                   {0, 6, 1, 1, 600, 0, 1, 4},  {0, 6, 1, 1, 600, 0, 1, 2},
+                                   {-1, 6, 1, 1, 600, 0, 1, 4}, {0, 6, 1, 1, -1},
+                                   {-1, 6, 1, 1, -1},           {0, 6, 1, 0, -1},
+                                   {0, 6, 1, 1, -1, 0, 0, 7}};
     constexpr int kLoadCases = sizeof load_cases / sizeof load_cases[0];
     if (o.load_case >= kLoadCases) {
       std::fprintf(stderr, "moekit_bandwidth_probe: --load-case: expected < %d, got %d\n",
@@ -781,6 +863,10 @@ int main(int argc, char** argv) {
     for (int index = 0; index < kLoadCases; ++index) {
       if (o.load_case >= 0 && index != o.load_case) continue;
       const LoadCase& c = load_cases[index];
+      if (c.mma_cycles < 0 && !built) {
+        std::printf("| #%d ping-pong with wgmma: not built for sm_90a, skipped | | | |\n", index);
+        continue;
+      }
       const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
       cudaFuncAttributes attributes{};
       MOEKIT_BENCH_CHECK(cudaFuncGetAttributes(&attributes, pingpong_load_kernel));
@@ -795,7 +881,7 @@ int main(int argc, char** argv) {
       }
       MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(pingpong_load_kernel,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 2 * sizeof(unsigned long long)));
+      MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 4 * sizeof(unsigned long long)));
       const double us = time_us(
           [&] {
             pingpong_load_kernel<<<sms, 384, smem>>>(
@@ -804,13 +890,18 @@ int main(int argc, char** argv) {
                 c.store, c.mma_cycles, latency);
           },
           o);
-      unsigned long long host[2] = {0, 0};
+      unsigned long long host[4] = {0, 0, 0, 0};
       MOEKIT_BENCH_CHECK(cudaMemcpy(host, latency, sizeof host, cudaMemcpyDeviceToHost));
-      char what[240];
+      char mma[48];
+      if (c.mma_cycles < 0) {
+        std::snprintf(mma, sizeof mma, "MMA by wgmma (2 x 4 m64n128k16)");
+      } else {
+        std::snprintf(mma, sizeof mma, "MMA %d cycles", c.mma_cycles);
+      }
+      char what[280];
       std::snprintf(what, sizeof what,
                     "#%d ping-pong with operand loads (%s, %s per tile, %d stages%s%s%s), %s%s, "
-                    "MMA %d cycles: "
-                    "loads' issue-to-arrival %.0f ns",
+                    "%s: loads' issue-to-arrival %.0f ns, SM clock %.0f MHz",
                     index, path_name[c.path + 1],
                     c.path < 0  ? "nothing"
                     : c.b_loads ? "2 x 16 KB"
@@ -821,8 +912,9 @@ int main(int argc, char** argv) {
                     c.store ? (c.dbuf == 1 ? "stores, 1 D buffer per warpgroup"
                                            : "stores, 2 D buffers per warpgroup")
                             : "no stores",
-                    c.store && c.quarters ? " as a ring of 64 x 64 pieces" : "", c.mma_cycles,
-                    host[1] ? double(host[0]) / double(host[1]) : 0.0);
+                    c.store && c.quarters ? " as a ring of 64 x 64 pieces" : "", mma,
+                    host[1] ? double(host[0]) / double(host[1]) : 0.0,
+                    host[3] ? 1e3 * double(host[2]) / double(host[3]) : 0.0);
       report(what, us);
     }
     MOEKIT_BENCH_CHECK(cudaFree(latency));
