@@ -31,8 +31,13 @@
 //                     without the stores; the loads' mean issue-to-arrival time (the 268 MB of
 //                     rows are the tiles' operand bytes too); also with A's block only (16 KB per
 //                     tile: the bytes of a kernel that reuses B's block across the tiles sharing
-//                     it). `--tiles loads` runs these rows only, `--load-case N` row #N alone (to
-//                     run under a profiler).
+//                     it), with L2 cache hints or a prefetch of the operands, with the tile's MMA
+//                     as wgmma (the GEMM's tensor-active clock); and the cooperative 128 x 256 tile
+//                     (cuBLAS's shape for small_E64 wgrad: both warpgroups on every tile, each
+//                     storing its 64 x 256 half through its own buffer), its loads 48 KB or — the
+//                     L2 bytes of a 2 x 1 cluster's multicast — 32 KB per 64 KB of dW. Each row
+//                     prints the SM clock it ran at. `--tiles loads` runs these rows only,
+//                     `--load-case N` row #N alone (to run under a profiler).
 // So the GEMM's write stream can be judged against the same bytes written in its own pattern by
 // an SM that does nothing else, and beside its operand loads.
 // Prints a table row per (stream, size): MB moved, median µs, TB/s (10^12 bytes per second).
@@ -324,24 +329,26 @@ __device__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// The MMA of a consumer's 128 x 128 tile over one 64-deep K block as the GEMM issues it: 2 x 4
-// wgmma m64n128k16 (bf16, fp32 accumulators) from the stage's A (128 x 64) and B (128 x 64)
-// blocks, K-major with the 128-byte swizzle; the values are whatever the stage holds. Rows with it
-// run the SMs at the clock the GPU allows while its tensor cores work (the GEMM's), which a spin
-// does not. Built for sm_90a only (wgmma_built says whether it was).
+// A warpgroup's MMA over one 64-deep K block as the GEMM issues it: for each of two (A, B) pairs
+// of 64 x 64 and 128 x 64 bf16 blocks in shared memory (K-major, 128-byte swizzle), 4 wgmma
+// m64n128k16 with fp32 accumulators — a ping-pong consumer's 128 x 128 tile is A's two 64-row
+// halves against one B block, a cooperative 128 x 256 tile's warpgroup its 64-row half against
+// two B blocks. The values are whatever the stage holds. Rows with it run the SMs at the clock the
+// GPU allows while its tensor cores work (the GEMM's), which a spin does not. Built for sm_90a
+// only (wgmma_built says whether it was).
 __device__ uint64_t smem_descriptor(uint32_t address) {  // 128B swizzle, 8 rows of 128 B apart
   return uint64_t((address >> 4) & 0x3FFF) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
 }
-__device__ void tile_mma(uint32_t stage_address) {
+__device__ void warpgroup_mma(uint32_t a0, uint32_t b0, uint32_t a1, uint32_t b1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   float d[64];
   for (int i = 0; i < 64; ++i) d[i] = 0.0f;
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
   for (int half = 0; half < 2; ++half) {
     for (int k = 0; k < 4; ++k) {
-      const uint64_t a = smem_descriptor(stage_address + half * 64 * 128 + k * 32);
-      const uint64_t b = smem_descriptor(stage_address + kStageBytes / 2 + k * 32);
+      const uint64_t a = smem_descriptor((half ? a1 : a0) + k * 32);
+      const uint64_t b = smem_descriptor((half ? b1 : b0) + k * 32);
       asm volatile(
           "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
           " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
@@ -366,8 +373,13 @@ __device__ void tile_mma(uint32_t stage_address) {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #else
-  (void)stage_address;
+  (void)a0, (void)b0, (void)a1, (void)b1;
 #endif
+}
+// A ping-pong consumer's 128 x 128 tile from a stage of A (128 x 64) then B (128 x 64).
+__device__ void tile_mma(uint32_t stage_address) {
+  warpgroup_mma(stage_address, stage_address + kStageBytes / 2, stage_address + 64 * 128,
+                stage_address + kStageBytes / 2);
 }
 __global__ void wgmma_built(int* built) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -578,6 +590,124 @@ __global__ void __launch_bounds__(384, 1)
     atomicAdd(latency, waited);
     atomicAdd(latency + 1, loads);
     if (consumer == 0) {  // the SM clock: cycles over nanoseconds of the first warpgroup's run
+      atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
+      atomicAdd(latency + 3, globaltimer() - time_start);
+    }
+  }
+}
+// The cooperative 128 x 256 tile in the same setting (the shape of cuBLAS's small_E64 wgrad
+// kernel) with per-warpgroup stores: both consumer warpgroups take every tile, each its 64-row half
+// (wgmma against the tile's two B blocks), then store that half — two 64 x 128 pieces — through
+// `dbuf` 16 KB buffers of its own (no drain before the next tile: a buffer is written again once
+// its store has read it). The loader thread brings A's 128 x 64 block and `b_boxes` of B's two
+// 128 x 64 blocks by TMA into `stages` stages of 48 KB (b_boxes 2: 48 KB per 64 KB of dW; 1: 32 KB,
+// the L2 bytes of a 2 x 1 cluster multicasting B to an M pair); `loads` 0: none. The same
+// measurements into `latency` as pingpong_load_kernel.
+constexpr int kWideN = 256, kBlockBytes = kTileM * kOperandK * 2;
+constexpr int kWideStageBytes = 3 * kBlockBytes;  // A and two B blocks
+constexpr int kWideTilesN = kTileCols / kWideN, kWideTiles = kTileGroups * kTilesM * kWideTilesN;
+__device__ int2 wide_tile_origin(int t) {  // M fastest inside a group
+  const int g = t / (kTilesM * kWideTilesN), r = t % (kTilesM * kWideTilesN);
+  return make_int2(g * kTileRows + (r % kTilesM) * kTileM, (r / kTilesM) * kWideN);
+}
+
+__global__ void __launch_bounds__(384, 1)
+    coop_load_kernel(const __grid_constant__ CUtensorMap out_map,
+                     const __grid_constant__ CUtensorMap a_map,
+                     const __grid_constant__ CUtensorMap b_map, int loads, int b_boxes, int stages,
+                     int dbuf, int evict_first, unsigned long long* latency) {
+  extern __shared__ __align__(1024) uint4 stage[];
+  __shared__ __align__(8) uint64_t full[8], empty[8];
+  __shared__ uint64_t issued_at[8];
+  constexpr int kHalfVectors = kHalfM * kTileVectors;
+  const int wg = static_cast<int>(threadIdx.x / 128), lt = static_cast<int>(threadIdx.x % 128);
+  const auto addr = [](const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&full[s])) : "memory");
+      // Both consumer warpgroups release a stage.
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(addr(&empty[s])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int count = (kWideTiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                    static_cast<int>(gridDim.x);
+  const auto tile_of = [&](int j) {
+    return static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+  };
+  uint4* operands = stage;
+  uint4* dbuffers = stage + stages * kWideStageBytes / 16;
+  if (wg == 0) {
+    if (threadIdx.x != 0 || !loads) return;
+    for (int j = 0; j < count; ++j) {
+      const int s = j % stages, round = j / stages;
+      mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
+      const int2 o = wide_tile_origin(tile_of(j));
+      const int a_row = o.x, b_row = o.x / kTileRows * kTileCols + o.y;
+      const uint32_t bar = addr(&full[s]);
+      const uint32_t dst = addr(operands + s * kWideStageBytes / 16);
+      issued_at[s] = globaltimer();
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"((1 + b_boxes) * kBlockBytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+          "{%2, %3}], [%4];" ::"r"(dst),
+          "l"(&a_map), "r"(0), "r"(a_row), "r"(bar)
+          : "memory");
+      for (int box = 0; box < b_boxes; ++box)
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+            "[%1, {%2, %3}], [%4];" ::"r"(dst + (1 + box) * kBlockBytes),
+            "l"(&b_map), "r"(0), "r"(b_row + box * kTileN), "r"(bar)
+            : "memory");
+    }
+    return;
+  }
+  const int consumer = wg - 1;
+  uint4* buffers = dbuffers + consumer * dbuf * kHalfVectors;
+  unsigned long long waited = 0, arrived = 0;
+  const long long clock_start = clock64();
+  const uint64_t time_start = globaltimer();
+  int issued = 0;
+  for (int j = 0; j < count; ++j) {
+    const int s = j % stages, round = j / stages;
+    if (loads) {
+      mbar_wait(addr(&full[s]), round & 1);
+      if (lt == 0) {
+        waited += globaltimer() - issued_at[s];
+        ++arrived;
+      }
+    }
+    const uint32_t base = addr(operands + s * kWideStageBytes / 16);
+    const uint32_t a = base + consumer * kHalfM * kOperandK * 2;  // this warpgroup's 64 rows
+    warpgroup_mma(a, base + kBlockBytes, a, base + 2 * kBlockBytes);
+    warpgroup_sync(wg);
+    if (lt == 0 && loads)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+    const int t = tile_of(j);
+    const int2 o = wide_tile_origin(t);
+    for (int piece = 0; piece < kWideN / kTileN; ++piece, ++issued) {
+      if (lt == 0 && issued >= dbuf) {
+        if (dbuf == 1) {
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        } else {
+          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        }
+      }
+      store_piece(out_map, buffers + (issued % dbuf) * kHalfVectors,
+                  static_cast<uint32_t>(t * 7919 + (2 * consumer + piece) * kHalfVectors),
+                  kHalfVectors, o.y + piece * kTileN, o.x + consumer * kHalfM, wg, lt, evict_first);
+    }
+  }
+  if (lt == 0) {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    atomicAdd(latency, waited);
+    atomicAdd(latency + 1, arrived);
+    if (consumer == 0) {
       atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
       atomicAdd(latency + 3, globaltimer() - time_start);
     }
@@ -824,12 +954,14 @@ int main(int argc, char** argv) {
     const CUtensorMap quarter_map = bf16_map(d, uint64_t{kTileGroups} * kTileRows, kTileCols,
                                              kHalfM, 64);  // 64 x 64 pieces of dW
     struct LoadCase {
-      int path, stages, dbuf, store, mma_cycles, quarters = 0, b_loads = 1, residency = 0;
+      int path, stages, dbuf, store, mma_cycles, quarters = 0, b_loads = 1, residency = 0, coop = 0;
     };
     // Path -1: no loads; b_loads 0: A's block only (16 KB per tile: the bytes of a kernel that
     // reuses B's block across the tiles sharing it); residency 1: the operands prefetched into
     // the L2 at the start (warp 1, each CTA its share), 2: loads evict-last (TMA tensor loads
     // only), 4: stores evict-first; or'ed. mma_cycles -1: the tile's MMA by wgmma (tile_mma).
+    // coop 1: coop_load_kernel's cooperative 128 x 256 tile (path 0 or -1, b_loads = B blocks
+    // loaded per tile, residency 4 only, always wgmma).
     int built = 0;
     {
       int* flag = nullptr;
@@ -838,20 +970,39 @@ int main(int argc, char** argv) {
       MOEKIT_BENCH_CHECK(cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost));
       MOEKIT_BENCH_CHECK(cudaFree(flag));
     }
-    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},           {0, 6, 1, 1, 0},
-                                   {0, 6, 1, 1, 600},           {0, 5, 2, 1, 600},
-                                   {0, 4, 2, 1, 600},           {1, 6, 1, 1, 600},
-                                   {2, 6, 1, 0, 600},           {2, 6, 1, 1, 600},
-                                   {2, 5, 2, 1, 600},           {-1, 6, 1, 1, 600},
-                                   {-1, 6, 1, 1, 600, 1},       {0, 6, 1, 1, 600, 1},
-                                   {2, 6, 1, 1, 600, 1},        {0, 6, 1, 0, 600, 0, 0},
-                                   {0, 6, 1, 1, 600, 0, 0},     {2, 6, 1, 1, 600, 0, 0},
-                                   {0, 6, 1, 1, 600, 0, 1, 1},  {0, 6, 1, 1, 600, 0, 1, 6},
-                                   {0, 6, 1, 1, 600, 0, 1, 7},  {0, 6, 1, 1, 600, 0, 0, 7},
-                                   {0, 6, 1, 1, 600, 0, 1, 4},  {0, 6, 1, 1, 600, 0, 1, 2},
-                                   {-1, 6, 1, 1, 600, 0, 1, 4}, {0, 6, 1, 1, -1},
-                                   {-1, 6, 1, 1, -1},           {0, 6, 1, 0, -1},
-                                   {0, 6, 1, 1, -1, 0, 0, 7}};
+    const LoadCase load_cases[] = {{0, 6, 1, 0, 600},
+                                   {0, 6, 1, 1, 0},
+                                   {0, 6, 1, 1, 600},
+                                   {0, 5, 2, 1, 600},
+                                   {0, 4, 2, 1, 600},
+                                   {1, 6, 1, 1, 600},
+                                   {2, 6, 1, 0, 600},
+                                   {2, 6, 1, 1, 600},
+                                   {2, 5, 2, 1, 600},
+                                   {-1, 6, 1, 1, 600},
+                                   {-1, 6, 1, 1, 600, 1},
+                                   {0, 6, 1, 1, 600, 1},
+                                   {2, 6, 1, 1, 600, 1},
+                                   {0, 6, 1, 0, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 0},
+                                   {2, 6, 1, 1, 600, 0, 0},
+                                   {0, 6, 1, 1, 600, 0, 1, 1},
+                                   {0, 6, 1, 1, 600, 0, 1, 6},
+                                   {0, 6, 1, 1, 600, 0, 1, 7},
+                                   {0, 6, 1, 1, 600, 0, 0, 7},
+                                   {0, 6, 1, 1, 600, 0, 1, 4},
+                                   {0, 6, 1, 1, 600, 0, 1, 2},
+                                   {-1, 6, 1, 1, 600, 0, 1, 4},
+                                   {0, 6, 1, 1, -1},
+                                   {-1, 6, 1, 1, -1},
+                                   {0, 6, 1, 0, -1},
+                                   {0, 6, 1, 1, -1, 0, 0, 7},
+                                   {0, 4, 1, 1, -1, 0, 2, 0, 1},
+                                   {0, 4, 1, 1, -1, 0, 1, 0, 1},
+                                   {-1, 4, 1, 1, -1, 0, 2, 0, 1},
+                                   {0, 3, 2, 1, -1, 0, 2, 0, 1},
+                                   {0, 3, 2, 1, -1, 0, 1, 0, 1},
+                                   {0, 4, 1, 1, -1, 0, 1, 4, 1}};
     constexpr int kLoadCases = sizeof load_cases / sizeof load_cases[0];
     if (o.load_case >= kLoadCases) {
       std::fprintf(stderr, "moekit_bandwidth_probe: --load-case: expected < %d, got %d\n",
@@ -867,9 +1018,12 @@ int main(int argc, char** argv) {
         std::printf("| #%d ping-pong with wgmma: not built for sm_90a, skipped | | | |\n", index);
         continue;
       }
-      const int smem = c.stages * kStageBytes + 2 * c.dbuf * kHalfM * kTileN * 2;
+      const int smem =
+          c.stages * (c.coop ? kWideStageBytes : kStageBytes) + 2 * c.dbuf * kHalfM * kTileN * 2;
+      const void* kernel = c.coop ? reinterpret_cast<const void*>(coop_load_kernel)
+                                  : reinterpret_cast<const void*>(pingpong_load_kernel);
       cudaFuncAttributes attributes{};
-      MOEKIT_BENCH_CHECK(cudaFuncGetAttributes(&attributes, pingpong_load_kernel));
+      MOEKIT_BENCH_CHECK(cudaFuncGetAttributes(&attributes, kernel));
       if (smem + static_cast<int>(attributes.sharedSizeBytes) > smem_optin) {
         std::printf(
             "| #%d ping-pong with operand loads, %d stages, %d D buffers: needs %d bytes of shared "
@@ -879,11 +1033,16 @@ int main(int argc, char** argv) {
             smem_optin);
         continue;
       }
-      MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(pingpong_load_kernel,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      MOEKIT_BENCH_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       MOEKIT_BENCH_CHECK(cudaMemset(latency, 0, 4 * sizeof(unsigned long long)));
       const double us = time_us(
           [&] {
+            if (c.coop) {
+              coop_load_kernel<<<sms, 384, smem>>>(map, a_map, b_map, c.path >= 0, c.b_loads,
+                                                   c.stages, c.dbuf, c.residency & 4, latency);
+              return;
+            }
             pingpong_load_kernel<<<sms, 384, smem>>>(
                 map, quarter_map, c.quarters, a_map, b_map, static_cast<const uint4*>(a),
                 static_cast<const uint4*>(b), c.path, c.b_loads, c.residency, c.stages, c.dbuf,
@@ -899,6 +1058,21 @@ int main(int argc, char** argv) {
         std::snprintf(mma, sizeof mma, "MMA %d cycles", c.mma_cycles);
       }
       char what[280];
+      if (c.coop) {
+        std::snprintf(what, sizeof what,
+                      "#%d cooperative 128 x 256 tile (%s%s, %d stages), stores%s, %d D buffer%s "
+                      "per warpgroup, MMA by wgmma (2 x 4 m64n128k16 per warpgroup): loads' "
+                      "issue-to-arrival %.0f ns, SM clock %.0f MHz",
+                      index, c.path < 0 ? "no loads" : "TMA loads, ",
+                      c.path < 0       ? ""
+                      : c.b_loads == 2 ? "A + 2 B blocks = 48 KB per 64 KB of dW"
+                                       : "A + 1 B block = 32 KB per 64 KB of dW",
+                      c.stages, c.residency & 4 ? " evict-first" : "", c.dbuf,
+                      c.dbuf == 1 ? "" : "s", host[1] ? double(host[0]) / double(host[1]) : 0.0,
+                      host[3] ? 1e3 * double(host[2]) / double(host[3]) : 0.0);
+        report(what, us);
+        continue;
+      }
       std::snprintf(what, sizeof what,
                     "#%d ping-pong with operand loads (%s, %s per tile, %d stages%s%s%s), %s%s, "
                     "%s: loads' issue-to-arrival %.0f ns, SM clock %.0f MHz",
