@@ -29,6 +29,8 @@ extern const GroupKInstance group_k_bf16_bf16_own;
 extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
 extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
 extern const GroupKInstance group_k_bf16_f32_pp64w21, group_k_bf16_bf16_pp64w21;  // kernels_study_pp64w21.cu
+// bf16 -> bf16 on the own cooperative 128x256 kernel, 2x1 cluster (kernels_study_group_k_own_wide21.cu).
+extern const GroupKInstance group_k_bf16_bf16_own_wide21;
 #endif
 
 }  // namespace moekit::cuda::sm90

@@ -323,7 +323,7 @@ const GroupKInstance& instance(const GroupKProblem& p) {
     return (wide21 ? kWide21 : kWide).pick(p);
   }
   // bf16 -> bf16 groups of fewer than 1024 rows on average: kLarge's tile on the own ping-pong
-  // kernel (group_k_pingpong.cuh: the consumer warpgroups' epilogues side by side, each on its own
+  // kernel (group_k_own.cuh: the consumer warpgroups' epilogues side by side, each on its own
   // D buffer, instead of in turns on shared ones; 6 mainloop stages as CUTLASS's). Against
   // CUTLASS's kernel on the H200: with two D buffers per warpgroup (5 stages) small_E64 (64 rows)
   // under ncu 90.3 against 93.4 µs uniform, 96.4-96.9 against 97.5-97.9 skewed, but 1.00-1.03 at
@@ -333,12 +333,23 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // tile's groups (>= kWideGroupKRows) the wide tile. It takes its D descriptors from the setup
   // kernel, so not with MOEKIT_SM90_PREBUILT_TENSORMAPS=0. Env MOEKIT_SM90_GROUP_K_OWN=0 never
   // takes it, =1 takes it for every bf16 -> bf16 call below the wide tile's groups (A/B runs,
-  // ctest variants); unset: the rule.
+  // ctest variants), =wide21 takes the own cooperative 128x256 2x1 kernel for those calls (study
+  // builds only: kernels_study_group_k_own_wide21.cu, each warpgroup storing its half of every
+  // tile, x's block multicast — cuBLAS's shape and L2 bytes, not its speed: on the H200 small_E64
+  // 1.00-1.04 of the ping-pong kernel's time, 512-row groups 0.94-0.95 uniform but 1.13-1.15
+  // skewed); unset: the rule.
   constexpr int64_t kOwnGroupKRows = 1024;
-  static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1"});
+  static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1", "wide21"});
   const bool small_groups = p.counts.rows < kOwnGroupKRows * p.counts.groups;
   if (!f16 && p.dw_dtype == DType::BF16 && prebuilt_tensormaps_setting() &&
-      (own == 1 || (own < 0 && small_groups))) {
+      (own >= 1 || (own < 0 && small_groups))) {
+    if (own == 2) {
+#ifdef MOEKIT_SM90_TILE_STUDY
+      return group_k_bf16_bf16_own_wide21;
+#else
+      throw_error(ErrorKind::Unsupported, "MOEKIT_SM90_GROUP_K_OWN=wide21 needs a build with -DMOEKIT_SM90_TILE_STUDY=ON");
+#endif
+    }
     return group_k_bf16_bf16_own;
   }
   return kGroupK[f16 ? 1 : 0].pick(p);

@@ -184,19 +184,20 @@ struct ConfigWide21Epi64 : ConfigWide21 {
   static constexpr int kMinStages = 4;
 };
 
-// A configuration with kOwnKernel (ConfigLargeOwn, kernels_group_k_own.cu) runs on moekit's own
-// ping-pong kernel class (group_k_pingpong.cuh, included by that file alone: a change to either
-// rebuilds that file alone). Its D staging is here: GroupedGemm sizes the mainloop from it.
+// A configuration with kOwnKernel (ConfigLargeOwn, kernels_group_k_own.cu; ConfigWide21Own,
+// kernels_group_k_own_wide21.cu) runs on moekit's own kernel class (group_k_own.cuh, included by
+// those files alone: a change to it rebuilds them alone). Its D staging is here: GroupedGemm
+// sizes the mainloop from it.
 template <class CutlassKernel, class Config>
-struct GroupKPingPongKernel;
+struct GroupKOwnKernel;
 
 // The kernel's D staging, from the epilogue collective and the buffer count alone (GroupedGemm
 // sizes the mainloop's stages from it before the kernel type exists): kDBuffers subtile buffers
-// (64 x 128 each, of the 128 x 128 tile's two) per consumer warpgroup. With fewer buffers than
-// subtiles a tile's subtiles are staged in rounds, each waiting for the previous round's stores
-// to finish reading; the shared memory saved goes to the mainloop's stages.
+// (the epilogue subtile each) per consumer warpgroup, a ring: with fewer buffers than subtiles a
+// subtile waits for the store of the one kDBuffers before it to finish reading its buffer; the
+// shared memory saved goes to the mainloop's stages.
 template <class Epilogue, int kDBuffers>
-struct GroupKPingPongStaging {
+struct GroupKOwnStaging {
   using ElementD = typename Epilogue::ElementD;
   using EpilogueTile = typename Epilogue::EpilogueTile;
   static constexpr int kBuffers = kDBuffers;
@@ -232,8 +233,8 @@ constexpr auto epilogue_tile_or(Fallback fallback) {
 // Both collectives take every group's TMA descriptors from the setup kernel
 // (prebuilt_tensormaps.cuh) instead of rewriting a per-SM copy on each group change; the mainloop
 // walks K as the call says (k_order.cuh).
-// A configuration with kOwnKernel runs on GroupKPingPongKernel, its mainloop stages sized beside
-// that kernel's D staging (GroupKPingPongStaging).
+// A configuration with kOwnKernel runs on GroupKOwnKernel, its mainloop stages sized beside
+// that kernel's D staging (GroupKOwnStaging).
 template <class P>
 struct GroupedGemm : P {
   static constexpr bool kOwnKernel = [] {
@@ -246,7 +247,7 @@ struct GroupedGemm : P {
   using ProblemShape = typename P::ProblemShape;  // a GroupProblemShape (blocked_scheduler.cuh)
   static constexpr int kEpilogueSmemBytes = [] {
     if constexpr (kOwnKernel) {
-      return GroupKPingPongStaging<typename P::CollectiveEpilogue, P::Config::kDBuffers>::kSmemBytes;
+      return GroupKOwnStaging<typename P::CollectiveEpilogue, P::Config::kDBuffers>::kSmemBytes;
     } else {
       return static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage));
     }
@@ -261,7 +262,7 @@ struct GroupedGemm : P {
   using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
   using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Kernel =
-      std::conditional_t<kOwnKernel, GroupKPingPongKernel<CutlassKernel, typename P::Config>, CutlassKernel>;
+      std::conditional_t<kOwnKernel, GroupKOwnKernel<CutlassKernel, typename P::Config>, CutlassKernel>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;

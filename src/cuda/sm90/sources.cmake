@@ -50,15 +50,16 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${CMAKE_CURRENT_LIST_DIR}/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
   ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
 )
-# Tile studies (off by default: seven more translation units, ~2-5 minutes of CPU each):
+# Tile studies (off by default: eight more translation units, ~2-5 minutes of CPU each):
 # cooperative 256x128 instances (MOEKIT_SM90_TILE=coop, kernels_study.cu, with the epi32 group-K),
 # cooperative 128x256 ones (MOEKIT_SM90_TILE=wide, kernels_study_wide.cu), both with the fused
 # SwiGLU epilogues (kernels_study_fused.cu), and ping-pong 64x256 for small groups
 # (MOEKIT_SM90_TILE=small256, kernels_study_small.cu), and cooperative 128x256 with a 2x1 cluster
 # (MOEKIT_SM90_TILE=wide21, kernels_study_wide21.cu: its dgrad; the rest is in every build), and ping-pong
 # 64x256 with a 2x1 cluster (MOEKIT_SM90_TILE=pp64w21, kernels_study_pp64w21.cu,
-# kernels_study_pp64w21_fused.cu), chosen at run time.
-option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21)" OFF)
+# kernels_study_pp64w21_fused.cu), chosen at run time; and the bf16 -> bf16 group-K on the own
+# cooperative 128x256 2x1 kernel (MOEKIT_SM90_GROUP_K_OWN=wide21, kernels_study_group_k_own_wide21.cu).
+option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21, MOEKIT_SM90_GROUP_K_OWN=wide21)" OFF)
 if(MOEKIT_SM90_TILE_STUDY)
   target_sources(moekit_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_study.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide.cu
@@ -66,7 +67,8 @@ if(MOEKIT_SM90_TILE_STUDY)
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_small.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide21.cu
                                      ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21_fused.cu)
+                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21_fused.cu
+                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_group_k_own_wide21.cu)
   target_compile_definitions(moekit PRIVATE MOEKIT_SM90_TILE_STUDY=1)
 endif()
 set_target_properties(moekit_sm90 PROPERTIES

@@ -1,33 +1,41 @@
-// Internal: moekit's own ping-pong kernel for the group-K grouped GEMM into a 16-bit dw (no C),
-// built from CUTLASS's collectives — the TMA / wgmma mainloop and the group tile scheduler, as
-// the CUTLASS ping-pong kernel it replaces uses them — with an epilogue of its own. Included by
-// kernels_group_k_own.cu alone, whose configuration (ConfigLargeOwn) names it.
+// Internal: moekit's own kernel for the group-K grouped GEMM into a 16-bit dw (no C), built from
+// CUTLASS's collectives — the TMA / wgmma mainloop and the group tile scheduler, as the CUTLASS
+// kernel it replaces uses them — with an epilogue of its own. Two schedules, from the
+// configuration's mainloop schedule: ping-pong (ConfigLargeOwn: two consumer warpgroups on
+// alternate 128 x 128 tiles) and cooperative (ConfigWide21Own: both on every 128 x 256 tile, each
+// the 64 x 256 half its MMA computes). Included by the instance files whose configurations name it
+// (kernels_group_k_own*.cu).
 //
-// Why (design/PERFORMANCE.md, "What holds small_E64 wgrad"): in CUTLASS's ping-pong kernel the two
-// consumer warpgroups' epilogues take turns, share one set of D staging buffers, and each drains
-// its TMA stores before handing over. A group-K tile of a small group has one K block, so its
-// epilogue is most of its time: the turns held small_E64's write stream to ~65% of the memory's
-// rate (moekit_bandwidth_probe's ping-pong rows). Here each consumer warpgroup
-//   - takes every other tile (the scheduler warp publishes the tiles; each warpgroup reads all of
-//     them and skips the other's), and runs its epilogue without waiting for the other's;
-//   - stages its tile's D in its own subtile buffers (the epilogue collective's shared memory
-//     layout, so the setup kernel's prebuilt D descriptors fit; kDBuffers of them, the subtiles in
-//     rounds when fewer than the tile's two), two named barriers of its own per round (ids past
-//     CUTLASS's reserved ones), one thread issuing the TMA stores;
-//   - waits for its stores to finish reading only before its buffers are written again.
-// The MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it).
+// Why (design/PERFORMANCE.md, "What holds small_E64 wgrad"): in CUTLASS's kernels the consumer
+// warpgroups' epilogues share one set of D staging buffers — in ping-pong they take turns and each
+// drains its TMA stores before handing over; in cooperative both wait on one barrier per subtile.
+// A group-K tile of a small group has one K block, so its epilogue is most of its time. Here each
+// consumer warpgroup
+//   - runs its epilogue without waiting for the other's (ping-pong: it takes every other tile; the
+//     scheduler warp publishes the tiles, each warpgroup reads all of them and skips the other's);
+//   - stages its part of the tile in its own subtile buffers (the epilogue collective's shared
+//     memory layout and 64-row subtile, so the setup kernel's prebuilt D descriptors fit; a ring of
+//     kDBuffers of them), two named barriers of its own per subtile (ids past CUTLASS's reserved
+//     ones), one thread issuing the TMA stores;
+//   - waits for a store to finish reading only before its buffer is written again.
+// In ping-pong the MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it); in
+// cooperative both warpgroups consume every stage (a 2 x 1 cluster multicasts x's block to the M
+// pair: 0.5 operand bytes from the L2 per dW byte against ping-pong 128 x 128's 0.75).
 // The producer warp runs the mainloop collective's loads (descriptors prebuilt: the setup
 // kernel's), another warp of the producer warpgroup the scheduler.
 //
 // The kernel takes CUTLASS's GemmUniversal kernel type as its base for everything host-side
 // (arguments, params, grid, workspace), so the adapter and the call plumbing (GroupedCall) stay
-// as they are; it replaces the shared-memory plan and the device code.
+// as they are; it replaces the shared-memory plan and the device code. (The epilogue collective
+// of a cooperative configuration is built with the ping-pong epilogue schedule: its 64-row
+// subtile, which CUTLASS's cooperative epilogue does not offer; only its types, parameters and D
+// descriptors are used, never its store.)
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/sm90/kernel_common.cuh"  // GroupKPingPongStaging
+#include "cuda/sm90/kernel_common.cuh"  // GroupKOwnStaging
 #include "cuda/sm90/prebuilt_tensormaps.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
@@ -39,7 +47,7 @@
 namespace moekit::cuda::sm90 {
 
 template <class CutlassKernel, class Config>
-struct GroupKPingPongKernel : CutlassKernel {
+struct GroupKOwnKernel : CutlassKernel {
   static constexpr int kDBuffers = Config::kDBuffers;
   using Base = CutlassKernel;
   using typename Base::Params;
@@ -53,12 +61,19 @@ struct GroupKPingPongKernel : CutlassKernel {
   using EpilogueTile = typename Epilogue::EpilogueTile;
   static_assert(std::is_void_v<typename Epilogue::ElementC>, "an epilogue without a source (C) only");
   static_assert(sizeof(ElementD) == 2, "a 16-bit dw only");
-  using Staging = GroupKPingPongStaging<Epilogue, kDBuffers>;
+  using Staging = GroupKOwnStaging<Epilogue, kDBuffers>;
   static constexpr int kBuffers = Staging::kBuffers;
   using SmemLayoutD = typename Staging::SmemLayoutD;
   static constexpr int kDElements = Staging::kDElements;
+  static constexpr bool kCooperative = std::is_base_of_v<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                                         typename Mainloop::DispatchPolicy::Schedule>;
+  // A consumer warpgroup's part of the CTA tile: ping-pong the whole tile, cooperative the 64-row
+  // half its MMA computes (kParts along M); one warpgroup's MMA over it partitions the epilogue.
+  static constexpr int kParts = kCooperative ? 2 : 1;
+  using PartShape = cute::Shape<cute::Int<cute::size<0>(TileShape{}) / kParts>, cute::Int<cute::size<1>(TileShape{})>>;
+  using WarpGroupMma = decltype(cute::make_tiled_mma(typename TiledMma::Atom{}));
 
-  // The consumer warpgroups issue their tiles' MMAs in turns (their epilogues do not take turns).
+  // Ping-pong: the consumer warpgroups issue their tiles' MMAs in turns (their epilogues do not).
   // Needed for the mainloop pipeline's phases: a warpgroup waiting for its tile's first stage
   // while the other still waits for the stages of a tile of more K blocks than there are stages
   // could see a later phase of that stage complete (a stage's barrier tells phases apart by parity
@@ -82,6 +97,7 @@ struct GroupKPingPongKernel : CutlassKernel {
 
   static constexpr uint32_t kConsumerThreads = cutlass::NumThreadsPerWarpGroup;
   static_assert(Base::MaxThreadsPerBlock == 3 * kConsumerThreads, "one producer and two consumer warpgroups");
+  static_assert(cute::size(TiledMma{}) == kParts * kConsumerThreads, "a tile's MMA on kParts warpgroups");
   static constexpr uint32_t kFirstBarrier = 0;  // NamedBarrier's user ids (past CUTLASS's reserved)
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -108,14 +124,14 @@ struct GroupKPingPongKernel : CutlassKernel {
     if (producer_group && warp_in_group == kLoadWarp) mp.role = MainloopPipeline::ThreadCategory::Producer;
     if (!producer_group) mp.role = MainloopPipeline::ThreadCategory::Consumer;
     mp.is_leader = threadIdx.x % kConsumerThreads == 0;
-    mp.num_consumers = kConsumerThreads;  // a stage belongs to one warpgroup's tile
+    mp.num_consumers = kParts * kConsumerThreads;  // the warpgroups of the stage's tile
     mp.num_producers = Base::NumProducerThreads;
     mp.transaction_bytes = params.mainloop.tma_transaction_bytes;
     MainloopPipeline mainloop_pipeline(smem.mainloop, mp, ClusterShape{});
     typename MmaTurns::Params tp;
     tp.group_id = producer_group ? 0 : warp_group - 1;
     tp.group_size = kConsumerThreads;
-    MmaTurns mma_turns(smem.mma_turns, tp);
+    MmaTurns mma_turns(smem.mma_turns, tp);  // (unused by the cooperative schedule)
 
     // The pipelines' initialisation visible to every CTA of the cluster before anyone uses them.
     if constexpr (size(ClusterShape{}) > 1) {
@@ -160,23 +176,27 @@ struct GroupKPingPongKernel : CutlassKernel {
     cutlass::arch::warpgroup_reg_alloc<Base::MmaRegisterRequirement>();
     const int consumer = warp_group - 1;
     const int thread = static_cast<int>(threadIdx.x % kConsumerThreads);
+    // The thread's index in the tile's MMA: cooperative, consumer c computes rows [64c, 64c + 64).
+    const int mma_thread = kCooperative ? consumer * static_cast<int>(kConsumerThreads) + thread : thread;
+    const int part = kCooperative ? consumer : 0;
     const bool issuer = warp_in_group == 0 && cute::elect_one_sync();
     typename Mainloop::PipelineState read;
-    if (consumer == 1) {  // the second warpgroup starts at the second tile
+    if (!kCooperative && consumer == 1) {  // ping-pong: the second warpgroup starts at the second tile
       read.advance(k_tiles(shape_of(work.L_idx)));
       next_work();
     }
     Mainloop mainloop;
-    TiledMma mma;
+    TiledMma mma;  // the tile's: partitions the accumulators
     int32_t group = -1;
     const cute::TmaDescriptor* d_map = nullptr;
     while (work.is_valid()) {
       const auto problem = shape_of(work.L_idx);
       const int k_count = k_tiles(problem);
       auto accumulators = partition_fragment_C(mma, take<0, 2>(TileShape{}));
-      mma_turns.wait();
-      mainloop.mma(mainloop_pipeline, read, accumulators, k_count, thread, smem.tensors.mainloop, params.mainloop);
-      mma_turns.arrive();
+      if constexpr (!kCooperative) mma_turns.wait();
+      mainloop.mma(mainloop_pipeline, read, accumulators, k_count, mma_thread, smem.tensors.mainloop,
+                   params.mainloop);
+      if constexpr (!kCooperative) mma_turns.arrive();
       mainloop.mma_tail(mainloop_pipeline, read, k_count);
       read.advance(k_count);
       if (work.L_idx != group) {
@@ -184,10 +204,10 @@ struct GroupKPingPongKernel : CutlassKernel {
         d_map = group_tensormap(params.epilogue.group_tensormaps, group, kSlotD);
         if (issuer) cute::tma_descriptor_fence_acquire(d_map);
       }
-      store(params, accumulators, mma, thread, smem.tensors.d[consumer].data(), consumer, work.M_idx,
+      store(params, accumulators, thread, smem.tensors.d[consumer].data(), consumer, work.M_idx * kParts + part,
             work.N_idx, get<0>(problem), get<1>(problem), d_map, issuer);
-      next_work();  // the other warpgroup's tile: skip its stages
-      if (work.is_valid()) {
+      next_work();
+      if (!kCooperative && work.is_valid()) {  // ping-pong: the other warpgroup's tile, skip its stages
         read.advance(k_tiles(shape_of(work.L_idx)));
         next_work();
       }
@@ -241,20 +261,26 @@ struct GroupKPingPongKernel : CutlassKernel {
     mainloop.load_tail(pipeline, write);
   }
 
-  // One consumer warpgroup's epilogue of one tile: the accumulators converted to ElementD into
-  // this warpgroup's buffers, one subtile each, in rounds of kBuffers subtiles, and stored by TMA
-  // (one thread) through the group's descriptor. Per round two barriers of the warpgroup's own:
-  // before the writes, after the issuing thread has seen the previous round's stores finish
-  // reading the buffers (for the first round, the previous tile's, issued one mainloop ago: done,
-  // as a rule), and after them, before the stores.
+  // One consumer warpgroup's epilogue of its part of one tile (PartShape, at part coordinates
+  // (m_part, n_tile)): the accumulators converted to ElementD subtile by subtile into this
+  // warpgroup's kBuffers buffers, a ring, and stored by TMA (one thread) through the group's
+  // descriptor. Per subtile two barriers of the warpgroup's own: before the writes, after the
+  // issuing thread has seen the buffer's previous store (kBuffers subtiles ago; for a tile's
+  // first subtiles the previous tile's, issued one mainloop ago: done, as a rule) finish reading
+  // it, and after them, before the store.
   template <class Accumulators>
-  CUTLASS_DEVICE static void store(Params const& params, Accumulators const& accumulators, TiledMma const& mma,
-                                   int thread, ElementD* buffers, int consumer, int32_t m_tile, int32_t n_tile,
-                                   int32_t rows, int32_t cols, const cute::TmaDescriptor* d_map, bool issuer) {
+  CUTLASS_DEVICE static void store(Params const& params, Accumulators const& accumulators, int thread,
+                                   ElementD* buffers, int consumer, int32_t m_part, int32_t n_tile, int32_t rows,
+                                   int32_t cols, const cute::TmaDescriptor* d_map, bool issuer) {
     using namespace cute;
+    // The tile MMA's accumulators of one warpgroup are one warpgroup MMA's over its part.
+    using PartFragment = decltype(partition_fragment_C(WarpGroupMma{}, PartShape{}));
+    static_assert(std::is_same_v<std::decay_t<decltype(accumulators.layout())>,
+                                 std::decay_t<decltype(std::declval<PartFragment>().layout())>>,
+                  "a warpgroup's accumulators are its part's");
     Tensor sD = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(buffers), SmemLayoutD{}));
     auto r2s = make_tiled_copy_S(Copy_Atom<typename Epilogue::CopyOpR2S, ElementD>{},
-                                 make_tiled_copy_C_atom(typename Epilogue::CopyAtomC{}, mma));
+                                 make_tiled_copy_C_atom(typename Epilogue::CopyAtomC{}, WarpGroupMma{}));
     auto thr = r2s.get_slice(thread);
     Tensor tAcc = thr.retile_S(accumulators);  // ((R2S, R2S_V), MMA_M, MMA_N)
     Tensor tSD = thr.partition_D(sD);          // (R2S, R2S_M, R2S_N, buffer)
@@ -264,43 +290,42 @@ struct GroupKPingPongKernel : CutlassKernel {
     Tensor rD_frg = recast<cutlass::Array<ElementD, kFrag>>(rD);
 
     auto const& tma = params.epilogue.tma_store_d;
-    Tensor mD = coalesce(tma.get_tma_tensor(make_shape(rows, cols, Int<1>{})), take<0, 2>(TileShape{}));
-    Tensor gD = local_tile(mD, take<0, 2>(TileShape{}), make_coord(m_tile, n_tile, Int<0>{}));
+    Tensor mD = coalesce(tma.get_tma_tensor(make_shape(rows, cols, Int<1>{})), PartShape{});
+    Tensor gD = local_tile(mD, PartShape{}, make_coord(m_part, n_tile, Int<0>{}));
     Tensor gD_epi = flat_divide(gD, EpilogueTile{});  // (EPI_M, EPI_N, epi_m, epi_n)
     auto s2g = tma.get_slice(Int<0>{});
     Tensor bS = s2g.partition_S(sD);      // (S2G, S2G_M, S2G_N, buffer)
     Tensor bG = s2g.partition_D(gD_epi);  // (S2G, S2G_M, S2G_N, epi_m, epi_n)
 
-    // One epilogue subtile is one MMA tile of the warpgroup's accumulators (64 x 128 on the
-    // ping-pong 128 x 128 tile): subtile epi_n * EPI_M + epi_m is accumulator block (epi_m, epi_n),
-    // staged in buffer subtile % kBuffers.
+    // Subtile epi_n * EPI_M + epi_m, staged in buffer subtile % kBuffers, is the accumulators of
+    // MMA tile (epi_m, epi_n / kSplitN), its fragments from (epi_n % kSplitN) * size(rD_frg) on
+    // (a wgmma's accumulators run along N in the thread's registers): the ping-pong 128 x 128
+    // tile's subtile is its MMA tile (64 x 128), the cooperative part's MMA tile (64 x 256) two.
     constexpr int kEpiM = decltype(size<2>(gD_epi))::value, kEpiN = decltype(size<3>(gD_epi))::value;
-    static_assert(kEpiM == decltype(size<1>(tAcc))::value && kEpiN == decltype(size<2>(tAcc))::value,
-                  "the epilogue subtile is the MMA tile");
+    constexpr int kMmaM = decltype(size<1>(tAcc))::value, kMmaN = decltype(size<2>(tAcc))::value;
+    static_assert(kEpiM == kMmaM && kEpiN % kMmaN == 0, "the epilogue subtile divides the MMA tile along N");
+    constexpr int kSplitN = kEpiN / kMmaN;
+    static_assert(decltype(size<0>(tAcc_frg))::value == kSplitN * decltype(size(rD_frg))::value,
+                  "an MMA tile's fragments are its subtiles'");
     constexpr int kSubtiles = kEpiM * kEpiN;
-    static_assert(kSubtiles % kBuffers == 0, "whole rounds of subtiles");
+    static_assert(kSubtiles % kBuffers == 0, "every tile's subtiles start at buffer 0");
     cutlass::NumericArrayConverter<ElementD, float, kFrag, cutlass::FloatRoundStyle::round_to_nearest> convert;
     const uint32_t barrier = kFirstBarrier + static_cast<uint32_t>(consumer);
     CUTLASS_PRAGMA_UNROLL
-    for (int round = 0; round < kSubtiles / kBuffers; ++round) {
-      if (issuer) tma_store_wait<0>();
+    for (int subtile = 0; subtile < kSubtiles; ++subtile) {  // = epi_n * kEpiM + epi_m
+      const int buffer = subtile % kBuffers, epi_m = subtile % kEpiM, epi_n = subtile / kEpiM;
+      // The buffer's last store (kBuffers subtiles ago, one store group each) done reading it.
+      if (issuer) tma_store_wait<kBuffers - 1>();
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
+      Tensor acc = tAcc_frg(_, epi_m, epi_n / kSplitN);
+      const int first = (epi_n % kSplitN) * static_cast<int>(size(rD_frg));
       CUTLASS_PRAGMA_UNROLL
-      for (int buffer = 0; buffer < kBuffers; ++buffer) {
-        const int subtile = round * kBuffers + buffer;  // = epi_n * kEpiM + epi_m
-        Tensor acc = tAcc_frg(_, subtile % kEpiM, subtile / kEpiM);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(rD_frg); ++i) rD_frg(i) = convert(acc(i));
-        copy(r2s, rD, tSD(_, _, _, buffer));
-      }
+      for (int i = 0; i < size(rD_frg); ++i) rD_frg(i) = convert(acc(first + i));
+      copy(r2s, rD, tSD(_, _, _, buffer));
       tma_store_fence();  // the writes visible to the TMA unit (async proxy)
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, barrier);
       if (issuer) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int buffer = 0; buffer < kBuffers; ++buffer) {
-          const int subtile = round * kBuffers + buffer;
-          copy(tma.with(d_map), bS(_, _, _, buffer), bG(_, _, _, subtile % kEpiM, subtile / kEpiM));
-        }
+        copy(tma.with(d_map), bS(_, _, _, buffer), bG(_, _, _, epi_m, epi_n));
         tma_store_arrive();
       }
     }
