@@ -347,7 +347,8 @@ const GroupKInstance& instance(const GroupKProblem& p) {
 #ifdef MOEKIT_SM90_TILE_STUDY
       return group_k_bf16_bf16_own_wide21;
 #else
-      throw_error(ErrorKind::Unsupported, "MOEKIT_SM90_GROUP_K_OWN=wide21 needs a build with -DMOEKIT_SM90_TILE_STUDY=ON");
+      throw_error(ErrorKind::Unsupported,
+                  "MOEKIT_SM90_GROUP_K_OWN=wide21 needs a build with -DMOEKIT_SM90_TILE_STUDY=ON");
 #endif
     }
     return group_k_bf16_bf16_own;
