@@ -126,32 +126,49 @@ __global__ void tile_store_kernel(uint4* __restrict__ out, int raster) {
   }
 }
 
+// Until at most `pending` (0, 1 or 3) of this thread's TMA store groups still read shared memory.
+__device__ void wait_store_reads(int pending) {
+  if (pending == 0) {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  } else if (pending == 1) {
+    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group.read 3;" ::: "memory");
+  }
+}
+// The box of the 2-D `map` at (`col`, `row`) from shared memory at `smem` by a TMA store, in a bulk
+// group of its own; `evict_first`: with an L2 evict-first hint.
+__device__ void tma_store_box(const CUtensorMap& map, uint32_t smem, int col, int row,
+                              bool evict_first) {
+  if (evict_first) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], "
+        "[%3], %4;" ::"l"(&map),
+        "r"(col), "r"(row), "r"(smem), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
+        "r"(col), "r"(row), "r"(smem)
+        : "memory");
+  }
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
 // One warpgroup per CTA; `buffers` half tiles of kHalfM x kTileN bf16 in dynamic shared memory.
 __global__ void __launch_bounds__(128) tile_tma_kernel(const __grid_constant__ CUtensorMap map,
                                                        int raster, int buffers, int evict_first) {
   extern __shared__ __align__(1024) uint4 stage[];
   constexpr int kHalfVectors = kHalfM * kTileVectors;
-  uint64_t policy = 0;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   int issued = 0;
   for (int t = blockIdx.x; t < kTiles; t += gridDim.x) {
     const int2 o = tile_origin(t, raster);
     for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
       const int b = issued % buffers;
       // The buffer's last store has read it (CUTLASS: wait_group.read<StagesD - 1>, a barrier).
-      if (threadIdx.x == 0 && issued >= buffers) {
-        switch (buffers) {
-          case 1:
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-            break;
-          case 2:
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-            break;
-          default:
-            asm volatile("cp.async.bulk.wait_group.read 3;" ::: "memory");
-            break;
-        }
-      }
+      if (threadIdx.x == 0 && issued >= buffers) wait_store_reads(buffers - 1);
       __syncthreads();
       uint4* buf = stage + b * kHalfVectors;
       for (int v = threadIdx.x; v < kHalfVectors; v += blockDim.x) {
@@ -160,24 +177,9 @@ __global__ void __launch_bounds__(128) tile_tma_kernel(const __grid_constant__ C
       }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
-      if (threadIdx.x == 0) {
-        const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
-        const int col = o.y, row = o.x + half * kHalfM;
-        if (evict_first) {
-          asm volatile(
-              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint"
-              " [%0, {%1, %2}], [%3], %4;" ::"l"(&map),
-              "r"(col), "r"(row), "r"(smem), "l"(policy)
-              : "memory");
-        } else {
-          asm volatile(
-              "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
-                  &map),
-              "r"(col), "r"(row), "r"(smem)
-              : "memory");
-        }
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-      }
+      if (threadIdx.x == 0)
+        tma_store_box(map, static_cast<uint32_t>(__cvta_generic_to_shared(buf)), o.y,
+                      o.x + half * kHalfM, evict_first);
     }
   }
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -202,24 +204,8 @@ __device__ void store_piece(const CUtensorMap& map, uint4* buf, uint32_t seed, i
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   warpgroup_sync(wg);
-  if (lt == 0) {
-    const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
-    if (evict_first) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], "
-          "[%3], %4;" ::"l"(&map),
-          "r"(col), "r"(row), "r"(smem), "l"(policy)
-          : "memory");
-    } else {
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(&map),
-          "r"(col), "r"(row), "r"(smem)
-          : "memory");
-    }
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  }
+  if (lt == 0)
+    tma_store_box(map, static_cast<uint32_t>(__cvta_generic_to_shared(buf)), col, row, evict_first);
 }
 // The 64 x 128 half `half` of tile t at `o` (the tiled dW map's box).
 __device__ void store_half(const CUtensorMap& map, uint4* buf, int t, int half, int2 o, int wg,
@@ -315,6 +301,9 @@ __global__ void __launch_bounds__(256, 1)
 constexpr int kOperandK = 64;  // one K block: small_E64's 64 rows per group
 constexpr int kStageBytes = 2 * kTileM * kOperandK * 2;
 
+__device__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -328,6 +317,81 @@ __device__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+__device__ void mbar_init(uint32_t bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ void mbar_expect_bytes(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// The box of the 2-D `map` at row `row`, column 0 into shared memory at `dst` by TMA, completing
+// on `bar`; `keep`: with an L2 evict-last hint.
+__device__ void tma_load_rows(uint32_t dst, const CUtensorMap& map, int row, uint32_t bar,
+                              bool keep = false) {
+  if (keep) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
+        "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+        "l"(&map), "r"(0), "r"(row), "r"(bar), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3}], [%4];" ::"r"(dst),
+        "l"(&map), "r"(0), "r"(row), "r"(bar)
+        : "memory");
+  }
+}
+// The CTA's stage barriers, initialised by thread 0 before any thread uses them.
+__device__ void init_stages(uint64_t* full, uint64_t* empty, int stages, int full_arrivals,
+                            int empty_arrivals) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(smem_address(&full[s]), full_arrivals);
+      mbar_init(smem_address(&empty[s]), empty_arrivals);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+// The persistent grid's tiles: this CTA takes tiles blockIdx.x, + gridDim.x, ...: how many of
+// `tiles`, and its j-th.
+__device__ int cta_tile_count(int tiles) {
+  return (tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+         static_cast<int>(gridDim.x);
+}
+__device__ int cta_tile(int j) {
+  return static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+}
+// A consumer warpgroup's measurements, added into `latency` at its end (thread 0 of the
+// warpgroup): the loads' issue-to-arrival ns and their count; for the first consumer warpgroup
+// also its clock cycles and ns (the SM clock the row ran at).
+struct LoadStats {
+  unsigned long long waited = 0, arrived = 0;
+  long long clock_start = 0;
+  uint64_t time_start = 0;
+  __device__ void start() {
+    clock_start = clock64();
+    time_start = globaltimer();
+  }
+  __device__ void arrival(uint64_t issued_at) {
+    waited += globaltimer() - issued_at;
+    ++arrived;
+  }
+  __device__ void add_to(unsigned long long* latency, bool clock) const {
+    atomicAdd(latency, waited);
+    atomicAdd(latency + 1, arrived);
+    if (clock) {
+      atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
+      atomicAdd(latency + 3, globaltimer() - time_start);
+    }
+  }
+};
 
 // A warpgroup's MMA over one 64-deep K block as the GEMM issues it: for each of two (A, B) pairs
 // of 64 x 64 and 128 x 64 bf16 blocks in shared memory (K-major, 128-byte swizzle), 4 wgmma
@@ -401,25 +465,9 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ uint64_t issued_at[8];
   constexpr int kHalfVectors = kHalfM * kTileVectors;
   const int wg = static_cast<int>(threadIdx.x / 128), lt = static_cast<int>(threadIdx.x % 128);
-  const auto addr = [](const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      // cp.async (path 2): each of the loader warp's 32 lanes arrives when its copies land.
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr(&full[s])),
-                   "r"(path == 2 ? 32 : 1)
-                   : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&empty[s])) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int count = (kTiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
-                    static_cast<int>(gridDim.x);
-  const auto tile_of = [&](int j) {
-    return static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
-  };
+  // cp.async (path 2): each of the loader warp's 32 lanes arrives when its copies land.
+  init_stages(full, empty, stages, path == 2 ? 32 : 1, 1);
+  const int count = cta_tile_count(kTiles);
   uint4* operands = stage;
   uint4* dbuffers = stage + stages * kStageBytes / 16;
   if (wg == 0) {
@@ -448,13 +496,13 @@ __global__ void __launch_bounds__(384, 1)
     for (int j = 0; j < count; ++j) {
       const int s = j % stages, round = j / stages;
       if (lane == 0)
-        mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
+        mbar_wait(smem_address(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
       __syncwarp();
-      const int2 o = tile_origin(tile_of(j), 0);
+      const int2 o = tile_origin(cta_tile(j), 0);
       const int group = o.x / kTileRows;
       const int a_row = o.x, b_row = group * kTileCols + o.y;
-      const uint32_t bar = addr(&full[s]);
-      const uint32_t dst = addr(operands + s * kStageBytes / 16);
+      const uint32_t bar = smem_address(&full[s]);
+      const uint32_t dst = smem_address(operands + s * kStageBytes / 16);
       if (lane == 0) issued_at[s] = globaltimer();
       if (path == 2) {  // per-lane 16-byte cp.async, through the SM's load path, not the TMA unit
         const uint4* a_src = a_ptr + size_t(a_row) * kOperandK * 2 / 16;
@@ -473,9 +521,7 @@ __global__ void __launch_bounds__(384, 1)
         continue;
       }
       if (lane != 0) continue;
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(b_loads ? kStageBytes : kStageBytes / 2)
-                   : "memory");
+      mbar_expect_bytes(bar, b_loads ? kStageBytes : kStageBytes / 2);
       if (path == 1) {  // one bulk copy per block (a block's 128 rows of 64 are contiguous)
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
@@ -490,83 +536,45 @@ __global__ void __launch_bounds__(384, 1)
             : "memory");
         continue;
       }
-      if (residency & 2) {  // both blocks with an L2 evict-last hint
-        uint64_t keep;
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
-            "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-            "l"(&a_map), "r"(0), "r"(a_row), "r"(bar), "l"(keep)
-            : "memory");
-        if (b_loads)
-          asm volatile(
-              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
-              "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst + kStageBytes / 2),
-              "l"(&b_map), "r"(0), "r"(b_row), "r"(bar), "l"(keep)
-              : "memory");
-        continue;
-      }
-      asm volatile(
-          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-          "{%2, %3}], [%4];" ::"r"(dst),
-          "l"(&a_map), "r"(0), "r"(a_row), "r"(bar)
-          : "memory");
-      if (b_loads)
-        asm volatile(
-          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-          "{%2, %3}], [%4];" ::"r"(dst + kStageBytes / 2),
-          "l"(&b_map), "r"(0), "r"(b_row), "r"(bar)
-          : "memory");
+      tma_load_rows(dst, a_map, a_row, bar, residency & 2);  // residency 2: evict-last
+      if (b_loads) tma_load_rows(dst + kStageBytes / 2, b_map, b_row, bar, residency & 2);
     }
     return;
   }
   const int consumer = wg - 1;
   uint4* buffers = dbuffers + consumer * dbuf * kHalfVectors;
-  unsigned long long waited = 0, loads = 0;
-  const long long clock_start = clock64();
-  const uint64_t time_start = globaltimer();
+  LoadStats stats;
+  stats.start();
   int issued = 0;
   for (int j = consumer; j < count; j += 2) {
     const int s = j % stages, round = j / stages;
     if (mma_cycles < 0) {  // the tile's wgmma: the whole warpgroup waits for the stage
       if (path >= 0) {
-        mbar_wait(addr(&full[s]), round & 1);
-        if (lt == 0) {
-          waited += globaltimer() - issued_at[s];
-          ++loads;
-        }
+        mbar_wait(smem_address(&full[s]), round & 1);
+        if (lt == 0) stats.arrival(issued_at[s]);
       }
-      tile_mma(addr(operands + s * kStageBytes / 16));
+      tile_mma(smem_address(operands + s * kStageBytes / 16));
       warpgroup_sync(wg);
-      if (lt == 0 && path >= 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+      if (lt == 0 && path >= 0) mbar_arrive(smem_address(&empty[s]));
     } else if (lt == 0) {
       if (path >= 0) {
-        mbar_wait(addr(&full[s]), round & 1);
-        waited += globaltimer() - issued_at[s];
-        ++loads;
+        mbar_wait(smem_address(&full[s]), round & 1);
+        stats.arrival(issued_at[s]);
       }
       const long long start = clock64();
       while (clock64() - start < mma_cycles) {
       }
-      if (path >= 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
+      if (path >= 0) mbar_arrive(smem_address(&empty[s]));
     }
     if (!store) continue;
-    const int t = tile_of(j);
+    const int t = cta_tile(j);
     const int2 o = tile_origin(t, 0);
     if (quarters) {  // 64 x 64 pieces through a ring of 2 * dbuf 8 KB slots, each reused once its
                      // store read it
       constexpr int kQuarterVectors = kHalfM * 64 * 2 / 16;
       const int slots = 2 * dbuf;
       for (int q = 0; q < 4; ++q, ++issued) {
-        if (lt == 0 && issued >= slots) {
-          if (slots == 2) {
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-          } else {
-            asm volatile("cp.async.bulk.wait_group.read 3;" ::: "memory");
-          }
-        }
+        if (lt == 0 && issued >= slots) wait_store_reads(slots - 1);
         store_piece(quarter_map, buffers + (issued % slots) * kQuarterVectors,
                     static_cast<uint32_t>(t * 7919 + q * kQuarterVectors), kQuarterVectors,
                     o.y + (q % 2) * 64, o.x + (q / 2) * kHalfM, wg, lt);
@@ -574,25 +582,14 @@ __global__ void __launch_bounds__(384, 1)
       continue;
     }
     for (int half = 0; half < kTileM / kHalfM; ++half, ++issued) {
-      if (lt == 0 && issued >= dbuf) {
-        if (dbuf == 1) {
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        } else {
-          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-        }
-      }
+      if (lt == 0 && issued >= dbuf) wait_store_reads(dbuf - 1);
       store_half(out_map, buffers + (issued % dbuf) * kHalfVectors, t, half, o, wg, lt,
                  residency & 4);
     }
   }
   if (lt == 0) {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    atomicAdd(latency, waited);
-    atomicAdd(latency + 1, loads);
-    if (consumer == 0) {  // the SM clock: cycles over nanoseconds of the first warpgroup's run
-      atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
-      atomicAdd(latency + 3, globaltimer() - time_start);
-    }
+    stats.add_to(latency, consumer == 0);
   }
 }
 // The cooperative 128 x 256 tile in the same setting (the shape of cuBLAS's small_E64 wgrad
@@ -621,83 +618,47 @@ __global__ void __launch_bounds__(384, 1)
   __shared__ uint64_t issued_at[8];
   constexpr int kHalfVectors = kHalfM * kTileVectors;
   const int wg = static_cast<int>(threadIdx.x / 128), lt = static_cast<int>(threadIdx.x % 128);
-  const auto addr = [](const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&full[s])) : "memory");
-      // Both consumer warpgroups release a stage.
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(addr(&empty[s])) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int count = (kWideTiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
-                    static_cast<int>(gridDim.x);
-  const auto tile_of = [&](int j) {
-    return static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
-  };
+  init_stages(full, empty, stages, 1, 2);  // both consumer warpgroups release a stage
+  const int count = cta_tile_count(kWideTiles);
   uint4* operands = stage;
   uint4* dbuffers = stage + stages * kWideStageBytes / 16;
   if (wg == 0) {
     if (threadIdx.x != 0 || !loads) return;
     for (int j = 0; j < count; ++j) {
       const int s = j % stages, round = j / stages;
-      mbar_wait(addr(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
-      const int2 o = wide_tile_origin(tile_of(j));
+      mbar_wait(smem_address(&empty[s]), (round & 1) ^ 1);  // the first round's completes at once
+      const int2 o = wide_tile_origin(cta_tile(j));
       const int a_row = o.x, b_row = o.x / kTileRows * kTileCols + o.y;
-      const uint32_t bar = addr(&full[s]);
-      const uint32_t dst = addr(operands + s * kWideStageBytes / 16);
+      const uint32_t bar = smem_address(&full[s]);
+      const uint32_t dst = smem_address(operands + s * kWideStageBytes / 16);
       issued_at[s] = globaltimer();
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"((1 + b_boxes) * kBlockBytes)
-                   : "memory");
-      asm volatile(
-          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-          "{%2, %3}], [%4];" ::"r"(dst),
-          "l"(&a_map), "r"(0), "r"(a_row), "r"(bar)
-          : "memory");
+      mbar_expect_bytes(bar, (1 + b_boxes) * kBlockBytes);
+      tma_load_rows(dst, a_map, a_row, bar);
       for (int box = 0; box < b_boxes; ++box)
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
-            "[%1, {%2, %3}], [%4];" ::"r"(dst + (1 + box) * kBlockBytes),
-            "l"(&b_map), "r"(0), "r"(b_row + box * kTileN), "r"(bar)
-            : "memory");
+        tma_load_rows(dst + (1 + box) * kBlockBytes, b_map, b_row + box * kTileN, bar);
     }
     return;
   }
   const int consumer = wg - 1;
   uint4* buffers = dbuffers + consumer * dbuf * kHalfVectors;
-  unsigned long long waited = 0, arrived = 0;
-  const long long clock_start = clock64();
-  const uint64_t time_start = globaltimer();
+  LoadStats stats;
+  stats.start();
   int issued = 0;
   for (int j = 0; j < count; ++j) {
     const int s = j % stages, round = j / stages;
     if (loads) {
-      mbar_wait(addr(&full[s]), round & 1);
-      if (lt == 0) {
-        waited += globaltimer() - issued_at[s];
-        ++arrived;
-      }
+      mbar_wait(smem_address(&full[s]), round & 1);
+      if (lt == 0) stats.arrival(issued_at[s]);
     }
-    const uint32_t base = addr(operands + s * kWideStageBytes / 16);
+    const uint32_t base = smem_address(operands + s * kWideStageBytes / 16);
     const uint32_t a = base + consumer * kHalfM * kOperandK * 2;  // this warpgroup's 64 rows
     warpgroup_mma(a, base + kBlockBytes, a, base + 2 * kBlockBytes);
     warpgroup_sync(wg);
-    if (lt == 0 && loads)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr(&empty[s])) : "memory");
-    const int t = tile_of(j);
+    if (lt == 0 && loads) mbar_arrive(smem_address(&empty[s]));
+    const int t = cta_tile(j);
     const int2 o = wide_tile_origin(t);
     for (int piece = 0; piece < kWideN / kTileN; ++piece, ++issued) {
-      if (lt == 0 && issued >= dbuf) {
-        if (dbuf == 1) {
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        } else {
-          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-        }
-      }
+      if (lt == 0 && issued >= dbuf) wait_store_reads(dbuf - 1);
       store_piece(out_map, buffers + (issued % dbuf) * kHalfVectors,
                   static_cast<uint32_t>(t * 7919 + (2 * consumer + piece) * kHalfVectors),
                   kHalfVectors, o.y + piece * kTileN, o.x + consumer * kHalfM, wg, lt, evict_first);
@@ -705,12 +666,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   if (lt == 0) {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    atomicAdd(latency, waited);
-    atomicAdd(latency + 1, arrived);
-    if (consumer == 0) {
-      atomicAdd(latency + 2, static_cast<unsigned long long>(clock64() - clock_start));
-      atomicAdd(latency + 3, globaltimer() - time_start);
-    }
+    stats.add_to(latency, consumer == 0);
   }
 }
 
