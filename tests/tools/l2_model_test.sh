@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest tools.l2_model: tools/l2-model on problems small enough to count by hand — one tile (its
 # A and B blocks once), two N tiles sharing the A block (read once while it stays in L2), and an
-# L2 too small to keep it (read twice) unless the second tile walks K backwards, a cluster along M — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
+# L2 too small to keep it (read twice) unless the second tile walks K backwards, or unless the
+# output's lines push it out, a cluster along M — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
 # model's numbers when it was calibrated), and with per-group rows and widths. Usage:
 # l2_model_test.sh TOOLS_DIR
 set -uo pipefail
@@ -28,6 +29,12 @@ expect "2x1 past the rows" "$("$tool" 1 128 64 128 128x128 2x1 --stripes 1)" "st
 expect "fc2 wgrad" "$("$tool" 8 7168 4096 2048 128x256 2 --stripes 1,8)" \
   "stripe 1: 1905.590 MB
 stripe 8: 1056.834 MB"
+# The output's lines (--out-bytes): the same two N tiles in an L2 of three blocks keep the A block
+# (3 blocks read), unless the first tile's 32 KB of bf16 output pushes it out (4).
+expect "output left out" "$("$tool" 1 128 64 256 128x128 1 --stripes 1 --clusters 1 --l2-mb 0.049152)" \
+  "stripe 1: 0.049 MB"
+expect "output in the L2" \
+  "$("$tool" 1 128 64 256 128x128 1 --stripes 1 --clusters 1 --l2-mb 0.049152 --out-bytes 2)" "stripe 1: 0.066 MB"
 # Per-group rows and widths (skewed routing): the same widths everywhere are the uniform run's.
 expect "per-group widths" "$("$tool" 2 512,1024 4096 2048 128x128 2 --widths 8,8)" \
   "widths 8,8: $("$tool" 2 512,1024 4096 2048 128x128 2 --stripes 8 | sed 's/^stripe 8: //')"

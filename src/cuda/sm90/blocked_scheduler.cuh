@@ -97,10 +97,14 @@ template <class Config>
 int64_t tiles_per_group(int64_t m, int64_t n) {
   return units_per_group<Config>(m, n) * decltype(cute::size(typename Config::Cluster{}))::value;
 }
+// Whether a group of `tiles` tiles is small for a persistent grid of `ctas` CTAs: fewer tiles than
+// CTAs, so that every wave spans several groups (the chunked order's case, and the own group-K
+// kernel's: grouped_gemm_sm90.cpp).
+inline bool groups_below_grid(int64_t tiles, int ctas) { return tiles < ctas; }
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
   if (order >= 0 || order == kSnakeOrder) return order;
-  return tiles < sm_count ? kSmallGroupOrder : kSnakeOrder;
+  return groups_below_grid(tiles, sm_count) ? kSmallGroupOrder : kSnakeOrder;
 }
 
 // Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM and

@@ -14,6 +14,8 @@ struct GroupKInstance {
   const char* name;  // "bf16 -> f32 pingpong 128x128x64 cluster 1x2"
   size_t (*workspace_bytes)(const GroupKProblem& p);
   void (*run)(const GroupKProblem& p, void* workspace, cudaStream_t stream);
+  // Whether p's groups have fewer tiles on this instance than its persistent grid has CTAs.
+  bool (*groups_below_grid)(const GroupKProblem& p);
 };
 
 // [dtype][dw: 0 f32, 1 the input dtype]
@@ -22,7 +24,7 @@ extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32
 extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;
 // The same with a 2x1 cluster, the default for those groups (kernels_group_k_wide21.cu).
 extern const GroupKInstance group_k_bf16_f32_wide21, group_k_bf16_bf16_wide21;
-// bf16 -> bf16 on the own ping-pong kernel, for groups of < 128 rows on average (kernels_group_k_own.cu).
+// bf16 -> bf16 on the own ping-pong kernel, for small groups of < 1024 rows on average (kernels_group_k_own.cu).
 extern const GroupKInstance group_k_bf16_bf16_own;
 
 #ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu

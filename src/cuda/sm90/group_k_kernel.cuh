@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_k_setup(GroupKSetupInputs
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
     out.unit_starts[g] = static_cast<uint32_t>(at.unit);
     // Output rows n, K a group's rows, columns k.
-    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k);
+    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, in.n, m, in.k, kOutElementBytes<G>);
   });
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);
   if (in.heavy_first) {
@@ -265,6 +265,12 @@ size_t group_k_workspace_bytes(const GroupKProblem& p) {
   return GroupKCall<G>(p, nullptr).bytes;
 }
 
+// Whether p's groups (n x k of dw each) have fewer tiles on G than its persistent grid has CTAs.
+template <class G>
+bool group_k_groups_below_grid(const GroupKProblem& p) {
+  return groups_below_grid(tiles_per_group<typename G::Config>(p.n, p.k), GroupKCall<G>(p, nullptr).hw.sm_count);
+}
+
 template <class G>
 void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const GroupKCall<G> call(p, workspace);
@@ -300,7 +306,10 @@ void group_k_launch(const GroupKProblem& p, void* workspace, cudaStream_t stream
   void symbol##_run(const GroupKProblem& p, void* ws, cudaStream_t s) {                   \
     ::moekit::cuda::sm90::group_k_launch<symbol##_gemm>(p, ws, s, label);                 \
   }                                                                                       \
+  bool symbol##_below(const GroupKProblem& p) {                                           \
+    return ::moekit::cuda::sm90::group_k_groups_below_grid<symbol##_gemm>(p);             \
   }                                                                                       \
-  const GroupKInstance symbol{label, symbol##_ws, symbol##_run};
+  }                                                                                       \
+  const GroupKInstance symbol{label, symbol##_ws, symbol##_run, symbol##_below};
 
 }  // namespace moekit::cuda::sm90

@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kSetupThreads) group_m_setup(GroupMSetupInputs
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(static_cast<int>(stride_n), k, 1));
     out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{},
                                                        cute::make_shape(static_cast<int>(stride_m), static_cast<int>(stride_n), 1));
-    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, gemm_m, in.k, gemm_n);
+    out.stripes[g] = group_stripe<typename G::Config>(in.stripe, gemm_m, in.k, gemm_n, kOutElementBytes<G>);
     out.unit_starts[g] = static_cast<uint32_t>(at.unit);
   });
   if (threadIdx.x == 0) out.unit_starts[in.counts.groups] = static_cast<uint32_t>(units);

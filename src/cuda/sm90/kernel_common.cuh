@@ -425,14 +425,23 @@ StripeInputs stripe_inputs(int raster, int swizzle, const cutlass::KernelHardwar
   return {swizzle > 0 ? swizzle : -1, hw.sm_count / (kClusterM * kClusterN),
           double(l2_cache_bytes(hw.device_id)) / 2.0};
 }
-// Device (setup kernels): the width of a group of `rows` x `n` output, K deep.
+// The bytes the epilogue of GroupedGemm G writes per output element (a fusion that stores through
+// its own outputs, ElementD void: taken as one element of the inputs' type).
+template <class G>
+inline constexpr int64_t kOutElementBytes = [] {
+  if constexpr (std::is_void_v<typename G::ElementD>) return int64_t{sizeof(typename G::Element)};
+  else return int64_t{sizeof(typename G::ElementD)};
+}();
+// Device (setup kernels): the width of a group of `rows` x `n` output of `out_bytes` per element
+// (kOutElementBytes), K deep.
 template <class Config>
-__device__ uint32_t group_stripe(const StripeInputs& in, int64_t rows, int64_t k, int64_t n) {
+__device__ uint32_t group_stripe(const StripeInputs& in, int64_t rows, int64_t k, int64_t n, int64_t out_bytes) {
   if (in.width > 0) return static_cast<uint32_t>(in.width);
   StripeProblem p;
   p.rows = rows;
   p.k = k;
   p.n = n;
+  p.out_bytes = out_bytes;
   p.tile_m = decltype(cute::size<0>(typename Config::Tile{}))::value;
   p.tile_n = decltype(cute::size<1>(typename Config::Tile{}))::value;
   p.cluster_m = decltype(cute::size<0>(typename Config::Cluster{}))::value;

@@ -125,10 +125,19 @@ MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m
 // Dirichlet-skewed groups, 2.61 GB of reads with one width from the mean rows, 0.66 per group). Per group, with A the operand indexed
 // by M (its rows x K: the panel) and B the one indexed by N, and `clusters` units in flight (a
 // wave; one cluster each; a unit's A is cluster_m tile rows, its B cluster_n tile columns):
-//   M fastest   B once; A once if the panel and a wave's B units fit in the L2, else once per
-//               wave (a wave sweeps all M blocks before the next N units)
+//   M fastest   B once; A once if the panel, a wave's B units and the output written while the
+//               walk sweeps all M blocks (between two uses of an A block) fit in the L2, else once
+//               per wave (a wave sweeps all M blocks before the next N units)
 //   stripes w   A once per stripe (a wave's rows use each A block w times); B once if a stripe's
 //               B units and a wave's A rows fit in the L2, else once per wave of the stripe
+// The output counts where M fastest reuses A a whole sweep later, because the L2 allocates the
+// lines the epilogue writes: where a group's K is shallow the output dominates the traffic (one
+// 65536 x 2048 dW from 64 rows: the 32 MB it writes per sweep of the M blocks pushed the 8 MB
+// panel out, ncu 37 MB of DRAM reads with M fastest against 10 with stripes of 8, 12% slower;
+// bench/results/2026-12-02-nvidia-h200-9d9ba49-chunk-raster.md). Inside a stripe (reuse w units
+// later) it is left out: there it changes no pick of the suite, and tools/l2-model with the output
+// as LRU lines (--out-bytes 2) moves mixtral fc1 wgrad's 2 x 1 pick from 16 to 8, which the H200
+// measured at 41% more DRAM reads (bench/results/2026-11-30-nvidia-h200-907f61e-stripe16.md).
 // Checked against tools/l2-model, an LRU model of the L2 fit to the H200's ncu DRAM reads (25 MB
 // effective, half its 50 MB): the same width as the model's best on all 21 problems of the suite
 // (7 shapes x fprop, dgrad, wgrad, each on the tile the library takes) and on the other cluster of
@@ -141,12 +150,13 @@ struct StripeProblem {
   int64_t tile_m = 128, tile_n = 128, cluster_m = 1, cluster_n = 1;
   int64_t clusters = 66;   // units (clusters) in flight
   double l2_bytes = 25e6;  // the L2 capacity the estimate assumes (effective, not nominal)
+  int64_t out_bytes = 2;   // bytes of one output element (0: the output left out of the estimate)
 };
 // A group's operands in units: blocks_m unit rows of a_block bytes of A each, units_n unit
-// columns of b_unit bytes of B; a and b all of each.
+// columns of b_unit bytes of B; a and b all of each; d_unit the output bytes of one unit.
 struct StripeBytes {
   int64_t blocks_m = 0, units_n = 0;
-  double a_block = 0, b_unit = 0, a = 0, b = 0;
+  double a_block = 0, b_unit = 0, a = 0, b = 0, d_unit = 0;
 };
 MOEKIT_UNITS_FN StripeBytes stripe_bytes(const StripeProblem& p) {
   StripeBytes s;
@@ -156,18 +166,19 @@ MOEKIT_UNITS_FN StripeBytes stripe_bytes(const StripeProblem& p) {
   s.b_unit = double(p.cluster_n) * double(p.tile_n) * double(p.k) * 2.0;
   s.a = double(s.blocks_m) * s.a_block;
   s.b = double(s.units_n) * s.b_unit;
+  s.d_unit = double(p.cluster_m * p.tile_m) * double(p.cluster_n * p.tile_n) * double(p.out_bytes);
   return s;
 }
 MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
   const StripeBytes s = stripe_bytes(p);
   const int64_t blocks_m = s.blocks_m, units_n = s.units_n;
-  const double a_block = s.a_block, b_unit = s.b_unit, a = s.a, b = s.b;
+  const double a_block = s.a_block, b_unit = s.b_unit, a = s.a, b = s.b, d_unit = s.d_unit;
   const double wave = double(p.clusters);
   if (stripe <= 1 || units_n == 1) {
     const double units_per_wave = wave / double(blocks_m) > 1.0 ? wave / double(blocks_m) : 1.0;
     const double b_wave = (units_per_wave < double(units_n) ? units_per_wave : double(units_n)) * b_unit;
     const double waves = double(units_n) * (double(blocks_m) < wave ? double(blocks_m) / wave : 1.0);
-    return (a + b_wave <= p.l2_bytes ? a : a * waves) + b;
+    return (a + b_wave + double(blocks_m) * d_unit <= p.l2_bytes ? a : a * waves) + b;
   }
   const int64_t w = stripe < units_n ? stripe : units_n;
   const double stripes = double((units_n + stripe - 1) / stripe);
@@ -178,13 +189,13 @@ MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
 }
 MOEKIT_UNITS_FN int choose_stripe(const StripeProblem& p) {
   if (p.rows <= 0 || p.k <= 0 || p.n <= 0 || p.clusters <= 0) return 1;
-  // A group whose A and B fit in the L2 together is read once with M fastest (A + B), and no
-  // width reads less (each reads A at least once per stripe, B at least once): 1, without the
-  // four estimates. Small groups (small_E64: every group) take this exit; the setup kernel, which
-  // the GEMM waits for, spent 0.5-0.7 µs on the estimates there (fp64 divisions;
-  // bench/results/2026-12-01-nvidia-h200-96f3761-summary.md).
+  // A group whose A and B fit in the L2 together with the output of a sweep of its M blocks is read
+  // once with M fastest (A + B), and no width reads less (each reads A at least once per stripe, B
+  // at least once): 1, without the four estimates. Small groups (small_E64: every group) take this
+  // exit; the setup kernel, which the GEMM waits for, spent 0.5-0.7 µs on the estimates there (fp64
+  // divisions; bench/results/2026-12-01-nvidia-h200-96f3761-summary.md).
   const StripeBytes s = stripe_bytes(p);
-  if (s.a + s.b <= p.l2_bytes) return 1;
+  if (s.a + s.b + double(s.blocks_m) * s.d_unit <= p.l2_bytes) return 1;
   // Wider only when strictly fewer (exact ties happen: mixtral fprop).
   int best = 1;
   double fewest = stripe_reads(p, 1);
