@@ -339,11 +339,11 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // 1.00-1.04 of the ping-pong kernel's time, 512-row groups 0.94-0.95 uniform but 1.13-1.15
   // skewed); unset: the rule. Not for groups of one K block (<= 64 rows on average) that have as
   // many tiles as the grid has CTAs or more (groups_below_grid false): there CUTLASS's kernel was
-  // the faster, per call one 65536 x 2048 dW 0.0884 against 0.0924-0.0930 ms, four of 16384 x 2048
-  // 0.0936-0.0996 against 0.0971-0.1019, eight of 8192 x 2048 0.0922 against 0.0943 uniform (a tie
-  // skewed), while small_E64 (128 tiles a group, below the grid) and 512-row groups of 768 tiles
-  // (3072 x 4096, 0.388 against 0.397-0.399 skewed, a tie uniform) keep the own kernel
-  // (bench/results/2026-12-02-nvidia-h200-9d9ba49-chunk-raster.md).
+  // the faster, per call one 65536 x 2048 dW 0.0869-0.0884 against 0.0913-0.0930 ms, four of
+  // 16384 x 2048 0.0935 against 0.0963-0.0971 uniform (a tie to 2% skewed), eight of 8192 x 2048
+  // 0.5-2.4% uniform, while small_E64 (128 tiles a group, below the grid) keeps the own kernel's
+  // 1-2%, and 512-row groups of 768 tiles (3072 x 4096) tie within their ±2% between turns
+  // (bench/results/2026-12-02-nvidia-h200-9d9ba49-chunk-raster.md, two calls).
   constexpr int64_t kOwnGroupKRows = 1024, kOneKBlockRows = 64;
   static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1", "wide21"});
   const auto small_groups = [&] {
