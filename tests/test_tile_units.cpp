@@ -247,6 +247,12 @@ TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
     EXPECT_EQ(choose_stripe(p), q.best)
         << q.name << ": estimated reads per group " << stripe_reads(p, 1) << " / " << stripe_reads(p, 4)
         << " / " << stripe_reads(p, 8) << " / " << stripe_reads(p, 16) << " bytes for widths 1 / 4 / 8 / 16";
+    // The same width for an fp32 output (wgrad_f32: added into main_grad) and with the output left
+    // out of the estimate (the model's calibration): on the suite the output decides no pick.
+    for (const int64_t out_bytes : {0, 4}) {
+      p.out_bytes = out_bytes;
+      EXPECT_EQ(choose_stripe(p), q.best) << q.name << " with " << out_bytes << "-byte output";
+    }
   }
 }
 
