@@ -346,12 +346,12 @@ const GroupKInstance& instance(const GroupKProblem& p) {
   // (bench/results/2026-12-02-nvidia-h200-9d9ba49-chunk-raster.md, two calls).
   constexpr int64_t kOwnGroupKRows = 1024, kOneKBlockRows = 64;
   static const int own = detail::env_choice("MOEKIT_SM90_GROUP_K_OWN", {"0", "1", "wide21"});
-  const auto small_groups = [&] {
+  const auto own_kernel_groups = [&] {  // the rule
     if (p.counts.rows >= kOwnGroupKRows * p.counts.groups) return false;
     return p.counts.rows > kOneKBlockRows * p.counts.groups || group_k_bf16_bf16_own.groups_below_grid(p);
   };
   if (!f16 && p.dw_dtype == DType::BF16 && prebuilt_tensormaps_setting() &&
-      (own >= 1 || (own < 0 && small_groups()))) {
+      (own >= 1 || (own < 0 && own_kernel_groups()))) {
     if (own == 2) {
 #ifdef MOEKIT_SM90_TILE_STUDY
       return group_k_bf16_bf16_own_wide21;
