@@ -5,7 +5,8 @@
 # without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
 # records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
 # name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING; with
-# HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix.
+# HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix;
+# and --diff of two pages (one binary per instruction, two by their mixes).
 # Usage: gemm_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-hotspots"
@@ -29,6 +30,30 @@ expect lines "$(wc -l <<<"$out")" 11
 sed 's/Warp Stall Sampling (All Samples)/Samples/' "$work/source.csv" >"$work/no-samples.csv"
 "$tool" --table "$work/no-samples.csv" >/dev/null 2>&1
 expect "no samples column fails" "$?" 1
+# --diff A B: one kernel binary loaded at another address (its branch targets moved with it) compares
+# per instruction, by offset; another binary (one instruction more) only by its instruction mix.
+cat >"$work/a.csv" <<'CSV'
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"
+"0x1000","      LDC R1, c[0x0][0x28]","10","100"
+"0x1010","      @P0   BRA 0x1000","300","2000"
+"0x1020","      BAR.SYNC.DEFER_BLOCKING 0x1, 0x80","90","500"
+CSV
+cat >"$work/b.csv" <<'CSV'
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"
+"0x5000","      LDC R1, c[0x0][0x28]","12","100"
+"0x5010","      @P0   BRA 0x5000","250","2600"
+"0x5020","      BAR.SYNC.DEFER_BLOCKING 0x1, 0x80","200","500"
+CSV
+out=$(HOTSPOTS_TOP=2 "$tool" --diff "$work/a.csv" "$work/b.csv")
+expect "diff head" "$(sed -n 1p <<<"$out")" "A: 3 SASS instructions, 400 stall samples; B: 3, 462"
+expect "diff one binary" "$(sed -n 3p <<<"$out")" "one binary: the instructions whose samples differ most (top 2):"
+expect "diff first" "$(sed -n 6p <<<"$out")" "| 0x20 | BAR.SYNC.DEFER_BLOCKING 0x1, 0x80 | 90 | 200 | +110 |"
+expect "diff second" "$(sed -n 7p <<<"$out")" "| 0x10 | @P0   BRA +0x0 | 300 | 250 | -50 |"
+expect "diff mix first" "$(sed -n 12p <<<"$out")" "| BRA | 0.002 | 0.003 | +0.001 |"
+sed '$a "0x5030","      EXIT","0","64"' "$work/b.csv" >"$work/c.csv"
+out=$(HOTSPOTS_TOP=2 "$tool" --diff "$work/a.csv" "$work/c.csv")
+expect "diff two binaries" "$(sed -n 3p <<<"$out")" "two binaries: no per-instruction comparison"
+expect "diff two binaries mix" "$(sed -n 8p <<<"$out")" "| BRA | 0.002 | 0.003 | +0.001 |"
 # A stand-in ncu: the profiling run records its -k filter and -o report; --import prints the CSV.
 cat >"$work/ncu" <<SH
 #!/usr/bin/env bash
