@@ -268,7 +268,7 @@ size_t group_k_workspace_bytes(const GroupKProblem& p) {
 // Whether p's groups (n x k of dw each) have fewer tiles on G than its persistent grid has CTAs.
 template <class G>
 bool group_k_groups_below_grid(const GroupKProblem& p) {
-  return groups_below_grid(tiles_per_group<typename G::Config>(p.n, p.k), GroupKCall<G>(p, nullptr).hw.sm_count);
+  return groups_below_grid(tiles_per_group<typename G::Config>(p.n, p.k), GroupKCall<G>::hardware(p).sm_count);
 }
 
 template <class G>

@@ -536,11 +536,18 @@ struct GroupedCall {
   Arrays arrays{};
   size_t bytes = 0;
 
-  GroupedCall(const Problem& p, void* workspace) {
+  // The persistent grid's hardware for p on the current device (SMs less p.sms's margin).
+  static cutlass::KernelHardwareInfo hardware(const Problem& p, int* device_out = nullptr) {
+    int device = 0;
     MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
+    if (device_out != nullptr) *device_out = device;
     using Cluster = typename G::Config::Cluster;
-    hw = limit_sms(hardware_info<G>(device), p.sms,
-                   cute::size<0>(Cluster{}) * cute::size<1>(Cluster{}) * cute::size<2>(Cluster{}));
+    return limit_sms(hardware_info<G>(device), p.sms,
+                     cute::size<0>(Cluster{}) * cute::size<1>(Cluster{}) * cute::size<2>(Cluster{}));
+  }
+
+  GroupedCall(const Problem& p, void* workspace) {
+    hw = hardware(p, &device);
     WorkspaceCarver w(workspace, G::Gemm::get_workspace_size(make_arguments<G>(p, Arrays{}, hw)));
     arrays = Arrays::carve(w, p);
     bytes = w.total();
