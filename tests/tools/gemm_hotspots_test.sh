@@ -6,7 +6,7 @@
 # records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
 # name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING; with
 # HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix;
-# and --diff of two pages (one binary per instruction, two by their mixes).
+# and --diff of two pages (one binary per instruction, two by their mixes); and --around.
 # Usage: gemm_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/gemm-hotspots"
@@ -27,6 +27,13 @@ expect mix "$(sed -n 7p <<<"$out")" "instruction mix: 0.07 M warp instructions e
 expect "mix first" "$(sed -n 10p <<<"$out")" "| BRA | 0.063 | 94.6 |"
 expect "mix second" "$(sed -n 11p <<<"$out")" "| WARPGROUP.DEPBAR.LE | 0.002 | 3.1 |"
 expect lines "$(wc -l <<<"$out")" 11
+# --around: the top hotspot with the instruction before it and those after it, in address order.
+out=$(HOTSPOTS_TOP=1 HOTSPOTS_CONTEXT=1 "$tool" --around "$work/source.csv")
+expect "around head" "$(sed -n 2p <<<"$out")" "#1: 75.0% of the samples"
+expect "around before" "$(sed -n 5p <<<"$out")" "|  | 0x7f00 | LDC R1, c[0x0][0x28] | 10 |"
+expect "around hot" "$(sed -n 6p <<<"$out")" "| >> | 0x7f10 | @P0   BRA 0x7f40 | 1500 |"
+expect "around after" "$(sed -n 7p <<<"$out")" "|  | 0x7f20 | WARPGROUP.DEPBAR.LE gsb0, 0x1 | 490 |"
+expect "around lines" "$(wc -l <<<"$out")" 7
 sed 's/Warp Stall Sampling (All Samples)/Samples/' "$work/source.csv" >"$work/no-samples.csv"
 "$tool" --table "$work/no-samples.csv" >/dev/null 2>&1
 expect "no samples column fails" "$?" 1
