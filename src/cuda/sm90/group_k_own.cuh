@@ -154,18 +154,6 @@ struct GroupKOwnKernel : CutlassKernel {
     const auto shape_of = [&](int32_t group) {
       return append<4>(params.problem_shape.get_problem_shape(group), 1);
     };
-    // A consumer's group shape, loaded from the setup kernel's array once per group rather than
-    // for every tile it computes or skips: each load was an L2 round trip, under the dW store
-    // stream, on the path to the tile's first MMA (its K blocks) — twice per tile in ping-pong.
-    int32_t shape_group = -1;
-    decltype(shape_of(0)) group_shape{};
-    const auto cached_shape_of = [&](int32_t group) {
-      if (group != shape_group) {
-        group_shape = shape_of(group);
-        shape_group = group;
-      }
-      return group_shape;
-    };
     const auto k_tiles = [&](auto const& problem) {
       return static_cast<int>(TileScheduler::get_work_k_tile_count(work, problem, TileShape{}));
     };
@@ -195,7 +183,7 @@ struct GroupKOwnKernel : CutlassKernel {
     const bool issuer = warp_in_group == 0 && cute::elect_one_sync();
     typename Mainloop::PipelineState read;
     if (!kCooperative && consumer == 1) {  // ping-pong: the second warpgroup starts at the second tile
-      read.advance(k_tiles(cached_shape_of(work.L_idx)));
+      read.advance(k_tiles(shape_of(work.L_idx)));
       next_work();
     }
     Mainloop mainloop;
@@ -203,7 +191,7 @@ struct GroupKOwnKernel : CutlassKernel {
     int32_t group = -1;
     const cute::TmaDescriptor* d_map = nullptr;
     while (work.is_valid()) {
-      const auto problem = cached_shape_of(work.L_idx);
+      const auto problem = shape_of(work.L_idx);
       const int k_count = k_tiles(problem);
       auto accumulators = partition_fragment_C(mma, take<0, 2>(TileShape{}));
       if constexpr (!kCooperative) mma_turns.wait();
@@ -221,7 +209,7 @@ struct GroupKOwnKernel : CutlassKernel {
             work.N_idx, get<0>(problem), get<1>(problem), d_map, issuer);
       next_work();
       if (!kCooperative && work.is_valid()) {  // ping-pong: the other warpgroup's tile, skip its stages
-        read.advance(k_tiles(cached_shape_of(work.L_idx)));
+        read.advance(k_tiles(shape_of(work.L_idx)));
         next_work();
       }
     }
