@@ -2,8 +2,8 @@
 # ctest tools.env_turns: tools/env-turns with a stand-in moekit_bench whose time depends on the
 # environment — each variant's settings reach its runs and only its runs, medians per variant and
 # their ratios to the first, a failing run's exit status — and its table of a fixed log (rows
-# missing for one variant, lines that are not bench rows ignored), its refusal of a log without
-# rows, of no variants and of a name given twice.
+# missing for one variant, lines that are not bench rows ignored), a variant on another build
+# (its BUILD_DIR), its refusal of a log without rows, of no variants and of a name given twice.
 # Usage: env_turns_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/env-turns"
@@ -28,6 +28,13 @@ expect row "$(grep -F '| small_E64 |' <<<"$out")" \
   "| small_E64 | uniform | wgrad | sm90 | 0.1000 | 0.0900 | 0.0800 | 0.900 | 0.800 | 2/2/2 |"
 expect turns "$(grep -c '^== turn ' "$work/out/env-turns.log")" 6
 expect settings-logged "$(grep '^== turn 2 both' "$work/out/env-turns.log")" "== turn 2 both SWZ=8 ORD=c"
+# A variant's BUILD_DIR: that build's moekit_bench, for that variant only.
+mkdir -p "$work/build2/bench"
+sed 's/^ms=0.100$/ms=0.120/' "$work/build/bench/moekit_bench" >"$work/build2/bench/moekit_bench"
+chmod +x "$work/build2/bench/moekit_bench"
+out=$(BUILD_DIR="$work/build" OUT="$work/out3" ENV_TURNS=2 "$tool" new old:BUILD_DIR="$work/build2" 2>&1)
+expect "two builds" "$(grep -F '| small_E64 |' <<<"$out")" \
+  "| small_E64 | uniform | wgrad | sm90 | 0.1000 | 0.1200 | 1.200 | 2/2 |"
 BUILD_DIR="$work/build" OUT="$work/out2" ENV_TURNS=1 "$tool" base bad:FAIL=1 >/dev/null 2>&1
 expect "failing run" "$?" 1
 BUILD_DIR="$work/build" "$tool" >/dev/null 2>&1
