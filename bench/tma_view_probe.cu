@@ -26,16 +26,9 @@
 #include <iterator>
 #include <vector>
 
-namespace {
+#include "bench_common.cuh"  // MOEKIT_BENCH_CHECK
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    const cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+namespace {
 
 constexpr int kBox = 64;      // rows of a tile
 constexpr int kCols = 64;     // N (one box wide)
@@ -111,23 +104,23 @@ int main() {
     std::printf("moekit_tma_view_probe: no CUDA device\n");
     return 77;
   }
-  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  MOEKIT_BENCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major != 9) {
     std::printf("moekit_tma_view_probe: needs an sm_90 device\n");
     return 77;
   }
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+  MOEKIT_BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
   if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
     std::printf("moekit_tma_view_probe: cuTensorMapEncodeTiled not found\n");
     return 1;
   }
   const size_t elems = size_t{kRows} * kCols;
   __nv_bfloat16 *d = nullptr, *src = nullptr, *loaded = nullptr;
-  CK(cudaMalloc(&d, elems * 2));
-  CK(cudaMalloc(&src, elems * 2));
-  CK(cudaMalloc(&loaded, kBox * kCols * 2));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&d, elems * 2));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&src, elems * 2));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&loaded, kBox * kCols * 2));
   CUtensorMap store_map{}, load_map{};
   const CUresult rs = view_map(reinterpret_cast<Encode>(fn), &store_map, d, kRows);
   const CUresult rl = view_map(reinterpret_cast<Encode>(fn), &load_map, src, kRows);
@@ -145,7 +138,7 @@ int main() {
     std::memcpy(&bits, &row, 4);
     ids[i] = static_cast<uint16_t>(bits >> 16);  // row + 1 <= 300: exact in bf16 up to 256, then even
   }
-  CK(cudaMemcpy(src, ids.data(), elems * 2, cudaMemcpyHostToDevice));
+  MOEKIT_BENCH_CHECK(cudaMemcpy(src, ids.data(), elems * 2, cudaMemcpyHostToDevice));
 
   struct Case {
     int a, e;  // the tile's first row, the group's end
@@ -167,13 +160,13 @@ int main() {
     const bool clipped = c.a + kBox > c.e;
     const int v = clipped ? c.e : c.a + kBox, r0 = clipped ? c.a - c.e + kBox : 0;
     std::vector<uint16_t> sentinel(elems, kSentinel);
-    CK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
+    MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
     store_box<<<1, 128>>>(store_map, r0, v);
     load_box<<<1, 128>>>(load_map, r0, v, loaded);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
+    MOEKIT_BENCH_CHECK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
+    MOEKIT_BENCH_CHECK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
     const int end = std::min(c.a + kBox, c.e);
     int wrong_stored = 0, written_outside = 0, wrong_loaded = 0;
     for (int t = 0; t < kRows; ++t) {
@@ -200,8 +193,8 @@ int main() {
                 ok ? "ok" : "FAIL", c.a, c.a + kBox, c.e, v, r0, c.what, wrong_stored, written_outside, wrong_loaded);
   }
   std::printf("moekit_tma_view_probe: %d of %zu cases held\n", int(std::size(cases)) - failures, std::size(cases));
-  CK(cudaFree(d));
-  CK(cudaFree(src));
-  CK(cudaFree(loaded));
+  MOEKIT_BENCH_CHECK(cudaFree(d));
+  MOEKIT_BENCH_CHECK(cudaFree(src));
+  MOEKIT_BENCH_CHECK(cudaFree(loaded));
   return failures ? 1 : 0;
 }
