@@ -1,17 +1,17 @@
 // moekit_tma_view_probe — whether TMA clips a tile at its group's end through one descriptor built on
-// the host (PERFORMANCE.md, Next 1 (i): a GEMM that needs no per-call setup). The packed rows
-// [T, N] (row-major bf16) are described as an overlapping 3-D view: view v, row r is row
-// v - kBox + r (dims {N, kBox, T + kBox}, both row strides N·2 bytes, the base kBox rows before the
-// buffer). A tile of rows [a, a + kBox) of a group ending at e is
-//   - stored at (0, a - e + kBox, e) when a + kBox > e: rows r >= kBox (those at or past e) are
-//     out of the view and not written;
-//   - loaded likewise, its rows at or past e filled with zeros (what a group-K tile's last K
-//     block needs), and
-//   - at (0, 0, a + kBox) when it ends inside the group.
-// For each case the probe stores a box into a sentinel-filled buffer and checks every row (the
-// tile's rows before e written, every other row untouched), then loads the same box from a
-// buffer of row ids and checks the zeros. Prints one line per case and exits 0 only when the
-// encoder took the descriptor and every case held; 77 without an sm_90 device.
+// the host (PERFORMANCE.md, Next 1 (i): a grouped GEMM that needs no per-call setup). The packed rows
+// [T, N] (row-major bf16) are described as an overlapping 3-D view of L-row windows: window v, row r
+// is row v - L + r (dims {N, L, T + L}, both row strides N·2 bytes, the base L rows before the
+// buffer). A box of kBox rows [a, a + kBox) of a group ending at e is taken at window v, row r0:
+//   - box view (L = kBox): v = e and r0 = a - e + kBox for a group's last box (its rows at or past e
+//     fall outside the window: stores skip them, loads read zeros), v = a + kBox and r0 = 0 for a box
+//     inside the group;
+//   - group view (L = T): every box of the group at v = e and r0 = a - e + T — one affine map per
+//     group (what a CuTe coordinate tensor with a per-group offset expresses), valid while e - a <= T.
+// For each view and case the probe stores a box into a sentinel-filled buffer and checks every row
+// (the box's rows before e written, every other row untouched), then loads the same box from a
+// buffer of row ids and checks the zeros past e. Prints one line per case and exits 0 only when the
+// encoder took both descriptors and every case held; 77 without an sm_90 device.
 //
 //   moekit_tma_view_probe
 #include <cuda.h>
@@ -79,12 +79,13 @@ using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*
                             const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                             CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-// The overlapping view of `rows` x kCols bf16 at `data` (see the top). Returns the encoder's result.
-CUresult view_map(Encode encode, CUtensorMap* map, __nv_bfloat16* data, int rows) {
-  const cuuint64_t dims[3] = {kCols, kBox, static_cast<cuuint64_t>(rows) + kBox};
-  const cuuint64_t strides[2] = {kCols * 2, kCols * 2};  // both in bytes: a view row, the next view
+// The overlapping view of L-row windows over `rows` x kCols bf16 at `data` (see the top). Returns the
+// encoder's result.
+CUresult view_map(Encode encode, CUtensorMap* map, __nv_bfloat16* data, int rows, int L) {
+  const cuuint64_t dims[3] = {kCols, static_cast<cuuint64_t>(L), static_cast<cuuint64_t>(rows) + L};
+  const cuuint64_t strides[2] = {kCols * 2, kCols * 2};  // both in bytes: a window's row, the next window
   const cuuint32_t box[3] = {kCols, kBox, 1}, elem_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, data - int64_t{kBox} * kCols, dims, strides, box,
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, data - int64_t{L} * kCols, dims, strides, box,
                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
@@ -121,15 +122,21 @@ int main() {
   MOEKIT_BENCH_CHECK(cudaMalloc(&d, elems * 2));
   MOEKIT_BENCH_CHECK(cudaMalloc(&src, elems * 2));
   MOEKIT_BENCH_CHECK(cudaMalloc(&loaded, kBox * kCols * 2));
-  CUtensorMap store_map{}, load_map{};
-  const CUresult rs = view_map(reinterpret_cast<Encode>(fn), &store_map, d, kRows);
-  const CUresult rl = view_map(reinterpret_cast<Encode>(fn), &load_map, src, kRows);
-  std::printf("encoder: overlapping view (dims {%d, %d, %d}, strides {%d, %d} bytes, base %d rows before the buffer): %s\n",
-              kCols, kBox, kRows + kBox, kCols * 2, kCols * 2, kBox,
-              rs == CUDA_SUCCESS && rl == CUDA_SUCCESS ? "accepted" : "REJECTED");
-  if (rs != CUDA_SUCCESS || rl != CUDA_SUCCESS) {
-    std::printf("encoder results %d / %d\n", int(rs), int(rl));
-    return 1;
+  struct View {
+    int L;
+    const char* name;
+    CUtensorMap store, load;
+  } views[] = {{kBox, "box view", {}, {}}, {kRows, "group view", {}, {}}};
+  for (View& w : views) {
+    const CUresult rs = view_map(reinterpret_cast<Encode>(fn), &w.store, d, kRows, w.L);
+    const CUresult rl = view_map(reinterpret_cast<Encode>(fn), &w.load, src, kRows, w.L);
+    std::printf("encoder, %s: dims {%d, %d, %d}, strides {%d, %d} bytes, base %d rows before the buffer: %s\n", w.name,
+                kCols, w.L, kRows + w.L, kCols * 2, kCols * 2, w.L,
+                rs == CUDA_SUCCESS && rl == CUDA_SUCCESS ? "accepted" : "REJECTED");
+    if (rs != CUDA_SUCCESS || rl != CUDA_SUCCESS) {
+      std::printf("encoder results %d / %d\n", int(rs), int(rl));
+      return 1;
+    }
   }
   std::vector<uint16_t> ids(elems);
   for (size_t i = 0; i < elems; ++i) {
@@ -153,46 +160,53 @@ int main() {
       {100, 230, "a full tile inside a group"},
       {236, 300, "the last rows of the buffer"},
       {250, 300, "a partial tile at the buffer's end"},
+      {0, 300, "the first box of one group of every row"},
+      {160, 300, "a box inside one group of every row"},
   };
-  int failures = 0;
+  int failures = 0, runs = 0;
   std::vector<uint16_t> host(elems), box(kBox * kCols);
-  for (const Case& c : cases) {
-    const bool clipped = c.a + kBox > c.e;
-    const int v = clipped ? c.e : c.a + kBox, r0 = clipped ? c.a - c.e + kBox : 0;
-    std::vector<uint16_t> sentinel(elems, kSentinel);
-    MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
-    store_box<<<1, 128>>>(store_map, r0, v);
-    load_box<<<1, 128>>>(load_map, r0, v, loaded);
-    MOEKIT_BENCH_CHECK(cudaGetLastError());
-    MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
-    MOEKIT_BENCH_CHECK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
-    MOEKIT_BENCH_CHECK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
-    const int end = std::min(c.a + kBox, c.e);
-    int wrong_stored = 0, written_outside = 0, wrong_loaded = 0;
-    for (int t = 0; t < kRows; ++t) {
-      for (int n = 0; n < kCols; ++n) {
-        const uint16_t got = host[size_t(t) * kCols + n];
-        if (t >= c.a && t < end) {
-          wrong_stored += bf16_value(got) != float(t - c.a + 1);
-        } else {
-          written_outside += got != kSentinel;
+  for (const View& w : views) {
+    for (const Case& c : cases) {
+      const bool last = c.a + kBox > c.e;
+      const int v = w.L == kBox && !last ? c.a + kBox : c.e;
+      const int r0 = w.L == kBox && !last ? 0 : c.a - c.e + w.L;
+      std::vector<uint16_t> sentinel(elems, kSentinel);
+      MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
+      store_box<<<1, 128>>>(w.store, r0, v);
+      load_box<<<1, 128>>>(w.load, r0, v, loaded);
+      MOEKIT_BENCH_CHECK(cudaGetLastError());
+      MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
+      MOEKIT_BENCH_CHECK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
+      MOEKIT_BENCH_CHECK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
+      const int end = std::min(c.a + kBox, c.e);
+      int wrong_stored = 0, written_outside = 0, wrong_loaded = 0;
+      for (int t = 0; t < kRows; ++t) {
+        for (int n = 0; n < kCols; ++n) {
+          const uint16_t got = host[size_t(t) * kCols + n];
+          if (t >= c.a && t < end) {
+            wrong_stored += bf16_value(got) != float(t - c.a + 1);
+          } else {
+            written_outside += got != kSentinel;
+          }
         }
       }
-    }
-    for (int j = 0; j < kBox; ++j) {
-      for (int n = 0; n < kCols; ++n) {
-        const float got = bf16_value(box[size_t(j) * kCols + n]);
-        const float want = c.a + j < c.e ? bf16_value(ids[size_t(c.a + j) * kCols]) : 0.0f;
-        wrong_loaded += got != want;
+      for (int j = 0; j < kBox; ++j) {
+        for (int n = 0; n < kCols; ++n) {
+          const float got = bf16_value(box[size_t(j) * kCols + n]);
+          const float want = c.a + j < c.e ? bf16_value(ids[size_t(c.a + j) * kCols]) : 0.0f;
+          wrong_loaded += got != want;
+        }
       }
+      const bool ok = wrong_stored == 0 && written_outside == 0 && wrong_loaded == 0;
+      failures += !ok;
+      ++runs;
+      std::printf("%-4s %s: rows [%3d, %3d) of a group ending at %3d (window %3d, row %3d; %s): stored %d wrong, %d "
+                  "written outside; loaded %d wrong\n",
+                  ok ? "ok" : "FAIL", w.name, c.a, c.a + kBox, c.e, v, r0, c.what, wrong_stored, written_outside,
+                  wrong_loaded);
     }
-    const bool ok = wrong_stored == 0 && written_outside == 0 && wrong_loaded == 0;
-    failures += !ok;
-    std::printf("%-4s rows [%3d, %3d) of a group ending at %3d (view %3d, row %2d; %s): stored %d wrong, %d written "
-                "outside; loaded %d wrong\n",
-                ok ? "ok" : "FAIL", c.a, c.a + kBox, c.e, v, r0, c.what, wrong_stored, written_outside, wrong_loaded);
   }
-  std::printf("moekit_tma_view_probe: %d of %zu cases held\n", int(std::size(cases)) - failures, std::size(cases));
+  std::printf("moekit_tma_view_probe: %d of %d cases held\n", runs - failures, runs);
   MOEKIT_BENCH_CHECK(cudaFree(d));
   MOEKIT_BENCH_CHECK(cudaFree(src));
   MOEKIT_BENCH_CHECK(cudaFree(loaded));
