@@ -32,7 +32,6 @@ namespace {
 
 constexpr int kBox = 64;      // rows of a tile
 constexpr int kCols = 64;     // N (one box wide)
-constexpr int kRows = 300;    // T
 constexpr uint16_t kSentinel = 0x7fc1;  // a bf16 NaN no store writes
 
 // value of a stored tile's row j: j + 1 (exact in bf16); of the load source's row t: t + 1.
@@ -81,7 +80,7 @@ using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*
 
 // The overlapping view of L-row windows over `rows` x kCols bf16 at `data` (see the top). Returns the
 // encoder's result.
-CUresult view_map(Encode encode, CUtensorMap* map, __nv_bfloat16* data, int rows, int L) {
+CUresult view_map(Encode encode, CUtensorMap* map, __nv_bfloat16* data, int64_t rows, int64_t L) {
   const cuuint64_t dims[3] = {kCols, static_cast<cuuint64_t>(L), static_cast<cuuint64_t>(rows) + L};
   const cuuint64_t strides[2] = {kCols * 2, kCols * 2};  // both in bytes: a window's row, the next window
   const cuuint32_t box[3] = {kCols, kBox, 1}, elem_strides[3] = {1, 1, 1};
@@ -95,6 +94,81 @@ float bf16_value(uint16_t bits) {
   float x;
   std::memcpy(&x, &f, 4);
   return x;
+}
+
+struct Case {
+  int64_t a, e;  // the box's first row, its group's end
+  const char* what;
+};
+
+// One view of L-row windows over a fresh buffer of `rows` rows: every case stored into a
+// sentinel-filled buffer and loaded from a buffer of row ids (see the top). Returns the failures.
+int run_view(Encode encode, const char* name, int64_t rows, int64_t L, const std::vector<Case>& cases, int* runs) {
+  const size_t elems = size_t(rows) * kCols;
+  __nv_bfloat16 *d = nullptr, *src = nullptr, *loaded = nullptr;
+  MOEKIT_BENCH_CHECK(cudaMalloc(&d, elems * 2));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&src, elems * 2));
+  MOEKIT_BENCH_CHECK(cudaMalloc(&loaded, kBox * kCols * 2));
+  CUtensorMap store{}, load{};
+  const CUresult rs = view_map(encode, &store, d, rows, L), rl = view_map(encode, &load, src, rows, L);
+  std::printf("encoder, %s: dims {%d, %lld, %lld}, strides {%d, %d} bytes, base %lld rows (%.1f MB) before the buffer: %s\n",
+              name, kCols, (long long)L, (long long)(rows + L), kCols * 2, kCols * 2, (long long)L, L * kCols * 2 / 1e6,
+              rs == CUDA_SUCCESS && rl == CUDA_SUCCESS ? "accepted" : "REJECTED");
+  if (rs != CUDA_SUCCESS || rl != CUDA_SUCCESS) {
+    std::printf("encoder results %d / %d\n", int(rs), int(rl));
+    return 1;
+  }
+  std::vector<uint16_t> ids(elems), sentinel(elems, kSentinel), host(elems), box(kBox * kCols);
+  for (size_t i = 0; i < elems; ++i) {
+    const float row = float(i / kCols + 1);  // row + 1, rounded to bf16 past 256
+    uint32_t bits;
+    std::memcpy(&bits, &row, 4);
+    ids[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  MOEKIT_BENCH_CHECK(cudaMemcpy(src, ids.data(), elems * 2, cudaMemcpyHostToDevice));
+  int failures = 0;
+  for (const Case& c : cases) {
+    const bool last = c.a + kBox > c.e;
+    const int64_t v = L == kBox && !last ? c.a + kBox : c.e;
+    const int64_t r0 = L == kBox && !last ? 0 : c.a - c.e + L;
+    MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
+    store_box<<<1, 128>>>(store, int(r0), int(v));
+    load_box<<<1, 128>>>(load, int(r0), int(v), loaded);
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
+    MOEKIT_BENCH_CHECK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
+    MOEKIT_BENCH_CHECK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
+    const int64_t end = std::min(c.a + kBox, c.e);
+    int64_t wrong_stored = 0, written_outside = 0, wrong_loaded = 0;
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int n = 0; n < kCols; ++n) {
+        const uint16_t got = host[size_t(t) * kCols + n];
+        if (t >= c.a && t < end) {
+          wrong_stored += bf16_value(got) != float(t - c.a + 1);
+        } else {
+          written_outside += got != kSentinel;
+        }
+      }
+    }
+    for (int j = 0; j < kBox; ++j) {
+      for (int n = 0; n < kCols; ++n) {
+        const float got = bf16_value(box[size_t(j) * kCols + n]);
+        const float want = c.a + j < c.e ? bf16_value(ids[size_t(c.a + j) * kCols]) : 0.0f;
+        wrong_loaded += got != want;
+      }
+    }
+    const bool ok = wrong_stored == 0 && written_outside == 0 && wrong_loaded == 0;
+    failures += !ok;
+    ++*runs;
+    std::printf("%-4s %s: rows [%lld, %lld) of a group ending at %lld (window %lld, row %lld; %s): stored %lld wrong, "
+                "%lld written outside; loaded %lld wrong\n",
+                ok ? "ok" : "FAIL", name, (long long)c.a, (long long)(c.a + kBox), (long long)c.e, (long long)v,
+                (long long)r0, c.what, (long long)wrong_stored, (long long)written_outside, (long long)wrong_loaded);
+  }
+  MOEKIT_BENCH_CHECK(cudaFree(d));
+  MOEKIT_BENCH_CHECK(cudaFree(src));
+  MOEKIT_BENCH_CHECK(cudaFree(loaded));
+  return failures;
 }
 
 }  // namespace
@@ -117,98 +191,32 @@ int main() {
     std::printf("moekit_tma_view_probe: cuTensorMapEncodeTiled not found\n");
     return 1;
   }
-  const size_t elems = size_t{kRows} * kCols;
-  __nv_bfloat16 *d = nullptr, *src = nullptr, *loaded = nullptr;
-  MOEKIT_BENCH_CHECK(cudaMalloc(&d, elems * 2));
-  MOEKIT_BENCH_CHECK(cudaMalloc(&src, elems * 2));
-  MOEKIT_BENCH_CHECK(cudaMalloc(&loaded, kBox * kCols * 2));
-  struct View {
-    int L;
-    const char* name;
-    CUtensorMap store, load;
-  } views[] = {{kBox, "box view", {}, {}}, {kRows, "group view", {}, {}}};
-  for (View& w : views) {
-    const CUresult rs = view_map(reinterpret_cast<Encode>(fn), &w.store, d, kRows, w.L);
-    const CUresult rl = view_map(reinterpret_cast<Encode>(fn), &w.load, src, kRows, w.L);
-    std::printf("encoder, %s: dims {%d, %d, %d}, strides {%d, %d} bytes, base %d rows before the buffer: %s\n", w.name,
-                kCols, w.L, kRows + w.L, kCols * 2, kCols * 2, w.L,
-                rs == CUDA_SUCCESS && rl == CUDA_SUCCESS ? "accepted" : "REJECTED");
-    if (rs != CUDA_SUCCESS || rl != CUDA_SUCCESS) {
-      std::printf("encoder results %d / %d\n", int(rs), int(rl));
-      return 1;
-    }
-  }
-  std::vector<uint16_t> ids(elems);
-  for (size_t i = 0; i < elems; ++i) {
-    const float row = float(i / kCols + 1);
-    uint32_t bits;
-    std::memcpy(&bits, &row, 4);
-    ids[i] = static_cast<uint16_t>(bits >> 16);  // row + 1 <= 300: exact in bf16 up to 256, then even
-  }
-  MOEKIT_BENCH_CHECK(cudaMemcpy(src, ids.data(), elems * 2, cudaMemcpyHostToDevice));
-
-  struct Case {
-    int a, e;  // the tile's first row, the group's end
-    const char* what;
-  };
-  const Case cases[] = {
+  const auto encode = reinterpret_cast<Encode>(fn);
+  const std::vector<Case> small = {
       {0, 10, "first group, 10 rows (the view starts before the buffer)"},
-      {0, 64, "first group, exactly one tile"},
+      {0, 64, "first group, exactly one box"},
       {100, 101, "one row"},
       {100, 163, "63 rows"},
-      {100, 164, "64 rows: a full tile ending at e"},
-      {100, 230, "a full tile inside a group"},
+      {100, 164, "64 rows: a full box ending at e"},
+      {100, 230, "a full box inside a group"},
       {236, 300, "the last rows of the buffer"},
-      {250, 300, "a partial tile at the buffer's end"},
+      {250, 300, "a partial box at the buffer's end"},
       {0, 300, "the first box of one group of every row"},
       {160, 300, "a box inside one group of every row"},
   };
-  int failures = 0, runs = 0;
-  std::vector<uint16_t> host(elems), box(kBox * kCols);
-  for (const View& w : views) {
-    for (const Case& c : cases) {
-      const bool last = c.a + kBox > c.e;
-      const int v = w.L == kBox && !last ? c.a + kBox : c.e;
-      const int r0 = w.L == kBox && !last ? 0 : c.a - c.e + w.L;
-      std::vector<uint16_t> sentinel(elems, kSentinel);
-      MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
-      store_box<<<1, 128>>>(w.store, r0, v);
-      load_box<<<1, 128>>>(w.load, r0, v, loaded);
-      MOEKIT_BENCH_CHECK(cudaGetLastError());
-      MOEKIT_BENCH_CHECK(cudaDeviceSynchronize());
-      MOEKIT_BENCH_CHECK(cudaMemcpy(host.data(), d, elems * 2, cudaMemcpyDeviceToHost));
-      MOEKIT_BENCH_CHECK(cudaMemcpy(box.data(), loaded, box.size() * 2, cudaMemcpyDeviceToHost));
-      const int end = std::min(c.a + kBox, c.e);
-      int wrong_stored = 0, written_outside = 0, wrong_loaded = 0;
-      for (int t = 0; t < kRows; ++t) {
-        for (int n = 0; n < kCols; ++n) {
-          const uint16_t got = host[size_t(t) * kCols + n];
-          if (t >= c.a && t < end) {
-            wrong_stored += bf16_value(got) != float(t - c.a + 1);
-          } else {
-            written_outside += got != kSentinel;
-          }
-        }
-      }
-      for (int j = 0; j < kBox; ++j) {
-        for (int n = 0; n < kCols; ++n) {
-          const float got = bf16_value(box[size_t(j) * kCols + n]);
-          const float want = c.a + j < c.e ? bf16_value(ids[size_t(c.a + j) * kCols]) : 0.0f;
-          wrong_loaded += got != want;
-        }
-      }
-      const bool ok = wrong_stored == 0 && written_outside == 0 && wrong_loaded == 0;
-      failures += !ok;
-      ++runs;
-      std::printf("%-4s %s: rows [%3d, %3d) of a group ending at %3d (window %3d, row %3d; %s): stored %d wrong, %d "
-                  "written outside; loaded %d wrong\n",
-                  ok ? "ok" : "FAIL", w.name, c.a, c.a + kBox, c.e, v, r0, c.what, wrong_stored, written_outside,
-                  wrong_loaded);
-    }
-  }
+  // A buffer of 1 Mi rows (128 MiB): the group view's base 128 MiB before it, as a GEMM's x or dy.
+  constexpr int64_t kBig = int64_t{1} << 20;
+  const std::vector<Case> big = {
+      {0, 10, "first group, 10 rows"},
+      {500000, 500030, "30 rows in the middle"},
+      {kBig - 100, kBig, "the buffer's last group, a full box"},
+      {kBig - 30, kBig, "the buffer's last rows, a partial box"},
+      {0, kBig, "the first box of one group of every row"},
+  };
+  int runs = 0;
+  const int failures = run_view(encode, "box view", 300, kBox, small, &runs) +
+                       run_view(encode, "group view", 300, 300, small, &runs) +
+                       run_view(encode, "group view, 128 MiB", kBig, kBig, big, &runs);
   std::printf("moekit_tma_view_probe: %d of %d cases held\n", runs - failures, runs);
-  MOEKIT_BENCH_CHECK(cudaFree(d));
-  MOEKIT_BENCH_CHECK(cudaFree(src));
-  MOEKIT_BENCH_CHECK(cudaFree(loaded));
   return failures ? 1 : 0;
 }
