@@ -41,7 +41,7 @@ export CUOBJDUMP="$work/cuobjdump"
 out=$("$tool" check "$work/good")
 expect "good passes" "$?" 0
 expect "good line" "$(grep -c '^ok   good: cutlass pingpong 64x128x16 F32BF16BF16 (REG 168): 2 HGMMA, 1 waits' <<<"$out")" 1
-expect "good summary" "$(tail -1 <<<"$out")" "sass: 1 GEMM kernels, 0 failing"
+expect "good summary" "$(tail -1 <<<"$out")" "sass: 1 GEMM kernels, max 168 registers, 0 failing"
 out=$("$tool" check "$work/good" "$work/serial")
 expect "serial fails" "$?" 1
 expect "serial why" "$(grep -c '2 wgmma waits for 2 wgmmas: serialised' <<<"$out")" 1
