@@ -8,6 +8,9 @@
 //     inside the group;
 //   - group view (L = T): every box of the group at v = e and r0 = a - e + T — one affine map per
 //     group (what a CuTe coordinate tensor with a per-group offset expresses), valid while e - a <= T.
+// The view's geometry and each box's coordinates are the library's (src/cuda/sm90/group_view.h,
+// whose arithmetic the CPU test GroupView.EveryBoxClipsAtItsGroupsEnd checks against TMA's bounds
+// rule; this probe checks the hardware keeps that rule).
 // For each view and case the probe stores a box into a sentinel-filled buffer and checks every row
 // (the box's rows before e written, every other row untouched), then loads the same box from a
 // buffer of row ids and checks the zeros past e. Prints one line per case and exits 0 only when the
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "bench_common.cuh"  // MOEKIT_BENCH_CHECK
+#include "cuda/sm90/group_view.h"  // the view and its coordinates, as the library computes them
 
 namespace {
 
@@ -78,14 +82,15 @@ using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*
                             const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                             CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-// The overlapping view of L-row windows over `rows` x kCols bf16 at `data` (see the top). Returns the
-// encoder's result.
+// The view of L-row windows over `rows` x kCols bf16 at `data` (moekit::cuda::sm90::group_view).
+// Returns the encoder's result.
 CUresult view_map(Encode encode, CUtensorMap* map, __nv_bfloat16* data, int64_t rows, int64_t L) {
-  const cuuint64_t dims[3] = {kCols, static_cast<cuuint64_t>(L), static_cast<cuuint64_t>(rows) + L};
-  const cuuint64_t strides[2] = {kCols * 2, kCols * 2};  // both in bytes: a window's row, the next window
+  const auto v = moekit::cuda::sm90::group_view(data, rows, kCols, 2, L);
+  const cuuint64_t dims[3] = {v.dims[0], v.dims[1], v.dims[2]};
+  const cuuint64_t strides[2] = {v.strides[0], v.strides[1]};
   const cuuint32_t box[3] = {kCols, kBox, 1}, elem_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, data - int64_t{L} * kCols, dims, strides, box,
-                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(v.base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
@@ -128,9 +133,10 @@ int run_view(Encode encode, const char* name, int64_t rows, int64_t L, const std
   MOEKIT_BENCH_CHECK(cudaMemcpy(src, ids.data(), elems * 2, cudaMemcpyHostToDevice));
   int failures = 0;
   for (const Case& c : cases) {
+    // In the box view a box inside its group is taken as if the group ended with it.
     const bool last = c.a + kBox > c.e;
-    const int64_t v = L == kBox && !last ? c.a + kBox : c.e;
-    const int64_t r0 = L == kBox && !last ? 0 : c.a - c.e + L;
+    const auto at = moekit::cuda::sm90::group_view_coord(c.a, L == kBox && !last ? c.a + kBox : c.e, L);
+    const int64_t v = at.window_index, r0 = at.row;
     MOEKIT_BENCH_CHECK(cudaMemcpy(d, sentinel.data(), elems * 2, cudaMemcpyHostToDevice));
     store_box<<<1, 128>>>(store, int(r0), int(v));
     load_box<<<1, 128>>>(load, int(r0), int(v), loaded);
