@@ -22,16 +22,19 @@ namespace moekit::cuda::sm90 {
 
 // What cuTensorMapEncodeTiled takes for the view (strides in bytes; the innermost is implicit).
 struct GroupView {
-  const void* base = nullptr;  // `window` rows before the data: never dereferenced there
-  uint64_t dims[3] = {0, 0, 0};   // {cols, window, rows + window}
-  uint64_t strides[2] = {0, 0};   // {row, row} bytes
+  const void* base = nullptr;    // `window` rows before the data: never dereferenced there
+  uint64_t dims[3] = {0, 0, 0};  // {cols, window, rows + window}
+  uint64_t strides[2] = {0, 0};  // {row, row} bytes
 };
 
-inline GroupView group_view(const void* data, int64_t rows, int64_t cols, int64_t element_bytes, int64_t window) {
+inline GroupView group_view(const void* data, int64_t rows, int64_t cols, int64_t element_bytes,
+                            int64_t window) {
   GroupView v;
   const int64_t row_bytes = cols * element_bytes;
-  // (as an integer: the address lies outside the allocation, which C++ pointer arithmetic may not reach)
-  v.base = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(data) - static_cast<uintptr_t>(window * row_bytes));
+  // (as an integer: the address lies outside the allocation, which C++ pointer arithmetic may not
+  // reach)
+  v.base = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(data) -
+                                         static_cast<uintptr_t>(window * row_bytes));
   v.dims[0] = static_cast<uint64_t>(cols);
   v.dims[1] = static_cast<uint64_t>(window);
   v.dims[2] = static_cast<uint64_t>(rows + window);
