@@ -670,27 +670,14 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
-// The driver's tensor-map encoder through the runtime.
 // A 2-D bf16 map of `rows` x `cols` (row-major), boxes of box_rows x box_cols, no swizzle.
 CUtensorMap bf16_map(void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
                      uint32_t box_cols) {
-  using Encode =
-      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  MOEKIT_BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                      cudaEnableDefault, &found));
-  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "moekit_bandwidth_probe: cuTensorMapEncodeTiled not found\n");
-    std::exit(1);
-  }
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {cols * 2};
   const cuuint32_t box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
-  const CUresult r = reinterpret_cast<Encode>(fn)(
+  const CUresult r = moekit_bench::tensor_map_encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -2,6 +2,7 @@
 // the skewed routing's counts, and random normal bf16 data.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -26,6 +27,22 @@ namespace moekit_bench {
       std::exit(1);                                                                               \
     }                                                                                             \
   } while (0)
+
+// The driver's tensor-map encoder (cuTensorMapEncodeTiled), through the runtime; exits when the
+// driver has none.
+using TensorMapEncode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline TensorMapEncode tensor_map_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  MOEKIT_BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not found in this driver\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<TensorMapEncode>(fn);
+}
 
 // Dirichlet(1) proportions of T rows over E groups (normalised unit exponentials), rounded by
 // largest remainder so that the counts sum to T exactly: the suite's skewed routing.

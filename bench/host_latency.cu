@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"  // tensor_map_encoder
+#include "cuda/sm90/group_view.h"
 #include "moekit/moekit.h"
 
 using moekit::BOp;
@@ -42,15 +44,6 @@ using moekit::Splits;
 using moekit::Tensor;
 
 namespace {
-
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    const cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct Small { int64_t a[4]; };
 struct Large { int64_t a[192]; };  // 1536 bytes: a setup kernel's inputs and descriptor templates
@@ -66,14 +59,14 @@ double median(std::vector<double> v) {
 // Median over reps of the host µs per op of `iters` ops, the stream drained between reps.
 double host_us(const std::function<void()>& op, int iters, int reps, cudaStream_t stream) {
   for (int i = 0; i < 3; ++i) op();  // warm: first-call setup (module loads, caches)
-  CK(cudaStreamSynchronize(stream));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   std::vector<double> us;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) op();
     const auto t1 = std::chrono::steady_clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
-    CK(cudaStreamSynchronize(stream));
+    MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   }
   return median(us);
 }
@@ -128,7 +121,7 @@ void profile(const std::function<void()>& op, int calls, int batch, cudaStream_t
     for (int i = 0; i < batch; ++i) op();
     g_enqueue = false;
     enqueue_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count();
-    CK(cudaStreamSynchronize(stream));
+    MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
   }
   timer_delete(timer);
   const int n = std::min(g_count.load(), kMaxSamples);
@@ -177,36 +170,36 @@ int main(int argc, char** argv) {
   const Context ctx = Context::cuda(0).with_backend(backend);
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   cudaMemPool_t pool;
-  CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  MOEKIT_BENCH_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
   cudaEvent_t event;
-  CK(cudaEventCreate(&event));
+  MOEKIT_BENCH_CHECK(cudaEventCreate(&event));
 
   std::printf("host µs per operation (median of %d reps of %d), backend %s\n", reps, iters, backend.c_str());
   auto row = [&](const char* what, const std::function<void()>& op) {
     std::printf("%-58s %8.2f\n", what, host_us(op, iters, reps, stream));
   };
   int current = 0;
-  row("cudaGetDevice", [&] { CK(cudaGetDevice(&current)); });
-  row("cudaEventRecord", [&] { CK(cudaEventRecord(event, stream)); });
+  row("cudaGetDevice", [&] { MOEKIT_BENCH_CHECK(cudaGetDevice(&current)); });
+  row("cudaEventRecord", [&] { MOEKIT_BENCH_CHECK(cudaEventRecord(event, stream)); });
   row("cudaMallocFromPoolAsync + cudaFreeAsync (64 KiB)", [&] {
     void* p = nullptr;
-    CK(cudaMallocFromPoolAsync(&p, 65536, pool, stream));
-    CK(cudaFreeAsync(p, stream));
+    MOEKIT_BENCH_CHECK(cudaMallocFromPoolAsync(&p, 65536, pool, stream));
+    MOEKIT_BENCH_CHECK(cudaFreeAsync(p, stream));
   });
   row("launch <<<1, 256>>>, 32 bytes of parameters", [&] {
     empty_small<<<1, 256, 0, stream>>>(Small{});
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
   });
   row("launch <<<1, 256>>>, 1536 bytes of parameters", [&] {
     empty_large<<<1, 256, 0, stream>>>(Large{});
-    CK(cudaGetLastError());
+    MOEKIT_BENCH_CHECK(cudaGetLastError());
   });
   row("cudaLaunchKernelEx 1 x 256, no attributes, 1536 bytes", [&] {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(1);
     config.blockDim = dim3(256);
     config.stream = stream;
-    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+    MOEKIT_BENCH_CHECK(cudaLaunchKernelEx(&config, empty_large, Large{}));
   });
   row("cudaLaunchKernelEx 132 CTAs, cluster 1x2, PDL, 1536 bytes", [&] {
     cudaLaunchAttribute attrs[2]{};
@@ -222,14 +215,14 @@ int main(int argc, char** argv) {
     config.stream = stream;
     config.attrs = attrs;
     config.numAttrs = 2;
-    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+    MOEKIT_BENCH_CHECK(cudaLaunchKernelEx(&config, empty_large, Large{}));
   });
 
   // As the GEMMs launch: dynamic shared memory near the SM's limit (the grouped kernels take what
   // the epilogue leaves, ~200 KiB), no cluster (ConfigSmallM), PDL.
   int smem_limit = 0;
-  CK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  CK(cudaFuncSetAttribute(empty_large, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
+  MOEKIT_BENCH_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  MOEKIT_BENCH_CHECK(cudaFuncSetAttribute(empty_large, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit));
   auto gemm_like = [&] {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -241,7 +234,7 @@ int main(int argc, char** argv) {
     config.stream = stream;
     config.attrs = &attr;
     config.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&config, empty_large, Large{}));
+    MOEKIT_BENCH_CHECK(cudaLaunchKernelEx(&config, empty_large, Large{}));
   };
   row("cudaLaunchKernelEx 132 CTAs, PDL, 1536 bytes, max dynamic smem", gemm_like);
 
@@ -253,6 +246,29 @@ int main(int argc, char** argv) {
     gemm_like();
   });
 
+  // What a call would pay to encode its operands' TMA descriptors on the host (design/PERFORMANCE.md
+  // Next 1 (i): one view per operand instead of the setup kernel's per-group descriptors): one
+  // cuTensorMapEncodeTiled of small_E64's x [4096, 1024] bf16 as a group view, boxes 64 x 64.
+  {
+    const auto encode = moekit_bench::tensor_map_encoder();
+    void* rows = nullptr;
+    MOEKIT_BENCH_CHECK(cudaMalloc(&rows, size_t{4096} * 1024 * 2));
+    const auto view = moekit::cuda::sm90::group_view(rows, 4096, 1024, 2, 4096);
+    const cuuint64_t dims[3] = {view.dims[0], view.dims[1], view.dims[2]};
+    const cuuint64_t strides[2] = {view.strides[0], view.strides[1]};
+    const cuuint32_t box[3] = {64, 64, 1}, elem_strides[3] = {1, 1, 1};
+    CUtensorMap map{};
+    row("cuTensorMapEncodeTiled, a 3-D group view, 128B swizzle", [&] {
+      if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(view.base), dims, strides, box,
+                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+        std::exit(1);
+      }
+    });
+    MOEKIT_BENCH_CHECK(cudaFree(rows));
+  }
+
   // small_E64 through the public API (the suite's shape; inputs uninitialised: only the host's
   // enqueue is timed, and the kernels' time never reaches the host loop).
   const int64_t E = 64, T = 4096, N = 2048, K = 1024;
@@ -261,12 +277,12 @@ int main(int argc, char** argv) {
   Tensor y = Tensor::empty({T, N}, DType::BF16, ctx);
   Tensor dy = Tensor::empty({T, N}, DType::BF16, ctx);
   Tensor dw = Tensor::empty({E, N, K}, DType::BF16, ctx);
-  CK(cudaMemsetAsync(x.data(), 0, static_cast<size_t>(T * K) * 2, stream));
-  CK(cudaMemsetAsync(w.data(), 0, static_cast<size_t>(E * N * K) * 2, stream));
-  CK(cudaMemsetAsync(dy.data(), 0, static_cast<size_t>(T * N) * 2, stream));
+  MOEKIT_BENCH_CHECK(cudaMemsetAsync(x.data(), 0, static_cast<size_t>(T * K) * 2, stream));
+  MOEKIT_BENCH_CHECK(cudaMemsetAsync(w.data(), 0, static_cast<size_t>(E * N * K) * 2, stream));
+  MOEKIT_BENCH_CHECK(cudaMemsetAsync(dy.data(), 0, static_cast<size_t>(T * N) * 2, stream));
   std::vector<int64_t> counts(static_cast<size_t>(E), T / E);
   Tensor counts_dev = Tensor::empty({E}, DType::I64, ctx);
-  CK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
+  MOEKIT_BENCH_CHECK(cudaMemcpyAsync(counts_dev.data(), counts.data(), counts.size() * 8, cudaMemcpyHostToDevice, stream));
   const Splits device = Splits::device(counts_dev), host = Splits::host(counts);
   const std::function<void()> fprop = [&] {
     moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, device, y);
@@ -287,7 +303,7 @@ int main(int argc, char** argv) {
   row("moekit fprop small_E64, host splits", [&] {
     moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, host, y);
   });
-  CK(cudaStreamSynchronize(stream));
-  CK(cudaEventDestroy(event));
+  MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
+  MOEKIT_BENCH_CHECK(cudaEventDestroy(event));
   return 0;
 }

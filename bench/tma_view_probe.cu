@@ -78,9 +78,7 @@ __global__ void load_box(const __grid_constant__ CUtensorMap map, int r0, int v,
   for (int i = threadIdx.x; i < kBox * kCols; i += blockDim.x) out[i] = box[i];
 }
 
-using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                            const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+using Encode = moekit_bench::TensorMapEncode;
 
 // The view of L-row windows over `rows` x kCols bf16 at `data` (moekit::cuda::sm90::group_view).
 // Returns the encoder's result.
@@ -190,14 +188,7 @@ int main() {
     std::printf("moekit_tma_view_probe: needs an sm_90 device\n");
     return 77;
   }
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  MOEKIT_BENCH_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
-    std::printf("moekit_tma_view_probe: cuTensorMapEncodeTiled not found\n");
-    return 1;
-  }
-  const auto encode = reinterpret_cast<Encode>(fn);
+  const Encode encode = moekit_bench::tensor_map_encoder();
   const std::vector<Case> small = {
       {0, 10, "first group, 10 rows (the view starts before the buffer)"},
       {0, 64, "first group, exactly one box"},
