@@ -27,7 +27,7 @@ using test::caught;
 // What each fake entry does is read from the call's arguments; the entries append their name to
 // `ran` when they run.
 struct FakeArgs {
-  bool a_rejects = false, a_declines = false, b_rejects = false;
+  bool a_rejects = false, a_declines = false, b_rejects = false, b_syncs = false;
   std::vector<std::string>* ran = nullptr;
 };
 
@@ -36,10 +36,11 @@ std::string a_declines(const FakeArgs& x) { return x.a_declines ? "b is faster h
 void a_run(const FakeArgs& x) { x.ran->push_back("fake_a"); }
 std::string b_rejects(const FakeArgs& x) { return x.b_rejects ? "b cannot" : ""; }
 void b_run(const FakeArgs& x) { x.ran->push_back("fake_b"); }
+bool b_syncs(const FakeArgs& x) { return x.b_syncs; }
 
 constexpr detail::Backend<FakeArgs> kTable[] = {
     {"fake_a", a_rejects, a_run, a_declines},
-    {"fake_b", b_rejects, b_run},
+    {"fake_b", b_rejects, b_run, nullptr, b_syncs},
 };
 const detail::RegisterBackendNames kRegister(kTable);
 
@@ -63,6 +64,39 @@ TEST(BackendTable, DecliningEntryGivesWayToALaterAcceptingOne) {
   EXPECT_EQ(choose(ctx, {.a_declines = true}), kB);
   // Nothing later accepts: the declining entry runs after all (it can).
   EXPECT_EQ(choose(ctx, {.a_declines = true, .b_rejects = true}), kA);
+}
+
+// The host-sync rule (SPEC §1): an entry that would synchronise with the host (cuBLAS with device
+// splits) is never the automatic choice — not even in place of a declining entry; the error
+// when nothing else runs the call names the reason. Forced, it runs.
+TEST(BackendTable, AnEntryThatSyncsIsNeverChosenAutomatically) {
+  const Context ctx = Context::cpu();
+  EXPECT_EQ(choose(ctx, {.a_declines = true, .b_syncs = true}), kA);
+  auto e = caught([&] { choose(ctx, {.a_rejects = true, .b_syncs = true}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(e->what(), HasSubstr("fake_a: a cannot"));
+  EXPECT_THAT(e->what(), HasSubstr("fake_b: it reads the device split counts on the host"));
+  EXPECT_EQ(choose(ctx.with_backend("fake_b"), {.a_rejects = true, .b_syncs = true}), kB);
+  // takes_first applies the rule to a single entry too.
+  EXPECT_FALSE(detail::takes_first(kTable[1], ctx, FakeArgs{.b_syncs = true}));
+  EXPECT_TRUE(detail::takes_first(kTable[1], ctx.with_backend("fake_b"), FakeArgs{.b_syncs = true}));
+}
+
+// bind() chooses before anything runs; the plan runs only when asked and records the backend.
+TEST(BackendTable, BindChoosesFirstAndRunsOnlyWhenAsked) {
+  const Context ctx = Context::cpu();
+  std::vector<std::string> ran;
+  detail::Plan plan = detail::bind<FakeArgs>("fake_bind", kTable, ctx, {.a_rejects = true, .ran = &ran});
+  EXPECT_TRUE(ran.empty());
+  EXPECT_EQ(last_backend(ctx, "fake_bind"), "");
+  plan.run();
+  EXPECT_EQ(ran, kB);
+  EXPECT_EQ(last_backend(ctx, "fake_bind"), "fake_b");
+  EXPECT_TRUE(caught([&] {
+    detail::bind<FakeArgs>("fake_bind", kTable, ctx, {.a_rejects = true, .b_rejects = true, .ran = &ran});
+  }));
+  EXPECT_EQ(ran, kB) << "a bind that failed ran nothing";
 }
 
 TEST(BackendTable, ForcedEntryRunsEvenWhereItWouldDecline) {

@@ -125,7 +125,7 @@ TEST_P(Deferred, LinearEqualsTheJoinedBackwardBitForBit) {
                       bytes_of(ctx_, g.bias)};
       };
       if (main_grad) copy(ctx_, mg_h, mg);
-      const GroupedLinear::Grads joined = fc.backward(saved, dy);
+      const GroupedLinear::Grads joined = fc.backward(saved, dy, {.retain_saved = true});
       EXPECT_FALSE(joined.weight_grads.pending());
       const Images want = images(joined);
 
@@ -190,7 +190,7 @@ TEST_P(Deferred, LinearWithNothingToOverlapDefersNothing) {
   const Tensor dy = to_device(ctx_, random_normal({c.T, c.N}, c.dt, 32));
   GroupedLinear::Saved saved;
   fc.forward(x, Splits::host(c.counts), {.input_requires_grad = false}, &saved);
-  const GroupedLinear::Grads joined = fc.backward(saved, dy);
+  const GroupedLinear::Grads joined = fc.backward(saved, dy, {.retain_saved = true});
   const GroupedLinear::Grads g = fc.backward(saved, dy, {.defer_weight_grads = true});
   EXPECT_FALSE(g.weight_grads.pending());
   EXPECT_FALSE(g.input.defined());

@@ -511,14 +511,14 @@ TEST_P(MainGrad, AccumulatesWeightGradInFp32OntoItsStartValues) {
     EXPECT_EQ(p.layer->main_grad().data(), main_grad.data());
     GroupedLinear::Saved saved;
     p.layer->forward(p.x_dev, Splits::host(c.counts), {}, &saved);
-    const GroupedLinear::Grads g1 = p.layer->backward(saved, p.dy_dev);
+    const GroupedLinear::Grads g1 = p.layer->backward(saved, p.dy_dev, {.retain_saved = true});
     EXPECT_EQ(g1.weight.data(), main_grad.data()) << "Grads::weight must be the main_grad buffer";
     EXPECT_EQ(g1.weight.dtype(), DType::F32);
     const std::vector<double> after1 = to_doubles(ctx(), main_grad);
     EXPECT_TRUE(matches_reference("main_grad after 1 step", after1,
                                   p.ref_dw(to_doubles(host(), start_h)), DType::F32));
-    // A second backward accumulates again, onto the values as they now stand.
-    p.layer->backward(saved, p.dy_dev);
+    // A second backward (the context retained) accumulates again, onto the values as they stand.
+    p.layer->backward(saved, p.dy_dev, {.retain_saved = true});
     EXPECT_TRUE(matches_reference("main_grad after 2 steps", to_doubles(ctx(), main_grad),
                                   p.ref_dw(after1), DType::F32));
     // The bias gradient is still returned (param dtype), not accumulated.
@@ -935,14 +935,14 @@ TEST_P(CallerBuffer, GradInputIsWrittenInPlaceWithNoTemporaryOfItsSize) {
     const Tensor gin = filled(ctx(), {p.T(), p.c.K}, dt, kSentinel);
     GroupedLinear::Saved saved;
     p.layer->forward(p.x_dev, Splits::host(p.c.counts), {}, &saved);
-    p.layer->backward(saved, p.dy_dev);  // warm-up
-    p.layer->backward(saved, p.dy_dev, {.grad_input = gin});
+    p.layer->backward(saved, p.dy_dev, {.retain_saved = true});  // warm-up
+    p.layer->backward(saved, p.dy_dev, {.grad_input = gin, .retain_saved = true});
     Allocator& a = ctx().allocator();
     a.reset_stats();
-    p.layer->backward(saved, p.dy_dev);
+    p.layer->backward(saved, p.dy_dev, {.retain_saved = true});
     const Allocator::Stats internal = a.stats();
     a.reset_stats();
-    p.layer->backward(saved, p.dy_dev, {.grad_input = gin});
+    p.layer->backward(saved, p.dy_dev, {.grad_input = gin, .retain_saved = true});
     const Allocator::Stats buffer = a.stats();
     EXPECT_EQ(internal.bytes - buffer.bytes, p.T() * p.c.K * static_cast<int64_t>(size_of(dt)));
     EXPECT_EQ(internal.count - buffer.count, 1);

@@ -798,7 +798,7 @@ TEST_P(GroupedMLPDevice, CallerBuffersAreWrittenInPlaceWithoutATemporary) {
   EXPECT_TRUE(rows_hold_sentinel(bytes_of(pc, ybuf), S, c.T, c.N, c.dtype));
 
   pc.allocator().reset_stats();
-  (void)mlp.backward(saved, dy);
+  (void)mlp.backward(saved, dy, {.retain_saved = true});
   const int64_t bwd_internal = pc.allocator().stats().bytes;
   pc.allocator().reset_stats();
   const GroupedMLP::Grads g = mlp.backward(saved, dy, {.grad_input = dxbuf});
@@ -840,7 +840,7 @@ TEST_P(GroupedMLPDevice, GradientsNobodyNeedsAreNotComputed) {
   GroupedMLP::Saved saved;
   mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits,
               {.input_requires_grad = false, .probs_requires_grad = false}, &saved);
-  const GroupedMLP::Grads g = mlp.backward(saved, to_device(ctx_, d.dy));
+  const GroupedMLP::Grads g = mlp.backward(saved, to_device(ctx_, d.dy), {.retain_saved = true});
   EXPECT_FALSE(g.input.defined());
   EXPECT_FALSE(g.probs.defined());
   EXPECT_FALSE(g.fc1.weight.defined());
@@ -975,7 +975,8 @@ TEST_P(GroupedMLPDevice, GradProbsBufferAccumulatesOnValidRowsOnly) {
   GroupedMLP::Saved saved;
   mlp.forward(to_device(ctx_, d.x), to_device(ctx_, d.probs), splits, {}, &saved);
   const Tensor dy = to_device(ctx_, d.dy);
-  const std::vector<double> plain = to_doubles(ctx_, mlp.backward(saved, dy).probs);
+  const std::vector<double> plain =
+      to_doubles(ctx_, mlp.backward(saved, dy, {.retain_saved = true}).probs);
 
   const Tensor dp_h = random_normal({c.T}, DType::F32, 41);  // start values on rows [0, S)
   const std::vector<double> start = to_doubles(host(), dp_h);

@@ -42,6 +42,10 @@ Context Context::cuda(int device, void* stream) {
     throw_error(ErrorKind::Unsupported,
                 "this moekit was built without CUDA (MOEKIT_WITH_CUDA=OFF or nvcc not found)");
   }
+  if (n == 0) {
+    throw_error(ErrorKind::Unsupported,
+                "no CUDA device is usable (no GPU, or no driver): use Context::cpu()");
+  }
   if (device < 0 || device >= n) {
     throw_invalid("device", str("a CUDA device index in [0, ", n, ")"), std::to_string(device));
   }
@@ -99,6 +103,13 @@ Context Context::with_sm_margin(int sms) const {
 
 int Context::sm_margin() const {
   return impl_->sm_margin;
+}
+
+std::string last_backend(const Context& ctx, std::string_view primitive) {
+  auto& log = *ctx.impl()->log;
+  std::lock_guard lock(log.mutex);
+  auto it = log.last.find(primitive);
+  return it == log.last.end() ? std::string() : it->second;
 }
 
 void Context::synchronize() const {

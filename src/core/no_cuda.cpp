@@ -19,5 +19,6 @@ uint32_t cuda_take_error_bits(const Context&) { no_cuda(); }
 int cuda_sm_count(const Context&) { no_cuda(); }
 std::shared_ptr<Context::Impl> cuda_side_context(const Context&) { no_cuda(); }
 void cuda_order_after(const Context&, const Context&) { no_cuda(); }
+bool cuda_stream_capturing(const Context&) { return false; }
 
 }  // namespace moekit::detail

@@ -4,12 +4,22 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "moekit/core/context.h"
 
 namespace moekit {
+namespace detail {
+/// Which backend ran each primitive last (moekit::last_backend): shared by a context, its copies
+/// and its side stream's contexts.
+struct BackendLog {
+  std::mutex mutex;
+  std::map<std::string, std::string, std::less<>> last;  // primitive → backend name
+};
+}  // namespace detail
 
 struct Context::Impl {
   Device device;
@@ -19,6 +29,7 @@ struct Context::Impl {
   std::string backend;                   // forced backend name, "" = automatic
   std::shared_ptr<void> cuda;            // CUDA resources (stream ownership, cuBLAS handle, ...)
   int sm_margin = 0;                     // SMs the persistent GEMMs leave free (with_sm_margin)
+  std::shared_ptr<detail::BackendLog> log = std::make_shared<detail::BackendLog>();
 };
 
 namespace detail {
@@ -45,6 +56,8 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx);
 /// `to`'s stream waits for everything queued so far on `from`'s stream (an event record and a
 /// stream wait: capturable). Nothing when both are the same stream.
 void cuda_order_after(const Context& to, const Context& from);
+/// Whether ctx's stream is capturing a CUDA graph (false for a CPU context).
+bool cuda_stream_capturing(const Context& ctx);
 
 }  // namespace detail
 }  // namespace moekit

@@ -44,6 +44,8 @@ class SideStream {
 
   /// The context to queue side work on, ordered after everything queued on ctx so far.
   const Context& fork();
+  /// The context fork() returns, without ordering anything (to bind side work before it runs).
+  const Context& context() const { return side_ ? *side_ : ctx_; }
   /// ctx's stream waits for all side work queued so far.
   void join();
   /// Whether side work was queued since the last join.

@@ -241,7 +241,17 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
   impl->backend = ctx.forced_backend();
   impl->sm_margin = ctx.sm_margin();
   impl->cuda = res.side;
+  impl->log = ctx.impl()->log;
   return impl;
+}
+
+bool cuda_stream_capturing(const Context& ctx) {
+  if (!ctx.device().is_cuda()) return false;
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
 }
 
 void cuda_order_after(const Context& to, const Context& from) {

@@ -3,6 +3,7 @@
 
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "primitives/bind.h"
 
 namespace moekit {
 namespace {
@@ -30,6 +31,21 @@ void check_input_tensor(const Tensor& h, Device dev) {
   check_input("input", h, {h.size(0), h.size(1)}, h.dtype(), dev);
 }
 
+template <class Saved>
+const Saved& saved_of(const OpContext& saved, std::string_view op) {
+  const auto* s = dynamic_cast<const Saved*>(&saved);
+  if (!s) throw_invalid("saved", str("a context recorded by ", op), "another op's context");
+  return *s;
+}
+
+// One backward per forward: refuses a used context; marks it used once the call is bound.
+void check_unused(const BackwardOnce& used) {
+  if (used && *used) {
+    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
+                  "a context already used by a backward");
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- SwiGLU
@@ -39,42 +55,49 @@ Shape SwiGLU::output_shape(const Shape& input, DType dtype) const {
   return glu_output_shape(input, dtype, config_.layout);
 }
 
-Tensor SwiGLU::forward(const Tensor& h, const Splits& splits, Saved* saved) const {
+BoundForward SwiGLU::bind_forward(const Tensor& h, const ExtraInputs& in, const OpArguments&, bool,
+                                  std::unique_ptr<OpContext>* saved) const {
   check_input_tensor(h, ctx_.device());
   const Shape out = output_shape(h.shape(), h.dtype());
   Tensor z = Tensor::empty(out, h.dtype(), ctx_);
-  swiglu_forward(ctx_, h, Tensor(), splits, config_.layout, z);
+  detail::Plan plan = detail::bind_swiglu_forward(ctx_, h, Tensor(), in.splits, config_.layout, z);
   if (saved) {
-    saved->input = h;
-    saved->splits = splits;
+    auto s = std::make_unique<Saved>();
+    s->input = h;
+    s->splits = in.splits;
+    s->used = std::make_shared<bool>(false);
+    *saved = std::move(s);
   }
-  return z;
+  return {z, [plan = std::move(plan)] { plan.run(); }};
+}
+
+BoundBackward SwiGLU::bind_backward(const OpContext& saved, const Tensor& dz, const Tensor&,
+                                    Tensor&, const Deferral& defer) const {
+  const Saved& s = saved_of<Saved>(saved, "SwiGLU");
+  if (!s.input.defined()) {
+    throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
+  }
+  check_unused(s.used);
+  Tensor dh = Tensor::empty(s.input.shape(), s.input.dtype(), ctx_);
+  detail::Plan plan = detail::bind_swiglu_backward(ctx_, s.input, Tensor(), dz, s.splits,
+                                                   config_.layout, dh, Tensor(), false);
+  return {dh, {ParamGrads{}}, [plan = std::move(plan), used = defer.retain_saved ? BackwardOnce() : s.used](PendingWork&) {
+            if (used) *used = true;
+            plan.run();
+          }};
+}
+
+Tensor SwiGLU::forward(const Tensor& h, const Splits& splits, Saved* saved) const {
+  std::unique_ptr<OpContext> context;
+  BoundForward bound = bind_forward(h, {.splits = splits}, {}, true, saved ? &context : nullptr);
+  bound.run();
+  if (saved) *saved = static_cast<Saved&>(*context);
+  return bound.output;
 }
 
 Tensor SwiGLU::backward(const Saved& saved, const Tensor& dz) const {
-  if (!saved.input.defined()) {
-    throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
-  }
-  Tensor dh = Tensor::empty(saved.input.shape(), saved.input.dtype(), ctx_);
-  swiglu_backward(ctx_, saved.input, Tensor(), dz, saved.splits, config_.layout, dh, Tensor(),
-                  false);
-  return dh;
-}
-
-Tensor SwiGLU::op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments&, bool,
-                          std::unique_ptr<OpContext>* saved) const {
-  if (!saved) return forward(x, in.splits);
-  auto s = std::make_unique<Saved>();
-  Tensor z = forward(x, in.splits, s.get());
-  *saved = std::move(s);
-  return z;
-}
-
-OpGrads SwiGLU::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&, Tensor&,
-                            const Deferral&) const {
-  const auto* s = dynamic_cast<const Saved*>(&saved);
-  if (!s) throw_invalid("saved", "a context recorded by SwiGLU", "another op's context");
-  return {backward(*s, dy), {}};
+  Tensor none;
+  return op_backward(saved, dz, Tensor(), none, {}).input;
 }
 
 // ---------------------------------------------------------------- ScaledSwiGLU
@@ -85,66 +108,73 @@ Shape ScaledSwiGLU::output_shape(const Shape& input, DType dtype) const {
   return glu_output_shape(input, dtype, config_.layout);
 }
 
-Tensor ScaledSwiGLU::forward(const Tensor& h, const Tensor& probs, const Splits& splits,
-                             const ForwardOptions& options, Saved* saved) const {
+BoundForward ScaledSwiGLU::bind_forward(const Tensor& h, const ExtraInputs& in,
+                                        const OpArguments&, bool,
+                                        std::unique_ptr<OpContext>* saved) const {
   check_input_tensor(h, ctx_.device());
   const Shape out = output_shape(h.shape(), h.dtype());
-  check_input("probs", probs, {h.size(0)}, DType::F32, ctx_.device());
+  check_input("probs", in.probs, {h.size(0)}, DType::F32, ctx_.device());
   Tensor z = Tensor::empty(out, h.dtype(), ctx_);
-  swiglu_forward(ctx_, h, probs, splits, config_.layout, z);
+  detail::Plan plan = detail::bind_swiglu_forward(ctx_, h, in.probs, in.splits, config_.layout, z);
   if (saved) {
-    saved->input = h;
-    saved->probs = probs;
-    saved->splits = splits;
-    saved->probs_requires_grad = options.probs_requires_grad;
-    saved->valid = true;
+    auto s = std::make_unique<Saved>();
+    s->input = h;
+    s->probs = in.probs;
+    s->splits = in.splits;
+    s->probs_requires_grad = in.probs_requires_grad;
+    s->valid = true;
+    s->used = std::make_shared<bool>(false);
+    *saved = std::move(s);
   }
-  return z;
+  return {z, [plan = std::move(plan)] { plan.run(); }};
+}
+
+BoundBackward ScaledSwiGLU::bind_backward(const OpContext& saved, const Tensor& dz, const Tensor&,
+                                          Tensor& dprobs, const Deferral& defer) const {
+  const Saved& s = saved_of<Saved>(saved, "ScaledSwiGLU");
+  if (!s.valid) {
+    throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
+  }
+  check_unused(s.used);
+  const int64_t T = s.input.size(0);
+  Tensor dh = Tensor::empty(s.input.shape(), s.input.dtype(), ctx_);
+  const bool accumulate = dprobs.defined();
+  if (accumulate) {  // checked before anything is written (a failed call writes nothing)
+    check_buffer_written("grad_probs", dprobs, s.probs_requires_grad,
+                         "the probs do not require grad");
+    check_caller_buffer("grad_probs", dprobs, {T}, DType::F32, ctx_.device(),
+                        {{"grad_output", dz},
+                         {"input", s.input},
+                         {"probs", s.probs},
+                         {"splits", s.splits.device_counts()}});
+  }
+  Tensor dp;
+  if (s.probs_requires_grad) dp = accumulate ? dprobs : Tensor::empty({T}, DType::F32, ctx_);
+  detail::Plan plan = detail::bind_swiglu_backward(ctx_, s.input, s.probs, dz, s.splits,
+                                                   config_.layout, dh, dp, accumulate);
+  if (dp.defined()) dprobs = dp;
+  return {dh, {ParamGrads{}}, [plan = std::move(plan), used = defer.retain_saved ? BackwardOnce() : s.used](PendingWork&) {
+            if (used) *used = true;
+            plan.run();
+          }};
+}
+
+Tensor ScaledSwiGLU::forward(const Tensor& h, const Tensor& probs, const Splits& splits,
+                             const ForwardOptions& options, Saved* saved) const {
+  std::unique_ptr<OpContext> context;
+  BoundForward bound =
+      bind_forward(h, {.splits = splits, .probs = probs, .probs_requires_grad = options.probs_requires_grad},
+                   {}, true, saved ? &context : nullptr);
+  bound.run();
+  if (saved) *saved = static_cast<Saved&>(*context);
+  return bound.output;
 }
 
 ScaledSwiGLU::Grads ScaledSwiGLU::backward(const Saved& saved, const Tensor& dz,
                                            const BackwardOptions& options) const {
-  if (!saved.valid) {
-    throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
-  }
-  const int64_t T = saved.input.size(0);
-  Grads grads;
-  grads.input = Tensor::empty(saved.input.shape(), saved.input.dtype(), ctx_);
-  const bool accumulate = options.grad_probs.defined();
-  if (accumulate) {  // checked before anything is written (a failed call writes nothing)
-    check_buffer_written("grad_probs", options.grad_probs, saved.probs_requires_grad,
-                         "the probs do not require grad");
-    check_caller_buffer("grad_probs", options.grad_probs, {T}, DType::F32, ctx_.device(),
-                        {{"grad_output", dz},
-                         {"input", saved.input},
-                         {"probs", saved.probs},
-                         {"splits", saved.splits.device_counts()}});
-  }
-  if (saved.probs_requires_grad) {
-    grads.probs = accumulate ? options.grad_probs : Tensor::empty({T}, DType::F32, ctx_);
-  }
-  swiglu_backward(ctx_, saved.input, saved.probs, dz, saved.splits, config_.layout, grads.input,
-                  grads.probs, accumulate);
-  return grads;
-}
-
-Tensor ScaledSwiGLU::op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments&, bool,
-                                std::unique_ptr<OpContext>* saved) const {
-  const ForwardOptions options{.probs_requires_grad = in.probs_requires_grad};
-  if (!saved) return forward(x, in.probs, in.splits, options);
-  auto s = std::make_unique<Saved>();
-  Tensor z = forward(x, in.probs, in.splits, options, s.get());
-  *saved = std::move(s);
-  return z;
-}
-
-OpGrads ScaledSwiGLU::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&,
-                                  Tensor& dprobs, const Deferral&) const {
-  const auto* s = dynamic_cast<const Saved*>(&saved);
-  if (!s) throw_invalid("saved", "a context recorded by ScaledSwiGLU", "another op's context");
-  Grads g = backward(*s, dy, {.grad_probs = dprobs});
-  if (g.probs.defined()) dprobs = g.probs;
-  return {g.input, {}};
+  Tensor dprobs = options.grad_probs;
+  Tensor dh = op_backward(saved, dz, Tensor(), dprobs, {}).input;
+  return {dh, dprobs};
 }
 
 }  // namespace moekit

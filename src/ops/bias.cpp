@@ -5,6 +5,7 @@
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
+#include "primitives/bind.h"
 
 namespace moekit {
 
@@ -32,33 +33,39 @@ Shape Bias::output_shape(const Shape& input, DType dtype) const {
   return input;
 }
 
-Tensor Bias::op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments&, bool,
-                        std::unique_ptr<OpContext>* saved) const {
+BoundForward Bias::bind_forward(const Tensor& x, const ExtraInputs& in, const OpArguments&, bool,
+                               std::unique_ptr<OpContext>* saved) const {
   const Device dev = ctx_.device();
   check_input("input", x, {-1, config_.features}, config_.dtype, dev);
   const int64_t T = x.size(0);
   if (config_.scale_by_probs) check_input("probs", in.probs, {T}, DType::F32, dev);
   validate_splits(in.splits, config_.groups, T, dev);
   Tensor y = Tensor::empty(x.shape(), config_.dtype, ctx_);
-  grouped_bias_add(ctx_, x, bias_, config_.scale_by_probs ? in.probs : Tensor(), in.splits, y);
+  detail::Plan plan = detail::bind_bias_add(
+      ctx_, x, bias_, config_.scale_by_probs ? in.probs : Tensor(), in.splits, y);
   if (saved) {
     auto s = std::make_unique<Saved>();
     if (config_.scale_by_probs) s->probs = in.probs;
     s->splits = in.splits;
     s->rows = T;
     s->probs_requires_grad = config_.scale_by_probs && in.probs_requires_grad;
+    s->used = std::make_shared<bool>(false);
     *saved = std::move(s);
   }
-  return y;
+  return {y, [plan = std::move(plan)] { plan.run(); }};
 }
 
-OpGrads Bias::op_backward(const OpContext& saved, const Tensor& dy, const Tensor&, Tensor& dprobs,
-                          const Deferral&) const {
+BoundBackward Bias::bind_backward(const OpContext& saved, const Tensor& dy, const Tensor&,
+                                  Tensor& dprobs, const Deferral& defer) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by Bias", "another op's context");
+  if (s->used && *s->used) {
+    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
+                  "a context already used by a backward");
+  }
   check_input("grad_output", dy, {s->rows, config_.features}, config_.dtype, ctx_.device());
-  OpGrads grads;
-  grads.input = dy;  // d(x + b)/dx is the identity
+  ParamGrads params;
+  detail::Plan plan;
   if (config_.scale_by_probs) {
     if (requires_grad_ || s->probs_requires_grad) {
       Tensor db = requires_grad_ ? Tensor::empty(bias_.shape(), config_.dtype, ctx_) : Tensor();
@@ -66,15 +73,19 @@ OpGrads Bias::op_backward(const OpContext& saved, const Tensor& dy, const Tensor
       Tensor dp;
       if (s->probs_requires_grad)
         dp = accumulate ? dprobs : Tensor::empty({s->rows}, DType::F32, ctx_);
-      grouped_scaled_bias_grad(ctx_, dy, s->probs, bias_, s->splits, db, dp, accumulate);
+      plan = detail::bind_scaled_bias_grad(ctx_, dy, s->probs, bias_, s->splits, db, dp, accumulate);
       if (dp.defined()) dprobs = dp;
-      grads.params.bias = db;
+      params.bias = db;
     }
   } else if (requires_grad_) {
-    grads.params.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
-    grouped_bias_grad(ctx_, dy, s->splits, grads.params.bias, false);
+    params.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
+    plan = detail::bind_bias_grad(ctx_, dy, s->splits, params.bias, false);
   }
-  return grads;
+  // d(x + b)/dx is the identity: dx is dy.
+  return {dy, {params}, [plan = std::move(plan), used = defer.retain_saved ? BackwardOnce() : s->used](PendingWork&) {
+            if (used) *used = true;
+            plan.run();
+          }};
 }
 
 }  // namespace moekit

@@ -5,6 +5,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_gemm.h"
+#include "primitives/bind.h"
 
 namespace moekit {
 
@@ -42,8 +43,8 @@ void GroupedLinear::set_main_grad(const Tensor& main_grad) {
   main_grad_ = main_grad;
 }
 
-Tensor GroupedLinear::forward(const Tensor& x, const Splits& splits,
-                              const ForwardOptions& options, Saved* saved) const {
+BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& splits,
+                                         const ForwardOptions& options, Saved* saved) const {
   const Device dev = ctx_.device();
   check_input("input", x, {-1, config_.in}, config_.dtype, dev);
   const int64_t T = x.size(0);
@@ -57,14 +58,40 @@ Tensor GroupedLinear::forward(const Tensor& x, const Splits& splits,
   } else {
     y = Tensor::empty({T, config_.out}, config_.dtype, ctx_);
   }
-  grouped_gemm_group_m(ctx_, x, weight_, BOp::Transposed, splits, y, bias_);
-  if (saved) *saved = Saved{x, splits, options.input_requires_grad, true};
-  return y;
+  detail::Plan plan = detail::bind_group_m(ctx_, x, weight_, BOp::Transposed, splits, y, bias_);
+  if (saved) {
+    *saved = Saved{x, splits, options.input_requires_grad, true, std::make_shared<bool>(false)};
+  }
+  return {y, [plan = std::move(plan)] { plan.run(); }};
 }
 
-GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& dy,
-                                             const BackwardOptions& options) const {
+Tensor GroupedLinear::forward(const Tensor& x, const Splits& splits,
+                              const ForwardOptions& options, Saved* saved) const {
+  Saved s;
+  BoundForward bound = bind_forward(x, splits, options, saved ? &s : nullptr);
+  bound.run();
+  if (saved) *saved = std::move(s);
+  return bound.output;
+}
+
+namespace {
+// What a bound backward of GroupedLinear runs: its side stream and the calls bound on it.
+struct LinearBackwardWork {
+  std::unique_ptr<detail::SideStream> side;
+  detail::Plan dw, dx, db;
+  bool defer = false;
+  std::vector<Tensor> held;  // what deferred side work reads and writes
+  BackwardOnce used;
+};
+}  // namespace
+
+BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
+                                           const BackwardOptions& options) const {
   if (!saved.valid) throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
+  if (saved.used && *saved.used) {
+    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
+                  "a context already used by a backward");
+  }
   const Device dev = ctx_.device();
   const int64_t T = saved.input.size(0);
   check_input("grad_output", dy, {T, config_.out}, config_.dtype, dev);
@@ -85,39 +112,59 @@ GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& d
                          {"splits", saved.splits.device_counts()}});
   }
 
-  // Every output on this context's stream first; then the weight gradient on a side stream
-  // (core/side_stream.h), beside the input gradient when there is one.
-  Grads grads;
+  // Every output on this context's stream first; the weight gradient is bound on the side
+  // stream's context (core/side_stream.h), beside the input gradient when there is one.
+  BoundBackward bound;
+  ParamGrads params;
   if (need_dx) {
-    grads.input = options.grad_input.defined() ? options.grad_input
+    bound.input = options.grad_input.defined() ? options.grad_input
                                                : Tensor::empty({T, config_.in}, config_.dtype, ctx_);
   }
   if (need_dw) {
-    grads.weight = main_grad_.defined() ? main_grad_ : Tensor::empty(weight_.shape(), config_.dtype, ctx_);
-    if (bias_.defined()) grads.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
+    params.weight = main_grad_.defined() ? main_grad_ : Tensor::empty(weight_.shape(), config_.dtype, ctx_);
+    if (bias_.defined()) params.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
   }
+  auto work = std::make_shared<LinearBackwardWork>();
+  work->side = std::make_unique<detail::SideStream>(ctx_, need_dx && need_dw);
+  work->defer = options.defer_weight_grads;
+  if (need_dw) {
+    const Context& side = work->side->context();
+    work->dw = detail::bind_group_k(
+        work->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side, dy,
+        saved.input, saved.splits, params.weight, /*accumulate=*/main_grad_.defined());
+  }
+  if (need_dx) work->dx = detail::bind_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, bound.input);
+  if (params.bias.defined()) work->db = detail::bind_bias_grad(ctx_, dy, saved.splits, params.bias, false);
+  work->held = {dy, saved.input, saved.splits.device_counts(), params.weight};
+  if (!options.retain_saved) work->used = saved.used;
+  bound.params = {params};
   // Joined (default): dW forked first, so its CTAs start with dx's and fill the SMs dx's last
   // wave leaves. Deferred: dx (and db) first at full width, dW after it, joined by the caller.
-  auto side = std::make_unique<detail::SideStream>(ctx_, need_dx && need_dw);
-  const bool defer = options.defer_weight_grads;
-  auto weight_grad = [&] {
-    if (need_dw) {
-      const Context& on = side->fork();
-      grouped_gemm_group_k(defer ? detail::deferred_context(on, options.deferred_sm_margin) : on,
-                           dy, saved.input, saved.splits, grads.weight,
-                           /*accumulate=*/main_grad_.defined());
+  bound.run = [work](PendingWork& pending) {
+    if (work->used) *work->used = true;
+    auto weight_grad = [&] {
+      if (work->dw.empty()) return;
+      work->side->fork();
+      work->dw.run();
+    };
+    if (!work->defer) weight_grad();
+    work->dx.run();
+    work->db.run();
+    if (work->defer) {
+      weight_grad();
+      detail::defer(pending, std::move(work->side), std::move(work->held));
+    } else {
+      work->side->join();
     }
   };
-  if (!defer) weight_grad();
-  if (need_dx) grouped_gemm_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, grads.input);
-  if (grads.bias.defined()) grouped_bias_grad(ctx_, dy, saved.splits, grads.bias, false);
-  if (defer) {
-    weight_grad();
-    detail::defer(grads.weight_grads, std::move(side),
-                  {dy, saved.input, saved.splits.device_counts(), grads.weight});
-  } else {
-    side->join();
-  }
+  return bound;
+}
+
+GroupedLinear::Grads GroupedLinear::backward(const Saved& saved, const Tensor& dy,
+                                             const BackwardOptions& options) const {
+  BoundBackward bound = bind_backward(saved, dy, options);
+  Grads grads{bound.input, bound.params[0].weight, bound.params[0].bias, {}};
+  bound.run(grads.weight_grads);
   return grads;
 }
 

@@ -4,6 +4,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_bias.h"
+#include "primitives/bind.h"
 
 namespace moekit {
 namespace {
@@ -47,15 +48,16 @@ Shape GroupedLinearOp::output_shape(const Shape& input, DType dtype) const {
 }
 
 std::vector<OpTensor> GroupedLinearOp::tensors() const {
-  return {{"weight", linear_.weight()}, {"bias", bias()}, {"main_grad", linear_.main_grad()}};
+  return {{"weight", linear_.weight()},
+          {"bias", bias()},
+          {"main_grad", linear_.main_grad(), linear_.weight_requires_grad()}};
 }
 
-Tensor GroupedLinearOp::op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                                   bool input_requires_grad,
-                                   std::unique_ptr<OpContext>* saved) const {
+BoundForward GroupedLinearOp::bind_forward(const Tensor& x, const ExtraInputs& in,
+                                           const OpArguments& args, bool input_requires_grad,
+                                           std::unique_ptr<OpContext>* saved) const {
   const Device dev = context().device();
   if (options_.scale_bias) {
-    // Checked before the GEMM writes anything (a failed call writes nothing).
     check_input("input", x, {-1, config_.in}, config_.dtype, dev);
     check_input("probs", in.probs, {x.size(0)}, DType::F32, dev);
     if (args.output.defined()) {
@@ -69,10 +71,17 @@ Tensor GroupedLinearOp::op_forward(const Tensor& x, const ExtraInputs& in, const
     }
   }
   auto s = saved ? std::make_unique<Saved>() : nullptr;
-  Tensor y = linear_.forward(x, in.splits,
-                             {.output = args.output, .input_requires_grad = input_requires_grad},
-                             s ? &s->linear : nullptr);
-  if (options_.scale_bias) grouped_bias_add(context(), y, scaled_bias_, in.probs, in.splits, y);
+  BoundForward bound = linear_.bind_forward(
+      x, in.splits, {.output = args.output, .input_requires_grad = input_requires_grad},
+      s ? &s->linear : nullptr);
+  if (options_.scale_bias) {
+    detail::Plan bias = detail::bind_bias_add(context(), bound.output, scaled_bias_, in.probs,
+                                              in.splits, bound.output);
+    bound.run = [gemm = std::move(bound.run), bias = std::move(bias)] {
+      gemm();
+      bias.run();
+    };
+  }
   if (s) {
     if (options_.scale_bias) {
       s->probs = in.probs;
@@ -80,19 +89,19 @@ Tensor GroupedLinearOp::op_forward(const Tensor& x, const ExtraInputs& in, const
     }
     *saved = std::move(s);
   }
-  return y;
+  return bound;
 }
 
-OpGrads GroupedLinearOp::op_backward(const OpContext& saved, const Tensor& dy,
-                                     const Tensor& grad_input, Tensor& dprobs,
-                                     const Deferral& defer) const {
+BoundBackward GroupedLinearOp::bind_backward(const OpContext& saved, const Tensor& dy,
+                                             const Tensor& grad_input, Tensor& dprobs,
+                                             const Deferral& defer) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by GroupedLinearOp", "another op's context");
-  GroupedLinear::Grads g = linear_.backward(s->linear, dy,
-                                            {.grad_input = grad_input,
-                                             .defer_weight_grads = defer.weight_grads,
-                                             .deferred_sm_margin = defer.sm_margin});
-  OpGrads grads{g.input, {g.weight, g.bias}, std::move(g.weight_grads)};
+  BoundBackward bound = linear_.bind_backward(s->linear, dy,
+                                              {.grad_input = grad_input,
+                                               .defer_weight_grads = defer.weight_grads,
+                                               .deferred_sm_margin = defer.sm_margin,
+                                               .retain_saved = defer.retain_saved});
   if (options_.scale_bias) {
     const bool need_db = linear_.weight_requires_grad();
     if (need_db || s->probs_requires_grad) {
@@ -103,13 +112,17 @@ OpGrads GroupedLinearOp::op_backward(const OpContext& saved, const Tensor& dy,
       if (s->probs_requires_grad) {
         dp = accumulate ? dprobs : Tensor::empty({dy.size(0)}, DType::F32, ctx);
       }
-      grouped_scaled_bias_grad(ctx, dy, s->probs, scaled_bias_, s->linear.splits, db, dp,
-                               accumulate);
+      detail::Plan bias = detail::bind_scaled_bias_grad(ctx, dy, s->probs, scaled_bias_,
+                                                        s->linear.splits, db, dp, accumulate);
       if (dp.defined()) dprobs = dp;
-      grads.params.bias = db;
+      bound.params[0].bias = db;
+      bound.run = [linear = std::move(bound.run), bias = std::move(bias)](PendingWork& pending) {
+        linear(pending);
+        bias.run();
+      };
     }
   }
-  return grads;
+  return bound;
 }
 
 }  // namespace moekit

@@ -16,12 +16,16 @@
 
 #include <string_view>
 
+#include <span>
+
 #include "core/side_stream.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/ops/fusion.h"
 #include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
+#include "primitives/bind.h"
 
 namespace moekit {
 namespace {
@@ -41,12 +45,21 @@ Tensor weight_grad_buffer(const GroupedLinear& layer) {
   return Tensor::empty(layer.weight().shape(), layer.config().dtype, layer.context());
 }
 
-// The weight gradient of a layer exactly as GroupedLinear::backward computes it, queued on `ctx`
+// The weight gradient of a layer exactly as GroupedLinear::backward computes it, bound on `ctx`
 // (the layer's context or its side stream).
-void weight_grad(const Context& ctx, const GroupedLinear& layer, const Tensor& dy, const Tensor& x,
-                 const Splits& splits, const Tensor& dw) {
-  grouped_gemm_group_k(ctx, dy, x, splits, dw, /*accumulate=*/layer.main_grad().defined());
+detail::Plan bind_weight_grad(const Context& ctx, const GroupedLinear& layer, const Tensor& dy,
+                              const Tensor& x, const Splits& splits, const Tensor& dw) {
+  return detail::bind_group_k(ctx, dy, x, splits, dw, /*accumulate=*/layer.main_grad().defined());
 }
+
+// What a bound backward of the grouped MLP runs: its two side streams and the calls bound.
+struct MlpBackwardWork {
+  std::unique_ptr<detail::SideStream> side1, side2;
+  detail::Plan dw2, dz, db2, dswiglu, dw1, dx, db1;
+  bool defer = false;
+  std::vector<Tensor> held2, held1;
+  BackwardOnce used;
+};
 
 }  // namespace
 
@@ -95,8 +108,8 @@ std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& f
   return "";
 }
 
-Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& splits,
-                           const ForwardOptions& options, Saved* saved) const {
+BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs, const Splits& splits,
+                                      const ForwardOptions& options, Saved* saved) const {
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
   const Device dev = context().device();
   const DType dt = dtype();
@@ -122,17 +135,21 @@ Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& s
   //      z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward) — one primitive when they share a context
   Tensor h = Tensor::empty({T, 2 * F}, dt, l1.context());
   Tensor z = Tensor::empty({T, F}, dt, act_->context());
+  detail::Plan plan;
   if (l1.context().impl() == act_->context().impl()) {
-    grouped_gemm_swiglu(l1.context(), x, l1.weight(), splits, l1.bias(), probs, layout(), h, z);
+    plan = detail::bind_gemm_swiglu(l1.context(), x, l1.weight(), splits, l1.bias(), probs,
+                                    layout(), h, z);
   } else {
-    grouped_gemm_group_m(l1.context(), x, l1.weight(), BOp::Transposed, splits, h, l1.bias());
-    swiglu_forward(act_->context(), h, probs, splits, layout(), z);
+    plan = detail::bind_group_m(l1.context(), x, l1.weight(), BOp::Transposed, splits, h, l1.bias());
+    plan.then(detail::bind_swiglu_forward(act_->context(), h, probs, splits, layout(), z));
   }
   // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place (as GroupedLinearOp with scale_bias)
   Tensor y = options.output.defined() ? options.output
                                       : Tensor::empty({T, out_features()}, dt, l2.context());
-  grouped_gemm_group_m(l2.context(), z, l2.weight(), BOp::Transposed, splits, y, l2.bias());
-  if (fc2_->scale_bias()) grouped_bias_add(l2.context(), y, fc2_->bias(), probs, splits, y);
+  plan.then(detail::bind_group_m(l2.context(), z, l2.weight(), BOp::Transposed, splits, y, l2.bias()));
+  if (fc2_->scale_bias()) {
+    plan.then(detail::bind_bias_add(l2.context(), y, fc2_->bias(), probs, splits, y));
+  }
   if (saved) {
     saved->input = x;
     saved->h = h;
@@ -142,14 +159,28 @@ Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& s
     saved->input_requires_grad = options.input_requires_grad;
     saved->probs_requires_grad = options.probs_requires_grad;
     saved->valid = true;
+    saved->used = std::make_shared<bool>(false);
   }
-  return y;
+  return {y, [plan = std::move(plan)] { plan.run(); }};
 }
 
-GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
-                                       const BackwardOptions& options) const {
+Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& splits,
+                           const ForwardOptions& options, Saved* saved) const {
+  Saved s;
+  BoundForward bound = bind_forward(x, probs, splits, options, saved ? &s : nullptr);
+  bound.run();
+  if (saved) *saved = std::move(s);
+  return bound.output;
+}
+
+BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
+                                        const BackwardOptions& options) const {
   if (!s.valid)
     throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
+  if (s.used && *s.used) {
+    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
+                  "a context already used by a backward");
+  }
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
   const Device dev = context().device();
   const DType dt = dtype();
@@ -199,7 +230,8 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   // weight gradient on a side stream (core/side_stream.h) beside the input-gradient chain:
   // fc2's beside fc2's dgrad and the activation's backward, fc1's (once dh exists) beside fc1's
   // dgrad; both joined at the end. Deferred: the whole input-gradient chain first, then both
-  // weight gradients after it, joined by the caller's handle.
+  // weight gradients after it, joined by the caller's handle. Everything is bound here, before
+  // any of it runs.
   Grads grads;
   if (s.probs_requires_grad) {
     grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
@@ -215,20 +247,17 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
                       : Tensor::empty({T, in_features()}, dt, l1.context());
   }
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
-  const bool defer = options.defer_weight_grads;
-  auto side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
-  auto side1 =
-      std::make_unique<detail::SideStream>(l1.context(), dw1 && (defer || s.input_requires_grad));
+  auto w = std::make_shared<MlpBackwardWork>();
+  w->defer = options.defer_weight_grads;
+  w->side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
+  w->side1 =
+      std::make_unique<detail::SideStream>(l1.context(), dw1 && (w->defer || s.input_requires_grad));
   // Deferred: on the side stream with the options' SM margin (detail::deferred_context).
   auto on = [&](const Context& side) {
-    return defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
+    return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
   };
-  auto fc2_weight_grad = [&] {
-    if (dw2) weight_grad(on(side2->fork()), l2, dy, s.z, s.splits, grads.fc2.weight);
-  };
-  auto fc1_weight_grad = [&] {
-    if (dw1) weight_grad(on(side1->fork()), l1, dh, s.input, s.splits, grads.fc1.weight);
-  };
+  if (dw2) w->dw2 = bind_weight_grad(on(w->side2->context()), l2, dy, s.z, s.splits, grads.fc2.weight);
+  if (dw1) w->dw1 = bind_weight_grad(on(w->side1->context()), l1, dh, s.input, s.splits, grads.fc1.weight);
 
   bool dp_written = accumulate_dp;
   // ---- fc2 (as GroupedLinear::backward, then the scaled bias as GroupedLinearOp) and the
@@ -236,42 +265,145 @@ GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
   //      fc2's input gradient and the activation's backward are one primitive
   //      (grouped_gemm_dswiglu), which runs after the bias gradient so that dprobs gets the
   //      bias part first, as in the unfused order.
-  if (!defer) fc2_weight_grad();
   const bool one_call = l2.context().impl() == act_->context().impl();
   Tensor dz;
   if (!one_call) {
     dz = Tensor::empty({T, ffn()}, dt, l2.context());
-    grouped_gemm_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
+    w->dz = detail::bind_group_m(l2.context(), dy, l2.weight(), BOp::Plain, s.splits, dz);
   }
   if (fc2_->scale_bias() && (dw2 || s.probs_requires_grad)) {
-    grouped_scaled_bias_grad(l2.context(), dy, s.probs, fc2_->bias(), s.splits, grads.fc2.bias,
-                             grads.probs, dp_written);
+    w->db2 = detail::bind_scaled_bias_grad(l2.context(), dy, s.probs, fc2_->bias(), s.splits,
+                                           grads.fc2.bias, grads.probs, dp_written);
     dp_written = dp_written || grads.probs.defined();
   }
   if (one_call) {
-    grouped_gemm_dswiglu(l2.context(), dy, l2.weight(), s.splits, s.h, s.probs, layout(), dh,
-                         grads.probs, dp_written);
+    w->dswiglu = detail::bind_gemm_dswiglu(l2.context(), dy, l2.weight(), s.splits, s.h, s.probs,
+                                           layout(), dh, grads.probs, dp_written);
   } else {
-    swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(), dh, grads.probs,
-                    dp_written);
+    w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits,
+                                              layout(), dh, grads.probs, dp_written);
   }
   // ---- fc1 (as GroupedLinear::backward)
-  if (!defer) fc1_weight_grad();
   if (s.input_requires_grad) {
-    grouped_gemm_group_m(l1.context(), dh, l1.weight(), BOp::Plain, s.splits, grads.input);
+    w->dx = detail::bind_group_m(l1.context(), dh, l1.weight(), BOp::Plain, s.splits, grads.input);
   }
-  if (grads.fc1.bias.defined()) grouped_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
-  if (defer) {
-    fc2_weight_grad();
-    fc1_weight_grad();
-    const Tensor counts = s.splits.device_counts();
-    detail::defer(grads.weight_grads, std::move(side2), {dy, s.z, counts, grads.fc2.weight});
-    detail::defer(grads.weight_grads, std::move(side1), {dh, s.input, counts, grads.fc1.weight});
-  } else {
-    side1->join();
-    side2->join();
+  if (grads.fc1.bias.defined()) {
+    w->db1 = detail::bind_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
   }
+  const Tensor counts = s.splits.device_counts();
+  w->held2 = {dy, s.z, counts, grads.fc2.weight};
+  w->held1 = {dh, s.input, counts, grads.fc1.weight};
+  if (!options.retain_saved) w->used = s.used;
+
+  BoundBackward bound;
+  bound.input = grads.input;
+  bound.params = {grads.fc1, ParamGrads{}, grads.fc2};
+  bound.probs = grads.probs;
+  bound.run = [w](PendingWork& pending) {
+    if (w->used) *w->used = true;
+    auto fc2_weight_grad = [&] {
+      if (w->dw2.empty()) return;
+      w->side2->fork();
+      w->dw2.run();
+    };
+    auto fc1_weight_grad = [&] {
+      if (w->dw1.empty()) return;
+      w->side1->fork();
+      w->dw1.run();
+    };
+    if (!w->defer) fc2_weight_grad();
+    w->dz.run();
+    w->db2.run();
+    w->dswiglu.run();
+    if (!w->defer) fc1_weight_grad();
+    w->dx.run();
+    w->db1.run();
+    if (w->defer) {
+      fc2_weight_grad();
+      fc1_weight_grad();
+      detail::defer(pending, std::move(w->side2), std::move(w->held2));
+      detail::defer(pending, std::move(w->side1), std::move(w->held1));
+    } else {
+      w->side1->join();
+      w->side2->join();
+    }
+  };
+  return bound;
+}
+
+GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,
+                                       const BackwardOptions& options) const {
+  BoundBackward bound = bind_backward(s, dy, options);
+  Grads grads{bound.input, bound.probs, bound.params[0], bound.params[2], {}};
+  bound.run(grads.weight_grads);
   return grads;
 }
 
+}  // namespace moekit
+
+// ---------------------------------------------------------------- the fusion (ops/fusion.h)
+namespace moekit {
+namespace {
+
+class GroupedMLPFusion final : public FusedOp {
+ public:
+  explicit GroupedMLPFusion(std::shared_ptr<const GroupedMLP> mlp) : mlp_(std::move(mlp)) {}
+
+  std::string_view kind() const override { return "GroupedMLP"; }
+  int64_t size() const override { return 3; }
+  std::string accepts(OpArgument argument, int64_t index) const override {
+    if (argument == OpArgument::Output) {
+      return index == 2 ? "" : "'output' only on fc2 (the last op) of a fused grouped MLP";
+    }
+    return index == 0 ? "" : "'grad_input' only on fc1 (the first op) of a fused grouped MLP";
+  }
+  std::string role(int64_t index) const override {
+    static constexpr const char* kRole[] = {"fc1", "the activation", "fc2"};
+    return kRole[index];
+  }
+  BoundForward bind_forward(const Tensor& x, const ExtraInputs& in,
+                            std::span<const OpArguments> args, bool input_requires_grad,
+                            std::unique_ptr<OpContext>* saved) const override {
+    const GroupedMLP::ForwardOptions options{.output = args[2].output,
+                                             .input_requires_grad = input_requires_grad,
+                                             .probs_requires_grad = in.probs_requires_grad};
+    auto s = saved ? std::make_unique<GroupedMLP::Saved>() : nullptr;
+    BoundForward bound = mlp_->bind_forward(x, in.probs, in.splits, options, s.get());
+    if (saved) *saved = std::move(s);
+    return bound;
+  }
+  BoundBackward bind_backward(const OpContext& saved, const Tensor& dy,
+                              std::span<const Tensor> grad_inputs, Tensor& dprobs,
+                              const Deferral& defer) const override {
+    const auto* s = dynamic_cast<const GroupedMLP::Saved*>(&saved);
+    if (!s) throw_invalid("saved", "a context recorded by GroupedMLP", "another op's context");
+    BoundBackward bound = mlp_->bind_backward(*s, dy,
+                                              {.grad_input = grad_inputs[0],
+                                               .grad_probs = dprobs,
+                                               .defer_weight_grads = defer.weight_grads,
+                                               .deferred_sm_margin = defer.sm_margin,
+                                               .retain_saved = defer.retain_saved});
+    if (bound.probs.defined()) dprobs = bound.probs;
+    return bound;
+  }
+
+ private:
+  std::shared_ptr<const GroupedMLP> mlp_;
+};
+
+std::shared_ptr<const FusedOp> match_grouped_mlp(std::span<const OpHandle> ops) {
+  if (ops.size() < 3 || !GroupedMLP::mismatch(*ops[0], *ops[1], *ops[2]).empty()) return nullptr;
+  return std::make_shared<GroupedMLPFusion>(std::make_shared<const GroupedMLP>(
+      std::dynamic_pointer_cast<GroupedLinearOp>(ops[0]),
+      std::dynamic_pointer_cast<ScaledSwiGLU>(ops[1]),
+      std::dynamic_pointer_cast<GroupedLinearOp>(ops[2])));
+}
+
+// The library's fusion, registered when the library loads.
+const bool kGroupedMLPRegistered = [] {
+  register_fusion("GroupedMLP", match_grouped_mlp);
+  return true;
+}();
+
+}  // namespace
 }  // namespace moekit

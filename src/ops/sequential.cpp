@@ -2,10 +2,10 @@
 #include "moekit/ops/sequential.h"
 
 #include <array>
+#include <mutex>
 
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
-#include "moekit/ops/grouped_mlp.h"
 
 namespace moekit {
 
@@ -15,8 +15,32 @@ struct Tape::Record {
   std::vector<std::unique_ptr<OpContext>> contexts;  // one per stage
   std::vector<Tensor> grad_inputs;                   // per position: bound at forward
   std::vector<std::string> grad_input_names;         // their keys and ops, for errors
+  Tensor probs;                                      // the routing probs of the call
   bool input_requires_grad = false;
+  std::shared_ptr<bool> used = std::make_shared<bool>(false);  // one backward per tape
 };
+
+// ---------------------------------------------------------------- the fusion registry
+namespace {
+struct Registered {
+  std::string name;
+  FusionMatcher match;
+};
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Registered>& registry() {
+  static std::vector<Registered> fusions;
+  return fusions;
+}
+}  // namespace
+
+void register_fusion(std::string_view name, FusionMatcher match) {
+  if (!match) throw_invalid("match", "a fusion matcher", "a null function");
+  std::lock_guard lock(registry_mutex());
+  registry().push_back({std::string(name), match});
+}
 
 std::string_view name(OpArgument argument) {
   return argument == OpArgument::Output ? "output" : "grad_input";
@@ -54,7 +78,7 @@ std::string describe_op(int64_t position, const Op& op) {
 }
 
 std::string describe_stage(const Sequential::Stage& st, const std::vector<OpHandle>& ops) {
-  if (st.fused) return str("the fused GroupedMLP (ops ", st.begin, "-", st.end - 1, ")");
+  if (st.fused) return str("the fused ", st.fused->kind(), " (ops ", st.begin, "-", st.end - 1, ")");
   return describe_op(st.begin, *ops[static_cast<size_t>(st.begin)]);
 }
 
@@ -99,20 +123,23 @@ Sequential::Sequential(std::vector<OpHandle> ops, const SequentialOptions& optio
 
 void Sequential::replan() {
   stages_.clear();
+  std::vector<Registered> fusions;
+  if (fuse_) {
+    std::lock_guard lock(registry_mutex());
+    fusions = registry();
+  }
   const int64_t n = size();
   for (int64_t i = 0; i < n;) {
-    const auto at = [&](int64_t k) -> const OpHandle& { return ops_[static_cast<size_t>(k)]; };
-    if (fuse_ && i + 2 < n && GroupedMLP::mismatch(*at(i), *at(i + 1), *at(i + 2)).empty()) {
-      auto mlp =
-          std::make_shared<const GroupedMLP>(std::dynamic_pointer_cast<GroupedLinearOp>(at(i)),
-                                             std::dynamic_pointer_cast<ScaledSwiGLU>(at(i + 1)),
-                                             std::dynamic_pointer_cast<GroupedLinearOp>(at(i + 2)));
-      stages_.push_back({i, i + 3, std::move(mlp)});
-      i += 3;
-    } else {
-      stages_.push_back({i, i + 1, nullptr});
-      ++i;
+    std::shared_ptr<const FusedOp> fused;
+    const std::span<const OpHandle> rest(ops_.data() + i, static_cast<size_t>(n - i));
+    for (const Registered& f : fusions) {
+      fused = f.match(rest);
+      if (fused && fused->size() >= 1 && fused->size() <= n - i) break;
+      fused.reset();
     }
+    const int64_t len = fused ? fused->size() : 1;
+    stages_.push_back({i, i + len, std::move(fused)});
+    i += len;
   }
 }
 
@@ -132,7 +159,7 @@ std::string Sequential::plan() const {
   std::string out;
   for (const Stage& st : stages_) {
     if (!out.empty()) out += ", ";
-    out += st.fused ? str("GroupedMLP(", st.begin, "-", st.end - 1, ")")
+    out += st.fused ? str(st.fused->kind(), "(", st.begin, "-", st.end - 1, ")")
                     : str(ops_[static_cast<size_t>(st.begin)]->kind(), "(", st.begin, ")");
   }
   return out;
@@ -194,17 +221,12 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
         if (!r.tensor.defined()) continue;
         const OpArgument which = kArguments[a];
         if (st.fused) {
-          const bool ok = (which == OpArgument::Output && pos == st.end - 1) ||
-                          (which == OpArgument::GradInput && pos == st.begin);
-          if (ok) continue;
-          static constexpr const char* kRole[] = {"fc1", "the activation", "fc2"};
-          throw_invalid(r.name,
-                        which == OpArgument::Output
-                            ? "'output' only on fc2 (the last op) of a fused grouped MLP"
-                            : "'grad_input' only on fc1 (the first op) of a fused grouped MLP",
-                        str("'", name(which), "' on ", kRole[pos - st.begin], ", ",
-                            describe_op(pos, op_at(pos)), ", of the fused GroupedMLP (ops ",
-                            st.begin, "-", st.end - 1,
+          const std::string expected = st.fused->accepts(which, pos - st.begin);
+          if (expected.empty()) continue;
+          throw_invalid(r.name, expected,
+                        str("'", name(which), "' on ", st.fused->role(pos - st.begin), ", ",
+                            describe_op(pos, op_at(pos)), ", of the fused ", st.fused->kind(),
+                            " (ops ", st.begin, "-", st.end - 1,
                             "), whose inner tensors are not materialised (turn fusion off to "
                             "route buffers to its inner ops)"));
         }
@@ -317,34 +339,36 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
     }
     record->input_requires_grad = in.input_requires_grad;
   }
+  if (record) record->probs = in.probs;
+  // ---- 5. bind every stage (each checks its own arguments and chooses its backends), then run
+  std::vector<BoundForward> bound;
+  bound.reserve(stages_.size());
   Tensor cur = x;
   for (const Stage& st : stages_) {
     const bool input_requires_grad = st.begin == 0 ? in.input_requires_grad : true;
     std::unique_ptr<OpContext> context;
     try {
       if (st.fused) {
-        const GroupedMLP::ForwardOptions options{
-            .output = routed[static_cast<size_t>(st.end - 1)][0].tensor,
-            .input_requires_grad = input_requires_grad,
-            .probs_requires_grad = in.probs_requires_grad};
-        if (record) {
-          auto saved = std::make_unique<GroupedMLP::Saved>();
-          cur = st.fused->forward(cur, in.probs, in.splits, options, saved.get());
-          context = std::move(saved);
-        } else {
-          cur = st.fused->forward(cur, in.probs, in.splits, options);
+        std::vector<OpArguments> stage_args;
+        for (int64_t pos = st.begin; pos < st.end; ++pos) {
+          const auto& r = routed[static_cast<size_t>(pos)];
+          stage_args.push_back({.output = r[0].tensor, .grad_input = r[1].tensor});
         }
+        bound.push_back(st.fused->bind_forward(cur, in, stage_args, input_requires_grad,
+                                               record ? &context : nullptr));
       } else {
         const auto& r = routed[static_cast<size_t>(st.begin)];
         const OpArguments op_args{.output = r[0].tensor, .grad_input = r[1].tensor};
-        cur = op_at(st.begin).op_forward(cur, in, op_args, input_requires_grad,
-                                         record ? &context : nullptr);
+        bound.push_back(op_at(st.begin).bind_forward(cur, in, op_args, input_requires_grad,
+                                                     record ? &context : nullptr));
       }
     } catch (const Error& e) {
       rethrow_in(e, describe_stage(st, ops_));
     }
+    cur = bound.back().output;
     if (record) record->contexts.push_back(std::move(context));
   }
+  for (const BoundForward& b : bound) b.run();
   SequentialOutput out;
   out.output = cur;
   out.tape.record_ = std::move(record);
@@ -370,8 +394,30 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
                     str("memory overlapping input 'grad_output' (", dy.describe(), ")"));
     }
   }
-  SequentialGrads out;
-  out.params.resize(ops_.size());
+  if (*r.used) {
+    throw_invalid("tape", "a tape whose backward has not run yet (one backward per forward; "
+                  "SequentialBackwardOptions::retain_tape keeps it)",
+                  "a tape already used by a backward");
+  }
+  // What the backward writes besides its outputs (each op's main_grad) may not overlap what it
+  // reads: dy and the routing probs (an op checks its own grad_output only, dy for the last op).
+  for (size_t pos = 0; pos < ops_.size(); ++pos) {
+    for (const OpTensor& t : ops_[pos]->tensors()) {
+      if (!t.written_by_backward || !t.tensor.defined()) continue;
+      for (const NamedTensor& in : {NamedTensor{"grad_output", dy}, NamedTensor{"probs", r.probs}}) {
+        if (overlaps(t.tensor, in.tensor)) {
+          throw_invalid(str(describe_op(static_cast<int64_t>(pos), *ops_[pos]), " ", t.name),
+                        "memory that overlaps no input of the backward",
+                        str("memory overlapping input '", in.name, "' (", in.tensor.describe(), ")"));
+        }
+      }
+    }
+  }
+  // ---- bind every stage, last first (each stage's dy is the dx its successor binds), then run
+  const Deferral defer{.weight_grads = options.defer_weight_grads,
+                       .sm_margin = options.deferred_sm_margin,
+                       .retain_saved = options.retain_tape};
+  std::vector<BoundBackward> bound(r.stages.size());
   Tensor grad = dy;
   Tensor dprobs;  // summed over every op that takes the probs, in reverse op order
   for (size_t k = r.stages.size(); k-- > 0;) {
@@ -379,28 +425,27 @@ SequentialGrads Sequential::backward(const Tape& tape, const Tensor& dy,
     const auto begin = static_cast<size_t>(st.begin);
     try {
       if (st.fused) {
-        const auto& saved = static_cast<const GroupedMLP::Saved&>(*r.contexts[k]);
-        GroupedMLP::Grads g =
-            st.fused->backward(saved, grad,
-                               {.grad_input = r.grad_inputs[begin],
-                                .grad_probs = dprobs,
-                                .defer_weight_grads = options.defer_weight_grads,
-                                .deferred_sm_margin = options.deferred_sm_margin});
-        out.weight_grads.merge(std::move(g.weight_grads));
-        if (g.probs.defined()) dprobs = g.probs;
-        out.params[begin] = g.fc1;
-        out.params[begin + 2] = g.fc2;
-        grad = g.input;
+        const std::span<const Tensor> grad_inputs(r.grad_inputs.data() + begin,
+                                                  static_cast<size_t>(st.end - st.begin));
+        bound[k] = st.fused->bind_backward(*r.contexts[k], grad, grad_inputs, dprobs, defer);
       } else {
-        OpGrads g = ops_[begin]->op_backward(
-            *r.contexts[k], grad, r.grad_inputs[begin], dprobs,
-            {.weight_grads = options.defer_weight_grads, .sm_margin = options.deferred_sm_margin});
-        out.weight_grads.merge(std::move(g.weight_grads));
-        out.params[begin] = g.params;
-        grad = g.input;
+        bound[k] = ops_[begin]->bind_backward(*r.contexts[k], grad, r.grad_inputs[begin], dprobs,
+                                              defer);
       }
     } catch (const Error& e) {
       rethrow_in(e, describe_stage(st, r.ops));
+    }
+    grad = bound[k].input;
+  }
+  SequentialGrads out;
+  out.params.resize(ops_.size());
+  if (!options.retain_tape) *r.used = true;
+  for (size_t k = r.stages.size(); k-- > 0;) {
+    bound[k].run(out.weight_grads);
+    const Stage& st = r.stages[k];
+    for (int64_t pos = st.begin; pos < st.end; ++pos) {
+      const auto i = static_cast<size_t>(pos - st.begin);
+      if (i < bound[k].params.size()) out.params[static_cast<size_t>(pos)] = bound[k].params[i];
     }
   }
   if (r.input_requires_grad) out.input = grad;

@@ -7,6 +7,7 @@
 #include "moekit/primitives/grouped_gemm.h"
 #include "primitives/activation_args.h"
 #include "primitives/backend_table.h"
+#include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
 #include "cuda/cuda_activation.h"
 #endif
@@ -68,7 +69,7 @@ std::string_view name(GluLayout layout) {
   return layout == GluLayout::Halves ? "halves" : "interleaved32";
 }
 
-void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
+detail::Plan detail::bind_swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
                     GluLayout layout, const Tensor& z) {
   const Device dev = ctx.device();
   const int64_t F = check_glu_input(h, layout, dev);
@@ -77,11 +78,16 @@ void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, co
   check_row_splits(splits, T, dev);
   check_caller_buffer("z", z, {T, F}, h.dtype(), dev,
                       {{"h", h}, {"probs", probs}, {"splits", splits.device_counts()}});
-  detail::dispatch<detail::SwigluForwardArgs>("swiglu_forward", kSwigluForward, ctx,
+  return detail::bind<detail::SwigluForwardArgs>("swiglu_forward", kSwigluForward, ctx,
                                               {ctx, h, probs, splits, layout, z, T, F});
 }
 
-void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
+void swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
+                    GluLayout layout, const Tensor& z) {
+  detail::bind_swiglu_forward(ctx, h, probs, splits, layout, z).run();
+}
+
+detail::Plan detail::bind_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
                          const Splits& splits, const Tensor& bias, const Tensor& probs,
                          GluLayout layout, const Tensor& h, const Tensor& z) {
   const Device dev = ctx.device();
@@ -105,17 +111,26 @@ void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
   // no decline). Otherwise — another backend forced, or a call the fused kernel cannot take (e.g.
   // the Halves layout) — the two primitives run, each choosing its backend as usual.
 #ifdef MOEKIT_HAS_SM90
-  constexpr detail::Backend<detail::GemmSwigluArgs> kFused{
+  static constexpr detail::Backend<detail::GemmSwigluArgs> kFused{
       "sm90", cuda::sm90_gemm_swiglu_rejects, cuda::sm90_gemm_swiglu_run,
       cuda::sm90_gemm_swiglu_declines};
-  const detail::GemmSwigluArgs args{ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F};
-  if (detail::takes_first(kFused, ctx, args)) return kFused.run(args);
+  detail::Plan fused = detail::bind_first<detail::GemmSwigluArgs>(
+      "grouped_gemm_swiglu", kFused, ctx, {ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F});
+  if (!fused.empty()) return fused;
+#else
+  (void)K;
 #endif
-  grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, h, bias);
-  swiglu_forward(ctx, h, probs, splits, layout, z);
+  detail::Plan plan = bind_group_m(ctx, x, w, BOp::Transposed, splits, h, bias);
+  return std::move(plan.then(bind_swiglu_forward(ctx, h, probs, splits, layout, z)));
 }
 
-void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
+void grouped_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w,
+                         const Splits& splits, const Tensor& bias, const Tensor& probs,
+                         GluLayout layout, const Tensor& h, const Tensor& z) {
+  detail::bind_gemm_swiglu(ctx, x, w, splits, bias, probs, layout, h, z).run();
+}
+
+detail::Plan detail::bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
                           const Splits& splits, const Tensor& h, const Tensor& probs,
                           GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                           bool accumulate_dprobs) {
@@ -146,19 +161,30 @@ void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
   }
   // As grouped_gemm_swiglu: the fused kernel where the GEMM would run on sm90 anyway.
 #ifdef MOEKIT_HAS_SM90
-  constexpr detail::Backend<detail::GemmDSwigluArgs> kFused{
+  static constexpr detail::Backend<detail::GemmDSwigluArgs> kFused{
       "sm90", cuda::sm90_gemm_dswiglu_rejects, cuda::sm90_gemm_dswiglu_run,
       cuda::sm90_gemm_dswiglu_declines};
-  const detail::GemmDSwigluArgs args{ctx, dy, w, splits, h, probs, layout, dh, dprobs,
-                                     accumulate_dprobs, G, T, H, F};
-  if (detail::takes_first(kFused, ctx, args)) return kFused.run(args);
+  detail::Plan fused = detail::bind_first<detail::GemmDSwigluArgs>(
+      "grouped_gemm_dswiglu", kFused, ctx,
+      {ctx, dy, w, splits, h, probs, layout, dh, dprobs, accumulate_dprobs, G, T, H, F});
+  if (!fused.empty()) return fused;
+#else
+  (void)H;
 #endif
-  const Tensor dz = Tensor::empty({T, F}, dy.dtype(), ctx);
-  grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dz);
-  swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs);
+  const Tensor dz = Tensor::empty({T, F}, dy.dtype(), ctx);  // the bound calls hold it
+  detail::Plan plan = bind_group_m(ctx, dy, w, BOp::Plain, splits, dz);
+  return std::move(
+      plan.then(bind_swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs)));
 }
 
-void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
+void grouped_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
+                          const Splits& splits, const Tensor& h, const Tensor& probs,
+                          GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                          bool accumulate_dprobs) {
+  detail::bind_gemm_dswiglu(ctx, dy, w, splits, h, probs, layout, dh, dprobs, accumulate_dprobs).run();
+}
+
+detail::Plan detail::bind_swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
                      const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                      bool accumulate_dprobs) {
   const Device dev = ctx.device();
@@ -178,9 +204,14 @@ void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, c
     check_caller_buffer("dprobs", dprobs, {T}, DType::F32, dev,
                         {{"h", h}, {"probs", probs}, {"dz", dz}, {"splits", counts}, {"dh", dh}});
   }
-  detail::dispatch<detail::SwigluBackwardArgs>(
-      "swiglu_backward", kSwigluBackward, ctx,
+  return detail::bind<detail::SwigluBackwardArgs>("swiglu_backward", kSwigluBackward, ctx,
       {ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs, T, F});
+}
+
+void swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs, const Tensor& dz,
+                     const Splits& splits, GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                     bool accumulate_dprobs) {
+  detail::bind_swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs).run();
 }
 
 }  // namespace moekit

@@ -6,6 +6,7 @@
 #include "moekit/core/error.h"
 #include "primitives/activation_args.h"
 #include "primitives/backend_table.h"
+#include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
 #include "cuda/cuda_activation.h"
 #endif
@@ -35,7 +36,7 @@ bool same_view(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-void grouped_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, const Tensor& probs,
+detail::Plan detail::bind_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, const Tensor& probs,
                       const Splits& splits, const Tensor& out) {
   const Device dev = ctx.device();
   if (!x.defined() || x.dim() != 2) throw_invalid("x", "a 2-D tensor [T, N]", x.describe());
@@ -55,11 +56,16 @@ void grouped_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, c
     check_caller_buffer("out", out, {T, N}, x.dtype(), dev,
                         {{"x", x}, {"bias", bias}, {"probs", probs}, {"splits", counts}});
   }
-  detail::dispatch<detail::BiasAddArgs>("grouped_bias_add", kBiasAdd, ctx,
+  return detail::bind<detail::BiasAddArgs>("grouped_bias_add", kBiasAdd, ctx,
                                         {ctx, x, bias, probs, splits, out, G, T, N});
 }
 
-void grouped_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor& probs,
+void grouped_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, const Tensor& probs,
+                      const Splits& splits, const Tensor& out) {
+  detail::bind_bias_add(ctx, x, bias, probs, splits, out).run();
+}
+
+detail::Plan detail::bind_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor& probs,
                               const Tensor& bias, const Splits& splits, const Tensor& db,
                               const Tensor& dprobs, bool accumulate_dprobs) {
   const Device dev = ctx.device();
@@ -89,9 +95,14 @@ void grouped_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor
         "dprobs", dprobs, {T}, DType::F32, dev,
         {{"dy", dy}, {"probs", probs}, {"bias", bias}, {"splits", counts}, {"db", db}});
   }
-  detail::dispatch<detail::ScaledBiasGradArgs>(
-      "grouped_scaled_bias_grad", kScaledBiasGrad, ctx,
+  return detail::bind<detail::ScaledBiasGradArgs>("grouped_scaled_bias_grad", kScaledBiasGrad, ctx,
       {ctx, dy, probs, bias, splits, db, dprobs, accumulate_dprobs, G, T, N});
+}
+
+void grouped_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor& probs,
+                              const Tensor& bias, const Splits& splits, const Tensor& db,
+                              const Tensor& dprobs, bool accumulate_dprobs) {
+  detail::bind_scaled_bias_grad(ctx, dy, probs, bias, splits, db, dprobs, accumulate_dprobs).run();
 }
 
 }  // namespace moekit

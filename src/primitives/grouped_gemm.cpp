@@ -8,6 +8,7 @@
 #include "moekit/core/error.h"
 #include "primitives/args.h"
 #include "primitives/backend_table.h"
+#include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -28,7 +29,8 @@ constexpr Backend<detail::GroupMArgs> kGroupM[] = {
     {"sm90", cuda::sm90_group_m_rejects, cuda::sm90_group_m_run, cuda::sm90_group_m_declines},
 #endif
 #ifdef MOEKIT_HAS_CUDA
-    {"cublas", cuda::group_m_rejects, cuda::group_m_run},
+    {"cublas", cuda::group_m_rejects, cuda::group_m_run, nullptr,
+     detail::reads_device_counts_on_host<detail::GroupMArgs>},
 #endif
     {"cpu", cpu::group_m_rejects, cpu::group_m_run},
 };
@@ -37,7 +39,8 @@ constexpr Backend<detail::GroupKArgs> kGroupK[] = {
     {"sm90", cuda::sm90_group_k_rejects, cuda::sm90_group_k_run, cuda::sm90_group_k_declines},
 #endif
 #ifdef MOEKIT_HAS_CUDA
-    {"cublas", cuda::group_k_rejects, cuda::group_k_run},
+    {"cublas", cuda::group_k_rejects, cuda::group_k_run, nullptr,
+     detail::reads_device_counts_on_host<detail::GroupKArgs>},
 #endif
     {"cpu", cpu::group_k_rejects, cpu::group_k_run},
 };
@@ -52,7 +55,7 @@ const detail::RegisterBackendNames kRegisterGroupK(kGroupK);
 const detail::RegisterBackendNames kRegisterBiasGrad(kBiasGrad);
 }  // namespace
 
-void grouped_gemm_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
+detail::Plan detail::bind_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
                           const Splits& splits, const Tensor& out, const Tensor& bias) {
   const Device dev = ctx.device();
   if (!a.defined() || a.dim() != 2) throw_invalid("a", "a 2-D tensor [T, K]", a.describe());
@@ -65,11 +68,16 @@ void grouped_gemm_group_m(const Context& ctx, const Tensor& a, const Tensor& b, 
   if (bias.defined()) check_input("bias", bias, {G, N}, a.dtype(), dev);
   validate_splits(splits, G, T, dev);
   check_caller_buffer("out", out, {T, N}, a.dtype(), dev, {{"a", a}, {"b", b}, {"bias", bias}});
-  detail::dispatch<detail::GroupMArgs>("grouped_gemm_group_m", kGroupM, ctx,
+  return detail::bind<detail::GroupMArgs>("grouped_gemm_group_m", kGroupM, ctx,
                                        {ctx, a, b, op, splits, out, bias, G, T, K, N});
 }
 
-void grouped_gemm_group_k(const Context& ctx, const Tensor& dy, const Tensor& x,
+void grouped_gemm_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
+                          const Splits& splits, const Tensor& out, const Tensor& bias) {
+  detail::bind_group_m(ctx, a, b, op, splits, out, bias).run();
+}
+
+detail::Plan detail::bind_group_k(const Context& ctx, const Tensor& dy, const Tensor& x,
                           const Splits& splits, const Tensor& dw, bool accumulate) {
   const Device dev = ctx.device();
   if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, N]", dy.describe());
@@ -87,11 +95,16 @@ void grouped_gemm_group_k(const Context& ctx, const Tensor& dy, const Tensor& x,
     throw_invalid("dw", str("dtype f32 or ", name(dy.dtype())), name(dw.dtype()));
   }
   check_caller_buffer("dw", dw, {G, N, K}, dw.dtype(), dev, {{"dy", dy}, {"x", x}});
-  detail::dispatch<detail::GroupKArgs>("grouped_gemm_group_k", kGroupK, ctx,
+  return detail::bind<detail::GroupKArgs>("grouped_gemm_group_k", kGroupK, ctx,
                                        {ctx, dy, x, splits, dw, accumulate, G, T, K, N});
 }
 
-void grouped_bias_grad(const Context& ctx, const Tensor& dy, const Splits& splits,
+void grouped_gemm_group_k(const Context& ctx, const Tensor& dy, const Tensor& x,
+                          const Splits& splits, const Tensor& dw, bool accumulate) {
+  detail::bind_group_k(ctx, dy, x, splits, dw, accumulate).run();
+}
+
+detail::Plan detail::bind_bias_grad(const Context& ctx, const Tensor& dy, const Splits& splits,
                        const Tensor& db, bool accumulate) {
   const Device dev = ctx.device();
   if (!dy.defined() || dy.dim() != 2) throw_invalid("dy", "a 2-D tensor [T, N]", dy.describe());
@@ -105,8 +118,13 @@ void grouped_bias_grad(const Context& ctx, const Tensor& dy, const Splits& split
   }
   check_compute_dtype("db", db.dtype());
   check_caller_buffer("db", db, {G, N}, db.dtype(), dev, {{"dy", dy}});
-  detail::dispatch<detail::BiasGradArgs>("grouped_bias_grad", kBiasGrad, ctx,
+  return detail::bind<detail::BiasGradArgs>("grouped_bias_grad", kBiasGrad, ctx,
                                          {ctx, dy, splits, db, accumulate, G, T, N});
+}
+
+void grouped_bias_grad(const Context& ctx, const Tensor& dy, const Splits& splits,
+                       const Tensor& db, bool accumulate) {
+  detail::bind_bias_grad(ctx, dy, splits, db, accumulate).run();
 }
 
 }  // namespace moekit

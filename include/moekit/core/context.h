@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "moekit/core/device.h"
 #include "moekit/core/tensor.h"
@@ -74,5 +75,13 @@ class Context {
   explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
+
+/// The backend that ran the last call of `primitive` on ctx (or a copy of it, or its side
+/// stream): "sm90", "cublas", "cuda" or "cpu"; "" when none ran yet. Primitives:
+/// "grouped_gemm_group_m" (forward and input gradients), "grouped_gemm_group_k" (weight
+/// gradients), "grouped_gemm_swiglu" / "grouped_gemm_dswiglu" (the fused kernels, when they ran),
+/// "swiglu_forward", "swiglu_backward", "grouped_bias_add", "grouped_bias_grad",
+/// "grouped_scaled_bias_grad".
+std::string last_backend(const Context& ctx, std::string_view primitive);
 
 }  // namespace moekit

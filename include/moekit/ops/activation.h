@@ -36,6 +36,7 @@ class SwiGLU final : public Op {
   struct Saved : OpContext {
     Tensor input;  // h [T, 2F]
     Splits splits;
+    BackwardOnce used;  // set by the backward (one per forward)
   };
   /// z [T, F] of h [T, 2F]. Pass `saved` to train (nullptr: inference).
   Tensor forward(const Tensor& h, const Splits& splits, Saved* saved = nullptr) const;
@@ -46,10 +47,11 @@ class SwiGLU final : public Op {
   const Context& context() const override { return ctx_; }
   int64_t split_groups() const override { return -1; }
   Shape output_shape(const Shape& input, DType dtype) const override;
-  Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                    bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
-  OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, const Deferral& defer) const override;
+  BoundForward bind_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
+                            bool input_requires_grad,
+                            std::unique_ptr<OpContext>* saved) const override;
+  BoundBackward bind_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
+                              Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   SwiGLUConfig config_;
@@ -78,6 +80,7 @@ class ScaledSwiGLU final : public Op {
     Splits splits;
     bool probs_requires_grad = false;
     bool valid = false;
+    BackwardOnce used;  // set by the backward (one per forward)
   };
   /// z [T, F] of h [T, 2F] and probs [T] f32. Pass `saved` to train (nullptr: inference).
   Tensor forward(const Tensor& h, const Tensor& probs, const Splits& splits,
@@ -95,10 +98,11 @@ class ScaledSwiGLU final : public Op {
   int64_t split_groups() const override { return -1; }
   bool takes_probs() const override { return true; }
   Shape output_shape(const Shape& input, DType dtype) const override;
-  Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                    bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
-  OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, const Deferral& defer) const override;
+  BoundForward bind_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
+                            bool input_requires_grad,
+                            std::unique_ptr<OpContext>* saved) const override;
+  BoundBackward bind_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
+                              Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   SwiGLUConfig config_;

@@ -42,6 +42,7 @@ class Bias final : public Op {
     Splits splits;
     int64_t rows = 0;
     bool probs_requires_grad = false;
+    BackwardOnce used;  // set by the backward (one per forward)
   };
 
   std::string_view kind() const override { return "Bias"; }
@@ -50,10 +51,11 @@ class Bias final : public Op {
   bool takes_probs() const override { return config_.scale_by_probs; }
   Shape output_shape(const Shape& input, DType dtype) const override;
   std::vector<OpTensor> tensors() const override { return {{"bias", bias_}}; }
-  Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                    bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
-  OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, const Deferral& defer) const override;
+  BoundForward bind_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
+                            bool input_requires_grad,
+                            std::unique_ptr<OpContext>* saved) const override;
+  BoundBackward bind_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
+                              Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   BiasConfig config_;

@@ -38,6 +38,7 @@
 #include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
+#include "moekit/ops/bound.h"
 
 namespace moekit {
 
@@ -63,6 +64,10 @@ struct GroupedLinearBackwardOptions {
   /// (as Context::with_sm_margin, when larger than the context's margin; the input-gradient
   /// GEMMs keep the context's). 0 <= it < the device's SM count.
   int deferred_sm_margin = 0;
+  /// One backward per forward (as PyTorch without retain_graph): a second backward of the same
+  /// saved context is an error, since it would add into main_grad twice. true: this backward
+  /// leaves the context usable for another one (PyTorch's retain_graph).
+  bool retain_saved = false;
 };
 
 class GroupedLinear {
@@ -94,6 +99,7 @@ class GroupedLinear {
     Splits splits;
     bool input_requires_grad = false;
     bool valid = false;
+    BackwardOnce used;  // set by the backward: one backward per forward
   };
   /// y = grouped x · Wᵀ + b. Pass `saved` to train (nullptr: inference, nothing kept).
   Tensor forward(const Tensor& x, const Splits& splits, const ForwardOptions& options = {},
@@ -106,8 +112,18 @@ class GroupedLinear {
     Tensor bias;    // db [G, N] param dtype (undefined without bias or when frozen)
     PendingWork weight_grads;  // with defer_weight_grads: wait() before reading weight
   };
+  /// From dy [T, N]. One backward per forward unless options.retain_saved: a second backward of
+  /// the same saved context is an InvalidArgument error (it would add dW into main_grad twice).
   Grads backward(const Saved& saved, const Tensor& grad_output,
                  const BackwardOptions& options = {}) const;
+
+  /// forward / backward bound, not run (moekit/ops/bound.h): every check done, every backend
+  /// chosen, the outputs allocated (or the caller's buffers); run() queues the work. For callers
+  /// that bind several calls before running any (Sequential, GroupedLinearOp).
+  BoundForward bind_forward(const Tensor& x, const Splits& splits, const ForwardOptions& options,
+                            Saved* saved) const;
+  BoundBackward bind_backward(const Saved& saved, const Tensor& grad_output,
+                              const BackwardOptions& options) const;
 
  private:
   GroupedLinearConfig config_;

@@ -57,10 +57,11 @@ class GroupedLinearOp final : public Op {
   bool accepts(OpArgument) const override { return true; }  // output and grad_input
   Shape output_shape(const Shape& input, DType dtype) const override;
   std::vector<OpTensor> tensors() const override;
-  Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                    bool input_requires_grad, std::unique_ptr<OpContext>* saved) const override;
-  OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                      Tensor& dprobs, const Deferral& defer) const override;
+  BoundForward bind_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
+                            bool input_requires_grad,
+                            std::unique_ptr<OpContext>* saved) const override;
+  BoundBackward bind_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
+                              Tensor& dprobs, const Deferral& defer) const override;
 
  private:
   GroupedLinearConfig config_;

@@ -64,6 +64,7 @@ struct GroupedMLPBackwardOptions {
   /// (moekit/core/pending.h).
   bool defer_weight_grads = false;
   int deferred_sm_margin = 0;  // as GroupedLinearBackwardOptions::deferred_sm_margin
+  bool retain_saved = false;   // as GroupedLinearBackwardOptions::retain_saved
 };
 
 class GroupedMLP {
@@ -104,6 +105,7 @@ class GroupedMLP {
     bool input_requires_grad = false;
     bool probs_requires_grad = false;
     bool valid = false;
+    BackwardOnce used;  // set by the backward: one backward per forward
   };
   /// y [T, out] of x [T, H] and probs [T] f32. Pass `saved` to train (nullptr: inference).
   Tensor forward(const Tensor& x, const Tensor& probs, const Splits& splits,
@@ -117,8 +119,16 @@ class GroupedMLP {
     ParamGrads fc2;  // dW2 (or fc2's main_grad), db2
     PendingWork weight_grads;  // with defer_weight_grads: wait() before reading fc1/fc2.weight
   };
-  /// From dy [T, out]. Validation (host metadata) before any work, as SPEC §3.
+  /// From dy [T, out]. Validation (host metadata) before any work, as SPEC §3. One backward per
+  /// forward unless options.retain_saved (as GroupedLinear).
   Grads backward(const Saved& saved, const Tensor& dy, const BackwardOptions& options = {}) const;
+
+  /// forward / backward bound, not run (moekit/ops/bound.h). bind_backward's params are
+  /// {fc1, activation (none), fc2}.
+  BoundForward bind_forward(const Tensor& x, const Tensor& probs, const Splits& splits,
+                            const ForwardOptions& options, Saved* saved) const;
+  BoundBackward bind_backward(const Saved& saved, const Tensor& dy,
+                              const BackwardOptions& options) const;
 
  private:
   std::shared_ptr<GroupedLinearOp> fc1_;

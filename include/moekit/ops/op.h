@@ -17,6 +17,7 @@
 #include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
+#include "moekit/ops/bound.h"
 
 namespace moekit {
 
@@ -46,17 +47,12 @@ struct OpContext {
   virtual ~OpContext() = default;
 };
 
-/// Gradients of an op's parameters (undefined when it has none, or they are frozen).
-struct ParamGrads {
-  Tensor weight;  // dW (or the op's main_grad when it accumulates there)
-  Tensor bias;    // db
-};
-
 /// What a backward may leave running past its return (SPEC §1b): its options'
 /// defer_weight_grads and deferred_sm_margin.
 struct Deferral {
   bool weight_grads = false;
   int sm_margin = 0;
+  bool retain_saved = false;  // the saved context stays usable for another backward
 };
 
 struct OpGrads {
@@ -69,6 +65,7 @@ struct OpGrads {
 struct OpTensor {
   std::string name;
   Tensor tensor;
+  bool written_by_backward = false;  // e.g. a main_grad: may not overlap the backward's inputs
 };
 
 class Op {
@@ -93,17 +90,37 @@ class Op {
   /// Parameters and gradient buffers the op holds (for overlap checks of caller buffers).
   virtual std::vector<OpTensor> tensors() const { return {}; }
 
-  /// Forward of x [T, in]. `input_requires_grad` false: backward need not compute dx. `saved`
-  /// non-null: receives what op_backward needs (training); null: inference.
-  virtual Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
-                            bool input_requires_grad, std::unique_ptr<OpContext>* saved) const = 0;
-  /// Backward from dy [T, out]. `grad_input`: caller buffer for dx (undefined: allocated).
-  /// `dprobs` [T] f32 is in/out: undefined — an op with a probs gradient creates it; defined —
-  /// the op adds its part (rows [0, S)).
-  /// `defer`: as GroupedLinear's options defer_weight_grads and deferred_sm_margin — the op may
-  /// return with its weight gradients still running, held by OpGrads::weight_grads.
-  virtual OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
-                              Tensor& dprobs, const Deferral& defer) const = 0;
+  /// Binds the forward of x [T, in] (moekit/ops/bound.h: every check, every backend chosen, the
+  /// output allocated or the caller's buffer; run() queues the work). `input_requires_grad`
+  /// false: backward need not compute dx. `saved` non-null: receives what bind_backward needs
+  /// (training); null: inference.
+  virtual BoundForward bind_forward(const Tensor& x, const ExtraInputs& in,
+                                    const OpArguments& args, bool input_requires_grad,
+                                    std::unique_ptr<OpContext>* saved) const = 0;
+  /// Binds the backward from dy [T, out]. `grad_input`: caller buffer for dx (undefined:
+  /// allocated). `dprobs` [T] f32 is in/out: undefined — an op with a probs gradient creates it;
+  /// defined — the op adds its part (rows [0, S)); either way it is the tensor run() writes.
+  /// `defer`: as GroupedLinear's options defer_weight_grads and deferred_sm_margin — run() may
+  /// leave the weight gradients running, handed to its PendingWork.
+  virtual BoundBackward bind_backward(const OpContext& saved, const Tensor& dy,
+                                      const Tensor& grad_input, Tensor& dprobs,
+                                      const Deferral& defer) const = 0;
+
+  /// bind_forward, then run.
+  Tensor op_forward(const Tensor& x, const ExtraInputs& in, const OpArguments& args,
+                    bool input_requires_grad, std::unique_ptr<OpContext>* saved) const {
+    BoundForward bound = bind_forward(x, in, args, input_requires_grad, saved);
+    bound.run();
+    return bound.output;
+  }
+  /// bind_backward, then run.
+  OpGrads op_backward(const OpContext& saved, const Tensor& dy, const Tensor& grad_input,
+                      Tensor& dprobs, const Deferral& defer) const {
+    BoundBackward bound = bind_backward(saved, dy, grad_input, dprobs, defer);
+    OpGrads grads{bound.input, bound.params.empty() ? ParamGrads{} : bound.params[0], {}};
+    bound.run(grads.weight_grads);
+    return grads;
+  }
 };
 
 /// An op handle: the op's identity in a Sequential and a key of its op_args.

@@ -11,13 +11,14 @@
 // is validated, and written during backward). Every caller buffer follows SPEC §3 (shape of the
 // op's output resp. input with the tail, activation dtype, device, contiguous, overlapping no
 // input, parameter or other caller buffer); the whole call — keys, placements, shapes of the op
-// chain, extra inputs, buffers — is validated before any op runs, so a failed call writes
-// nothing. Errors, each naming the op and the argument: a handle that is not in this Sequential;
+// chain, extra inputs, buffers, and every stage bound (ops/bound.h) — is validated before any op
+// runs, so a failed call writes nothing; backward binds every stage before running any, too. Errors, each naming the op and the argument: a handle that is not in this Sequential;
 // a position out of range; an argument the op does not accept (only GroupedLinear accepts
 // `output` and `grad_input`); one argument given twice (by handle and by position).
 //
-// Fuser: GroupedLinear → ScaledSwiGLU → GroupedLinear that GroupedMLP::mismatch() accepts runs as
-// the fused GroupedMLP; op_args still name fc1/fc2 by handle or position. In a fused MLP `output`
+// Fuser: every fusion registered in ops/fusion.h is tried at each position; the library's is the
+// grouped MLP — GroupedLinear → ScaledSwiGLU → GroupedLinear that GroupedMLP::mismatch() accepts
+// runs as the fused GroupedMLP; op_args still name fc1/fc2 by handle or position. In a fused MLP `output`
 // is accepted only on fc2 and `grad_input` only on fc1 (the intermediate [T, 2F] / [T, F] tensors
 // are not materialised for the caller) — any other placement is an error that says so. Anything
 // else runs unfused. Fusion never changes results on the CPU (bit-identical); it can be turned off
@@ -42,11 +43,10 @@
 #include <string>
 #include <vector>
 
+#include "moekit/ops/fusion.h"
 #include "moekit/ops/op.h"
 
 namespace moekit {
-
-class GroupedMLP;
 
 /// Per-op arguments of one Sequential call, keyed by op handle or by position.
 class OpArgs {
@@ -86,7 +86,7 @@ class Tape {
 };
 
 struct SequentialOptions {
-  bool fuse = true;  // replace known patterns by fused ops (GroupedMLP)
+  bool fuse = true;  // replace registered patterns by fused ops (ops/fusion.h: GroupedMLP)
 };
 
 struct SequentialOutput {
@@ -99,6 +99,8 @@ struct SequentialBackwardOptions {
   /// SequentialGrads::weight_grads holds them all until wait() (moekit/core/pending.h).
   bool defer_weight_grads = false;
   int deferred_sm_margin = 0;  // as GroupedLinearBackwardOptions::deferred_sm_margin
+  /// One backward per tape (as PyTorch without retain_graph); true: the tape stays usable.
+  bool retain_tape = false;
 };
 
 struct SequentialGrads {
@@ -134,7 +136,7 @@ class Sequential {
   /// A run of ops executed together: one basic op, or a fused op over [begin, end).
   struct Stage {
     int64_t begin = 0, end = 0;
-    std::shared_ptr<const GroupedMLP> fused;  // null for a basic op
+    std::shared_ptr<const FusedOp> fused;  // null for a basic op
   };
   const std::vector<Stage>& stages() const { return stages_; }
 

@@ -1,0 +1,46 @@
+// Internal: the primitives' bind functions (ARCHITECTURE.md "Bind once, run below"). Each checks
+// every argument (host metadata only) and chooses every backend the call will use, before any
+// work; the returned Plan's run() only queues the work. The public primitives
+// (moekit/primitives/*.h) are bind(...).run(); an op binds every primitive of a call first, then
+// runs them, so a call that fails writes nothing.
+#pragma once
+
+#include "moekit/primitives/activation.h"
+#include "moekit/primitives/grouped_bias.h"
+#include "moekit/primitives/grouped_gemm.h"
+#include "primitives/backend_table.h"
+
+namespace moekit::detail {
+
+/// A backend entry's syncs_host: true for device splits (a backend that needs the counts on the
+/// host must copy them there, which synchronises).
+template <class Args>
+bool reads_device_counts_on_host(const Args& args) {
+  return !args.splits.on_host();
+}
+
+Plan bind_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
+                  const Splits& splits, const Tensor& out, const Tensor& bias = {});
+Plan bind_group_k(const Context& ctx, const Tensor& dy, const Tensor& x, const Splits& splits,
+                  const Tensor& dw, bool accumulate);
+Plan bind_bias_grad(const Context& ctx, const Tensor& dy, const Splits& splits, const Tensor& db,
+                    bool accumulate);
+Plan bind_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, const Tensor& probs,
+                   const Splits& splits, const Tensor& out);
+Plan bind_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor& probs,
+                           const Tensor& bias, const Splits& splits, const Tensor& db,
+                           const Tensor& dprobs, bool accumulate_dprobs);
+Plan bind_swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs,
+                         const Splits& splits, GluLayout layout, const Tensor& z);
+Plan bind_swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs,
+                          const Tensor& dz, const Splits& splits, GluLayout layout,
+                          const Tensor& dh, const Tensor& dprobs, bool accumulate_dprobs);
+Plan bind_gemm_swiglu(const Context& ctx, const Tensor& x, const Tensor& w, const Splits& splits,
+                      const Tensor& bias, const Tensor& probs, GluLayout layout, const Tensor& h,
+                      const Tensor& z);
+Plan bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
+                       const Splits& splits, const Tensor& h, const Tensor& probs,
+                       GluLayout layout, const Tensor& dh, const Tensor& dprobs,
+                       bool accumulate_dprobs);
+
+}  // namespace moekit::detail
