@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# ctest tools.gemm_profile: tools/gemm-profile's table on fixed ncu CSVs (one sm90 kernel against
+# ctest tools.gemm_profile: tools/profile gemm's table on fixed ncu CSVs (one sm90 kernel against
 # cuBLAS's per-group kernels: summed durations and bytes, duration-weighted clocks and
 # percentages) and its ncu command lines with a stand-in ncu (the cuBLAS variant keeps the timed
 # call's half of the launches), so its parsing and its cuBLAS variant are checked on machines
 # without a GPU. Usage: gemm_profile_test.sh TOOLS_DIR
 set -uo pipefail
-tool="$1/gemm-profile"
+tools_dir=$1
+tool() { "$tools_dir/profile" gemm "$@"; }
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 header='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
 line() {  # line ID KERNEL METRIC VALUE
@@ -32,7 +33,7 @@ line() {  # line ID KERNEL METRIC VALUE
   line 3 nvjet_a lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum 6000000
   line 4 nvjet_a lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum 7000000
 } >"$work/cublas.csv"
-out=$("$tool" --table "t" sm90="$work/sm90.csv" cublas="$work/cublas.csv")
+out=$(tool --table "t" sm90="$work/sm90.csv" cublas="$work/cublas.csv")
 row() { grep -F "| $1 |" <<<"$out"; }
 expect kernels "$(row "kernels profiled")" "| kernels profiled | 1.0 | 2.0 |"
 expect time "$(row "µs")" "| µs | 1000.0 | 1100.0 |"
@@ -66,7 +67,7 @@ if [[ "\$*" == *"--backends cublas"* ]]; then cat "$work/cublas-both.csv"; else 
 S
 chmod +x "$work/ncu"
 OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" BUILD_DIR="$work/build" \
-  "$tool" dsv3_fc1_E8 fprop uniform -- sm90 cublas >"$work/run.log" 2>&1
+  tool dsv3_fc1_E8 fprop uniform -- sm90 cublas >"$work/run.log" 2>&1
 expect run-status "$?" "0"
 calls=$(cat "$work/calls")
 expect sm90-args "$(sed -n 1p <<<"$calls" | grep -o -- '-k regex:device_kernel --launch-skip 1 --launch-count 1')" \
@@ -77,7 +78,7 @@ expect cublas-backend "$(sed -n 2p <<<"$calls" | grep -o -- '--backends cublas')
 expect table "$(grep -c '^| µs | 1000.0 | 1100.0 |$' "$work/run.log")" "1"
 expect kernels-kept "$(grep -c '^| kernels profiled | 1.0 | 2.0 |$' "$work/run.log")" "1"
 expect all-kept "$(grep -c . "$work/out/gemm-profile/dsv3_fc1_E8-fprop-cublas.csv.all")" "9"
-OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" "$tool" small_E64 dgrad skewed -- cublas \
+OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" tool small_E64 dgrad skewed -- cublas \
   >"$work/skewed.log" 2>&1
 expect skewed-status "$?" "0"
 exit $fail

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# ctest tools.balance_model: tools/balance-model on schedules small enough to count by hand.
+# ctest tools.balance_model: bench/studies/tools/balance-model on schedules small enough to count by hand.
 # Usage: balance_model_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/balance-model"
-source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tests/tools/expect.sh"
 row() { grep "^| $1 |"; }
 # Groups of 64 and 128 rows, two units each, two clusters: unit costs 1, 1, 1.1, 1.1. CUTLASS's
 # order gives each cluster 1 + 1.1; blocked gives one 2 and the other 2.2 (mean 2.1). Uniform

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest tools.l2_model: tools/l2-model on problems small enough to count by hand — one tile (its
+# ctest tools.l2_model: bench/studies/tools/l2-model on problems small enough to count by hand — one tile (its
 # A and B blocks once), two N tiles sharing the A block (read once while it stays in L2), and an
 # L2 too small to keep it (read twice) unless the second tile walks K backwards, or unless the
 # output's lines push it out, a cluster along M — on a measured one (dsv3 fc2 wgrad, stripes 1 and 8: the
@@ -7,7 +7,7 @@
 # l2_model_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/l2-model"
-source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tests/tools/expect.sh"
 # 128x128 tiles, one 64-deep K block: A and B blocks of 16384 bytes each.
 expect "one tile" "$("$tool" 1 128 64 128 128x128 1 --stripes 1)" "stripe 1: 0.033 MB"
 expect "A shared" "$("$tool" 1 128 64 256 128x128 1 --stripes 1)" "stripe 1: 0.049 MB"

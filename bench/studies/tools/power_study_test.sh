@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# ctest tools.power_study: tools/power-study's table (energy per FLOP = W / TFLOP/s, medians over
+# ctest tools.power_study: bench/studies/tools/power-study's table (energy per FLOP = W / TFLOP/s, medians over
 # turns, ratios to the first variant, the operand part normal − constant) on fixed moekit_bench
 # JSON, and the failures it must not hide: an unchecked result, a missing power reading.
 # Usage: power_study_test.sh TOOLS_DIR
 set -uo pipefail
 tool="$1/power-study"
-source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../../tests/tools/expect.sh"
 bench() {  # bench FILE DATA BACKEND TFLOPS MHZ WATTS [CHECK]
   cat >"$1" <<JSON
 {"data": "$2", "results": [{"shape": "dsv3_fc1_E8", "routing": "uniform", "pass": "fprop",

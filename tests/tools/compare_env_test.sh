@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# ctest tools.env_turns: tools/env-turns with a stand-in moekit_bench whose time depends on the
+# ctest tools.env_turns: tools/compare env with a stand-in moekit_bench whose time depends on the
 # environment — each variant's settings reach its runs and only its runs, medians per variant and
 # their ratios to the first, a failing run's exit status — and its table of a fixed log (rows
 # missing for one variant, lines that are not bench rows ignored), a variant on another build
 # (its BUILD_DIR), its refusal of a log without rows, of no variants and of a name given twice.
 # Usage: env_turns_test.sh TOOLS_DIR
 set -uo pipefail
-tool="$1/env-turns"
+tools_dir=$1
+tool() { "$tools_dir/compare" env "$@"; }
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 mkdir -p "$work/build/bench"
 cat >"$work/build/bench/moekit_bench" <<'SH'
@@ -20,7 +21,7 @@ echo "warm-up 5 calls, median of 20"
 echo "small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     $ms   171.0 PASS  1980 | sm90"
 SH
 chmod +x "$work/build/bench/moekit_bench"
-out=$(BUILD_DIR="$work/build" OUT="$work/out" ENV_TURNS=2 "$tool" base sw8:SWZ=8 both:SWZ=8,ORD=c 2>&1)
+out=$(BUILD_DIR="$work/build" OUT="$work/out" ENV_TURNS=2 tool base sw8:SWZ=8 both:SWZ=8,ORD=c 2>&1)
 expect status "$?" 0
 expect header "$(grep '^| shape' <<<"$out")" \
   "| shape | routing | pass | backend | base ms | sw8 ms | both ms | sw8 / base | both / base | turns |"
@@ -32,16 +33,16 @@ expect settings-logged "$(grep '^== turn 2 both' "$work/out/env-turns.log")" "==
 mkdir -p "$work/build2/bench"
 sed 's/^ms=0.100$/ms=0.120/' "$work/build/bench/moekit_bench" >"$work/build2/bench/moekit_bench"
 chmod +x "$work/build2/bench/moekit_bench"
-out=$(BUILD_DIR="$work/build" OUT="$work/out3" ENV_TURNS=2 "$tool" new old:BUILD_DIR="$work/build2" 2>&1)
+out=$(BUILD_DIR="$work/build" OUT="$work/out3" ENV_TURNS=2 tool new old:BUILD_DIR="$work/build2" 2>&1)
 expect "two builds" "$(grep -F '| small_E64 |' <<<"$out")" \
   "| small_E64 | uniform | wgrad | sm90 | 0.1000 | 0.1200 | 1.200 | 2/2 |"
-BUILD_DIR="$work/build" OUT="$work/out2" ENV_TURNS=1 "$tool" base bad:FAIL=1 >/dev/null 2>&1
+BUILD_DIR="$work/build" OUT="$work/out2" ENV_TURNS=1 tool base bad:FAIL=1 >/dev/null 2>&1
 expect "failing run" "$?" 1
-BUILD_DIR="$work/build" "$tool" >/dev/null 2>&1
+BUILD_DIR="$work/build" tool >/dev/null 2>&1
 expect "no variants" "$?" 2
-BUILD_DIR="$work/build" "$tool" a a:SWZ=8 >/dev/null 2>&1
+BUILD_DIR="$work/build" tool a a:SWZ=8 >/dev/null 2>&1
 expect "name twice" "$?" 2
-BUILD_DIR="$work/nowhere" "$tool" a >/dev/null 2>&1
+BUILD_DIR="$work/nowhere" tool a >/dev/null 2>&1
 expect "no build" "$?" 2
 cat >"$work/fixed.log" <<'LOG'
 == turn 1 own
@@ -55,7 +56,7 @@ small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1004  
 == turn 2 coop MOEKIT_SM90_GROUP_K_OWN=wide21
 small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1000   172.0 PASS  1980 | cublas   0.0893   191.0 PASS  1980 | cublas
 LOG
-out=$("$tool" --table "$work/fixed.log")
+out=$(tool --table "$work/fixed.log")
 expect "table status" "$?" 0
 expect "uniform sm90" "$(grep -F '| uniform | wgrad | sm90 |' <<<"$out")" \
   "| small_E64 | uniform | wgrad | sm90 | 0.1006 | 0.1012 | 1.006 | 2/2 |"
@@ -65,6 +66,6 @@ expect "one variant only" "$(grep -F '| skewed | wgrad | sm90 |' <<<"$out")" \
   "| small_E64 | skewed | wgrad | sm90 | 0.1021 | n/a | n/a | 1/0 |"
 expect rows "$(wc -l <<<"$out")" 6
 echo "no rows here" >"$work/empty.log"
-"$tool" --table "$work/empty.log" >/dev/null 2>&1
+tool --table "$work/empty.log" >/dev/null 2>&1
 expect "no rows fails" "$?" 1
 exit $fail
