@@ -73,7 +73,7 @@ def ctest_junit(argv):
     total = 0
     for c in cases:
         total += 1
-        name = c.get("name", "?")
+        name = c.get("name", "?").split("  #")[0]  # less ctest's "  # GetParam() = ..."
         status = c.get("status", "")
         out = "".join(e.text or "" for e in c.iter("system-out"))
         if c.find("failure") is not None or status == "fail":
