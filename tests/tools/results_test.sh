@@ -50,4 +50,6 @@ expect "best" "$(python3 "$results" bench-best "$work/bench.log")" "  small_E64 
 echo '{"results": [{}, {}, {}]}' >"$work/m.json"
 expect "rows" "$(python3 "$results" bench-rows-json "$work/m.json")" "3"
 expect "rows of nothing" "$(python3 "$results" bench-rows-json "$work/missing.json")" "0"
+printf '| read | 268.4 | 65.7 | 4.084 |\n| write | 268.4 | 68.0 | 3.947 |\n| copy | 268.4 | 1.0 | 2.0 |\n' >"$work/bw.log"
+expect "bandwidth" "$(python3 "$results" bandwidth-summary "$work/bw.log")" "read 4.084 TB/s, write 3.947 TB/s (268 MB, one kernel)"
 exit $fail

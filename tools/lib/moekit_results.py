@@ -60,6 +60,17 @@ def bench_best(argv):
         print(f"  {k:22} {v[k]}")
 
 
+def bandwidth_summary(argv):
+    """bandwidth-summary LOG: moekit_bandwidth_probe's read and write rates, "read 4.05 TB/s, write
+    3.94 TB/s (268 MB, one kernel)" (its table: "| N | read | ... | TB/s | ...")."""
+    got = []
+    for line in open(argv[1]):
+        c = line.split("|")
+        if len(c) > 4 and c[1].strip() in ("read", "write"):
+            got.append(f"{c[1].strip()} {c[4].strip()} TB/s")
+    print(", ".join(got) + " (268 MB, one kernel)" if got else "FAILED (bandwidth.log)")
+
+
 def ctest_junit(argv):
     """ctest-junit JUNIT_XML [ALLOWED_SKIP_REGEX]: counts of a ctest --output-junit run: passed,
     failed, skipped by ctest, and passed entries whose output shows a GoogleTest "[  SKIPPED ]"
@@ -113,27 +124,39 @@ def sanitizer_summary(argv):
     print(n if seen else "no summary")
 
 
-def ab_table(argv):
-    """ab-table (from ab: see that tool)."""
-    import collections, statistics, sys
-    side, ms = None, collections.defaultdict(lambda: {"new": [], "base": []})
-    order = []
-    for line in open(argv[1]):
+def turns_ms(path):
+    """A turns log ("== turn T NAME ..." before each run's moekit_bench rows): (names in order of
+    appearance, keys (shape, routing, pass, backend) in order, {key: {name: [ms per turn]}})."""
+    name, names, order = None, [], []
+    ms = collections.defaultdict(lambda: collections.defaultdict(list))
+    for line in open(path):
         if line.startswith("== turn "):
-            side = line.split()[3]
+            fields = line.split()
+            name = fields[3] if len(fields) > 3 else None
+            if name is not None and name not in names:
+                names.append(name)
             continue
-        parts = [p.split() for p in line.split("|")]
-        # "<shape> <routing> <pass> E T N K | <backend> <ms> <TFLOP/s> <check> <MHz> | <best>"
-        if side not in ("new", "base") or len(parts) < 2 or len(parts[0]) < 3 or len(parts[1]) < 2:
+        row = bench_row(line) if name is not None else None
+        if row is None:
             continue
-        try:
-            value = float(parts[1][1])
-        except ValueError:
-            continue
-        key = (parts[0][0], parts[0][1], parts[0][2], parts[1][0])
-        if key not in ms:
-            order.append(key)
-        ms[key][side].append(value)
+        for cell in row[3]:
+            if len(cell) < 2:
+                continue
+            try:
+                value = float(cell[1])
+            except ValueError:
+                continue
+            key = (row[0], row[1], row[2], cell[0])
+            if key not in ms:
+                order.append(key)
+            ms[key][name].append(value)
+    return names, order, ms
+
+
+def ab_table(argv):
+    """ab-table TURNS_LOG: tools/compare ab's table — per shape, routing, pass and backend the
+    median ms of the turns, new and base, and new / base."""
+    _, order, ms = turns_ms(argv[1])
     if not order:
         sys.exit("no moekit_bench rows after '== turn N new|base' lines in " + argv[1])
     print("| shape | routing | pass | backend | new ms | base ms | new / base | turns |")
@@ -149,32 +172,9 @@ def ab_table(argv):
 
 
 def env_table(argv):
-    """env-table (from env: see that tool)."""
-    import collections, statistics, sys
-    variant, variants, order = None, [], []
-    ms = collections.defaultdict(lambda: collections.defaultdict(list))
-    for line in open(argv[1]):
-        if line.startswith("== turn "):
-            fields = line.split()
-            variant = fields[3] if len(fields) > 3 else None
-            if variant is not None and variant not in variants:
-                variants.append(variant)
-            continue
-        parts = [p.split() for p in line.split("|")]
-        # "<shape> <routing> <pass> E T N K | <backend> <ms> <TFLOP/s> <check> <MHz> | ... | <best>"
-        if variant is None or len(parts) < 2 or len(parts[0]) < 3:
-            continue
-        for cell in parts[1:]:
-            if len(cell) < 2:
-                continue
-            try:
-                value = float(cell[1])
-            except ValueError:
-                continue
-            key = (parts[0][0], parts[0][1], parts[0][2], cell[0])
-            if key not in ms:
-                order.append(key)
-            ms[key][variant].append(value)
+    """env-table TURNS_LOG: tools/compare env's table — each variant's median ms over its turns,
+    its ratio to the first variant's, and the turns counted."""
+    variants, order, ms = turns_ms(argv[1])
     if not order:
         sys.exit("no moekit_bench rows after '== turn N NAME' lines in " + argv[1])
     head = ["shape", "routing", "pass", "backend"] + [f"{v} ms" for v in variants] + \
@@ -192,7 +192,8 @@ def env_table(argv):
 
 
 def orders_summary(argv):
-    """orders-summary (from orders: see that tool)."""
+    """orders-summary STUDY_LOG: per setting, the median over the GEMM suite of default / setting
+    TFLOP/s with its extremes, from a tiles-tables log (tools/compare orders)."""
     import statistics, sys
     lines = open(argv[1]).read().splitlines()
     head = next((l for l in lines if l.startswith("| shape | routing | pass |")), None)
@@ -217,7 +218,8 @@ def orders_summary(argv):
 
 
 def tiles_tables(argv):
-    """tiles-tables (from tiles: see that tool)."""
+    """tiles-tables DIR PRESET TURNS GEMM_TURNS TILE...: tools/compare tiles' GEMM-suite and MLP-step
+    tables from its moekit_bench JSON, `moekit run --json` files and clock samples."""
     import json, statistics, sys
     d, preset, turns, gemm_turns = argv[1], argv[2], int(argv[3]), int(argv[4])
     tiles = argv[5:]
@@ -298,7 +300,8 @@ def tiles_tables(argv):
 
 
 def mlp_run_line(argv):
-    """mlp-run-line (from mlp: see that tool)."""
+    """mlp-run-line RUN_JSON BACKEND CLOCK: one line of a `moekit run --json` result (step ms,
+    TFLOP/s, check, clock) for tools/compare mlp."""
     import json, sys
     r = json.loads(open(argv[1]).read().strip().splitlines()[-1])
     c = r.get("check", {})
@@ -309,7 +312,7 @@ def mlp_run_line(argv):
 
 
 def mlp_ab_table(argv):
-    """mlp-ab-table (from mlp: see that tool)."""
+    """mlp-ab-table DIR ENV PRESET...: tools/compare mlp's A/B table of fused runs in turns."""
     import glob, json, os, statistics, sys
     d, env, presets = argv[1], argv[2], argv[3:]
     def ms(path):
@@ -332,7 +335,8 @@ def mlp_ab_table(argv):
 
 
 def step_kernels(argv):
-    """step-kernels (from step: see that tool)."""
+    """step-kernels PRESET CSV...: tools/profile step's table — every kernel of one MLP step per
+    backend, from ncu CSVs (the timed step: the tail its predecessor repeats)."""
     import csv, os, re, sys
     preset, files = argv[1], argv[2:]
 
@@ -386,7 +390,8 @@ def step_kernels(argv):
 
 
 def ncu_table(argv):
-    """ncu-table (from gemm: see that tool)."""
+    """ncu-table TITLE NAME=CSV...: tools/profile gemm's table of ncu metrics per variant, summed or
+    duration-weighted over several kernels."""
     import csv, sys
     title, runs = argv[1], [a.split("=", 1) for a in argv[2:]]
     ADDITIVE = (".sum",)  # summed over kernels; everything else (pct, ratio, per_second) is weighted
@@ -453,7 +458,8 @@ def ncu_table(argv):
 
 
 def ncu_second_half(argv):
-    """ncu-second-half (from gemm: see that tool)."""
+    """ncu-second-half CSV: keeps the GEMM kernels of the timed (second) call of an ncu CSV, in
+    place (the whole file stays as CSV.all)."""
     import csv, io, re, sys
     path = argv[1]
     ours = re.compile(r"write_gemm_pointers|write_counts|fill_kernel|moekit::|randn_bf16|count_nonfinite|"
@@ -475,7 +481,8 @@ def ncu_second_half(argv):
 
 
 def ncu_source_table(argv):
-    """ncu-source-table (from hotspots: see that tool)."""
+    """ncu-source-table TOP CONTEXT CSV [CSV_B]: tools/profile hotspots' table of ncu's
+    per-instruction stall samples (or the difference of two runs)."""
     import csv, re, sys
     top, context, paths = int(argv[1]), (int(argv[2]) if argv[2] else None), argv[3:]
 
@@ -611,7 +618,8 @@ def ncu_source_table(argv):
 
 
 def host_samples(argv):
-    """host-samples (from host: see that tool)."""
+    """host-samples RAW TOP: tools/profile host's table of moekit_host_latency's stack samples,
+    symbolised (addr2line), inclusive and self."""
     import collections, subprocess, sys
     raw, top = argv[1], int(argv[2])
     head = next(l for l in open(raw) if l.startswith("profile:")).split()
@@ -649,7 +657,8 @@ def host_samples(argv):
 
 
 def clock_summary(argv):
-    """clock-summary (from clock-sample: see that tool)."""
+    """clock-summary SMI_FILE [--mhz]: one line of nvidia-smi samples taken while the GPU was busy:
+    median SM clock and power, and the clock-event reasons active (tools/lib/clock-sample)."""
     import os, statistics, sys
     path, mode = argv[1], argv[2]
     # nvidia-smi's clocks_event_reasons bits (nvml.h, nvmlClocksEventReason*).
@@ -685,7 +694,8 @@ def clock_summary(argv):
 
 
 def power_table(argv):
-    """power-table (from power-study: see that tool)."""
+    """power-table NAME=JSON...: bench/studies/tools/power-study's energy-per-FLOP table from
+    moekit_bench JSON."""
     import json, statistics, sys
     runs = {}  # (name, data) -> {(shape, routing, pass): [(tflops, mhz, watts)]}
     names = []
@@ -751,6 +761,7 @@ def power_table(argv):
 COMMANDS = {
     "bench-rows-json": bench_rows_json,
     "bench-best": bench_best,
+    "bandwidth-summary": bandwidth_summary,
     "ctest-junit": ctest_junit,
     "sanitizer-summary": sanitizer_summary,
     "ab-table": ab_table,
