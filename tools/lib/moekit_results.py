@@ -26,6 +26,13 @@ def last_json_line(path):
     return json.loads(open(path).read().strip().splitlines()[-1])
 
 
+def ncu_csv_rows(path):
+    """The rows of an ncu --csv file (--page raw or details) as dicts; the profiled program's own
+    output, which ncu interleaves, is left out (ncu's rows are the quoted lines)."""
+    with open(path) as f:
+        return list(csv.DictReader([l for l in f if l.startswith('"')]))
+
+
 def bench_rows_json(argv):
     """bench-rows-json MOEKIT_JSON: the number of suite rows in a moekit_bench --json file (0 when
     unreadable)."""
@@ -343,9 +350,7 @@ def step_kernels(argv):
     def kernels(path):
         """(short name, µs) of each launch of the last step, in launch order."""
         rows = []
-        with open(path) as f:
-            lines = [l for l in f if l.startswith('"')]  # ncu's CSV rows (the program's output is not quoted)
-        for r in csv.DictReader(lines):
+        for r in ncu_csv_rows(path):
             if r.get("Metric Name") != "gpu__time_duration.sum":
                 continue
             name = r["Kernel Name"]
@@ -398,9 +403,7 @@ def ncu_table(argv):
     def merged(path):
         """{metric: value} over every kernel launch in one ncu CSV."""
         per_id = {}
-        with open(path) as f:
-            lines = [l for l in f if l.startswith('"')]
-        for r in csv.DictReader(lines):
+        for r in ncu_csv_rows(path):
             try:
                 v = float(r["Metric Value"].replace(",", ""))
             except (KeyError, ValueError):
