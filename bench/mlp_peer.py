@@ -82,7 +82,7 @@ def main():
         runs.append(json.loads(text[-1]))  # the JSON line is the last one
     # One torch measurement per distinct problem (preset, routing, counts). Runs with host splits
     # or internal buffers are the "two paths" comparisons against the default fused run. Several
-    # runs of one kind (tools/mlp-bench runs the kinds in turns) count by their median.
+    # runs of one kind (tools/compare mlp runs the kinds in turns) count by their median.
     problems, variants = {}, {}
     for r in runs:
         key = (r["preset"], r["routing"], tuple(r["counts"]))

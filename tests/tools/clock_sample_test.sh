@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# ctest tools.clock_sample: tools/clock-sample (the GPU tools' clock/power/throttle sampling) on
+# ctest tools.clock_sample: tools/lib/clock-sample (the GPU tools' clock/power/throttle sampling) on
 # fixed samples and with a stand-in nvidia-smi, so its parsing and exit status are checked on
 # machines without a GPU too. Usage: clock_sample_test.sh TOOLS_DIR
 set -uo pipefail
-tool="$1/clock-sample"
+tool="$1/lib/clock-sample"
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 
 # Busy samples are those at >= half the run's peak power (600 W here: the 100 W idle one drops).

@@ -1,7 +1,7 @@
 """ctest tools.peers_merge: bench/peers.py's merge of a moekit_bench and a peers JSON (what
 tools/gpu-check turns into its summary) on a fixed pair of files: the best backend per row, the
 ratio to torch._grouped_mm, its medians, and the per-clock-cycle medians from the SM clocks both
-tools record. No GPU, no torch. Usage: python3 peers_merge_test.py PATH/TO/peers.py"""
+tools record, and the ratio to torch._grouped_mm timed back to back. No GPU, no torch. Usage: python3 peers_merge_test.py PATH/TO/peers.py"""
 import importlib.util
 import io
 import json
@@ -32,7 +32,8 @@ mk = {"tool": "moekit_bench", "date": "2026-11-30T00:00:00Z", "commit": "test", 
       ]}
 pe = {"tool": "bench/peers.py", "date": "2026-11-30T00:01:00Z", "warmup_ms": 500, "results": [
     {"shape": "s", "routing": "uniform", "pass": "fprop",
-     "grouped_mm": {"tflops": 500, "sm_mhz": 1600}, "loop": {"tflops": 450}, "dense": {"tflops": 650}},
+     "grouped_mm": {"tflops": 500, "sm_mhz": 1600, "b2b_tflops": 480}, "loop": {"tflops": 450},
+     "dense": {"tflops": 650}},
     {"shape": "s", "routing": "uniform", "pass": "dgrad",
      "grouped_mm": {"tflops": 400, "sm_mhz": 1500}, "loop": {"tflops": 420}, "dense": {"tflops": 640}},
 ]}
@@ -68,4 +69,9 @@ expect("dgrad per cycle", abs(per_cycle["dgrad"] - 1.1) < 1e-9, per_cycle)
 expect("headline", "median best moekit/torch._grouped_mm: fprop 1.20, dgrad 1.10" in text, text)
 expect("timing named", "each alone, as the peers" in text, text)
 expect("clock column", "| 1400 / 1600 |" in text, text)
+# torch timed back to back too (its Python call overhead hidden): 600 / 480 = 1.25, fprop only
+expect("back-to-back ratio", merged["median_ratio_vs_grouped_mm_back_to_back"] == {"fprop": 1.25},
+       merged["median_ratio_vs_grouped_mm_back_to_back"])
+expect("back-to-back line", "timed back to back (16 calls between two events: Python's call overhead "
+       "hidden): fprop 1.25" in text, text)
 sys.exit(1 if failures else 0)
