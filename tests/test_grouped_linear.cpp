@@ -377,7 +377,8 @@ TEST_P(Fuzz, RandomShapesAndSplitsMatchFp64Reference) {
     const bool bias = (seed / 3) % 2 == 1;
     const auto kind = static_cast<SplitsKind>((seed / 2) % 3);
     const bool buffers = seed % 2 == 0, use_main_grad = seed % 5 == 0;
-    Problem p = make_problem(ctx(), c, dt, bias, seed);
+    const Context on = kind == SplitsKind::Host ? ctx() : test::device_splits_context(ctx(), dt, {c.K, c.N});
+    Problem p = make_problem(on, c, dt, bias, seed);
     SCOPED_TRACE(trace(p, kind) + (buffers ? ", caller buffers" : "") +
                  (use_main_grad ? ", main_grad" : ""));
     const Splits splits = make_splits(ctx(), c.counts, kind);
@@ -416,7 +417,7 @@ TEST_P(Fuzz, RandomShapesAndSplitsMatchFp64Reference) {
 TEST_P(DeviceSplits, HostAndDeviceCountsGiveIdenticalBits) {
   const Case c{"zero_row_groups_with_tail", 45, 38, {9, 0, 30, 0, 4, 12}, 6};
   for (DType dt : kDtypes) {
-    Problem p = make_problem(ctx(), c, dt, /*bias=*/true);
+    Problem p = make_problem(test::device_splits_context(ctx(), dt, {c.K, c.N}), c, dt, /*bias=*/true);
     std::vector<std::vector<uint8_t>> host_bits;
     for (SplitsKind kind : {SplitsKind::Host, SplitsKind::DeviceI32, SplitsKind::DeviceI64}) {
       SCOPED_TRACE(trace(p, kind));
@@ -951,7 +952,8 @@ TEST_P(CallerBuffer, GradInputIsWrittenInPlaceWithNoTemporaryOfItsSize) {
 
 TEST_P(CallerBuffer, DeviceSplitsWriteTheSameBitsIntoTheBuffers) {
   for (SplitsKind kind : {SplitsKind::DeviceI32, SplitsKind::DeviceI64}) {
-    Problem p = make_problem(ctx(), kBufferCase, DType::BF16, true);
+    const Context on = test::device_splits_context(ctx(), DType::BF16, {kBufferCase.K, kBufferCase.N});
+    Problem p = make_problem(on, kBufferCase, DType::BF16, true);
     SCOPED_TRACE(trace(p, kind));
     const Tensor out = filled(ctx(), {p.T(), p.c.N}, DType::BF16, kSentinel);
     const Tensor gin = filled(ctx(), {p.T(), p.c.K}, DType::BF16, kSentinel);

@@ -243,4 +243,11 @@ std::vector<double> GuardedBuffer::values() const {
   return to_doubles(ctx, view.view({numel(view.shape())}));
 }
 
+Context device_splits_context(const Context& ctx, DType dtype, std::initializer_list<int64_t> dims) {
+  if (!ctx.device().is_cuda()) return ctx;
+  bool sm90 = dtype == DType::BF16 || dtype == DType::F16;
+  for (int64_t d : dims) sm90 = sm90 && d % 8 == 0;
+  return sm90 ? ctx : ctx.with_backend("cublas");
+}
+
 }  // namespace moekit::test

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +89,12 @@ std::optional<Context> make_context(const std::string& device, std::string* why_
 /// Whether a CUDA context's backward may run work on a side stream: MOEKIT_SIDE_STREAM is not "0"
 /// (src/core/side_stream.h). Deferred weight gradients are pending only then.
 bool side_stream_enabled();
+
+/// The context a test runs a call with device splits on: ctx itself where the graph-safe sm90
+/// kernels take such a call (a CPU context; bf16/f16 data with every GEMM dimension in `dims` a
+/// multiple of 8), else ctx forced to cuBLAS — the documented host-synchronising path, never
+/// chosen automatically with device splits (SPEC §1; tests/test_contract.cpp checks the error).
+Context device_splits_context(const Context& ctx, DType dtype, std::initializer_list<int64_t> dims);
 
 /// Sum of group counts (S).
 int64_t sum_of(const std::vector<int64_t>& counts);
