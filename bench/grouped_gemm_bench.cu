@@ -12,8 +12,9 @@
 // --shapes takes the suite's names and, for studies, custom_E<E>_T<T>_K<K>_N<N> (any sizes, K and N
 // multiples of 8; e.g. custom_E1_T4096_K7168_N4096, one group of dsv3 fc1), which tools/gemm-profile
 // passes through.
-// Backends: each configuration is run through every backend of --backends that has an entry in
-// the primitive's table (Context::with_backend(name)): group-M (fprop, dgrad) and group-K (wgrad)
+// Backends: "auto" (the headline: nothing forced, device splits — the README's graph-safe path;
+// the backend it took, moekit::last_backend, is recorded as "ran") and each backend of --backends
+// forced (Context::with_backend(name), host splits): group-M (fprop, dgrad) and group-K (wgrad)
 // both have "sm90" and "cublas". A backend that
 // refuses a call (its rejects() reason, e.g. no sm_90 device, or a build without it) is skipped
 // and its reason printed. The automatic choice is the first backend of the table that accepts,
@@ -355,6 +356,7 @@ struct Check {
 struct BackendRun {
   std::string name;
   std::string skipped;  // why the backend refused the call ("" when it ran)
+  std::string ran_on;   // "auto": the backend the automatic choice took
   std::vector<double> ms;
   double median_ms = 0, min_ms = 0, tflops = 0;
   ClockSample clock;  // halfway through its timed calls
@@ -419,7 +421,7 @@ constexpr int kBackToBackCalls = 16;
 
 struct Options {
   std::vector<std::string> shapes, routings{"uniform", "skewed"}, passes = kPasses;
-  std::vector<std::string> backends{"sm90", "cublas"};
+  std::vector<std::string> backends{"auto", "sm90", "cublas"};
   std::vector<std::string> compare{"qwen3_fc2_E16", "small_E64"};
   int iters = 20, warmup = 5, samples = 96;
   double warmup_ms = 500;
@@ -787,6 +789,12 @@ int run(const Options& o) {
           routing == "uniform" ? uniform_counts(s.E, s.T)
                                : dirichlet_counts(s.E, s.T, o.seed * 1000003 + si);
       const Splits splits = Splits::host(counts);
+      // "auto": what a user of the README's path gets — nothing forced, counts on the device.
+      const Splits device_splits =
+          Splits::device(moekit::to_device(base, moekit::Tensor::wrap(
+                                                     const_cast<int64_t*>(counts.data()),
+                                                     {static_cast<int64_t>(counts.size())},
+                                                     DType::I64, moekit::Device::cpu())));
       int64_t S = 0;
       for (int64_t c : counts) S += c;
       const double flops = 2.0 * static_cast<double>(S) * static_cast<double>(s.N) * static_cast<double>(s.K);
@@ -795,12 +803,13 @@ int run(const Options& o) {
         const bool accumulate = pass == "wgrad_f32";
         const Tensor& out = pass == "fprop" ? y : pass == "dgrad" ? dx : accumulate ? main_grad : dw;
         auto step = [&](const Context& ctx) {
+          const Splits& sp = ctx.forced_backend().empty() ? device_splits : splits;
           if (pass == "fprop") {
-            moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, splits, y);
+            moekit::grouped_gemm_group_m(ctx, x, w, BOp::Transposed, sp, y);
           } else if (pass == "dgrad") {
-            moekit::grouped_gemm_group_m(ctx, dy, w, BOp::Plain, splits, dx);
+            moekit::grouped_gemm_group_m(ctx, dy, w, BOp::Plain, sp, dx);
           } else {
-            moekit::grouped_gemm_group_k(ctx, dy, x, splits, accumulate ? main_grad : dw, accumulate);
+            moekit::grouped_gemm_group_k(ctx, dy, x, sp, accumulate ? main_grad : dw, accumulate);
           }
         };
         Result r{s, routing, pass, counts, {}, -1};
@@ -810,7 +819,7 @@ int run(const Options& o) {
           if (!has_entry(pass, name)) continue;
           BackendRun b;
           b.name = name;
-          const Context ctx = base.with_backend(name);
+          const Context ctx = name == "auto" ? base : base.with_backend(name);
           // Poison (main_grad: its starting values), one run, check that run's output: each
           // backend is checked on its own.
           if (accumulate) {
@@ -831,6 +840,10 @@ int run(const Options& o) {
                         pass.c_str(), name.c_str(), e.what());
           }
           if (b.ran()) {
+            if (name == "auto") {
+              b.ran_on = moekit::last_backend(
+                  ctx, pass == "fprop" || pass == "dgrad" ? "grouped_gemm_group_m" : "grouped_gemm_group_k");
+            }
             MOEKIT_BENCH_CHECK(cudaStreamSynchronize(stream));
             b.check = check_pass(base, pass, s, counts, x, w, dy, out, main_grad_init, o.samples,
                                  o.seed + si * 7 + pass.size());
@@ -950,6 +963,7 @@ int run(const Options& o) {
         }
         f << "\"median_ms\": " << b.median_ms << ", \"min_ms\": " << b.min_ms
           << ", \"tflops\": " << b.tflops;
+        if (!b.ran_on.empty()) f << ", \"ran\": \"" << json_escape(b.ran_on) << "\"";
         if (b.clock.valid) {
           f << ", \"sm_mhz\": " << b.clock.mhz << ", \"power_w\": " << b.clock.milliwatts / 1000.0
             << ", \"clock_reasons\": \"" << reason_names(b.clock.reasons) << "\"";

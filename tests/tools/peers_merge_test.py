@@ -74,4 +74,21 @@ expect("back-to-back ratio", merged["median_ratio_vs_grouped_mm_back_to_back"] =
        merged["median_ratio_vs_grouped_mm_back_to_back"])
 expect("back-to-back line", "timed back to back (16 calls between two events: Python's call overhead "
        "hidden): fprop 1.25" in text, text)
+
+# With an "auto" column (the automatic choice on device splits), the headline is that column,
+# not the best backend: auto 540 (ran sm90) vs torch 500 -> 1.08, although sm90 forced did 600.
+mk_auto = dict(mk, backends=["auto", "sm90", "cublas"])
+mk_auto["results"] = [dict(mk["results"][0], backends=dict(mk["results"][0]["backends"],
+                                                            auto=dict(run(True, (540, 1400)), ran="sm90")))]
+pe_auto = dict(pe, results=[pe["results"][0]])
+with tempfile.TemporaryDirectory() as d:
+    for name, doc in (("mk.json", mk_auto), ("pe.json", pe_auto)):
+        with open(os.path.join(d, name), "w") as f:
+            json.dump(doc, f)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
+    text = out.getvalue()
+expect("auto headline ratio", abs(summary["fprop"] - 540 / 500) < 1e-9, summary)
+expect("auto headline named", "median moekit auto (the automatic backend, device splits" in text, text)
 sys.exit(1 if failures else 0)
