@@ -20,5 +20,6 @@ int cuda_sm_count(const Context&) { no_cuda(); }
 std::shared_ptr<Context::Impl> cuda_side_context(const Context&) { no_cuda(); }
 void cuda_order_after(const Context&, const Context&) { no_cuda(); }
 bool cuda_stream_capturing(const Context&) { return false; }
+Tensor cuda_counts_to_device(const Context&, const std::vector<int64_t>&) { no_cuda(); }
 
 }  // namespace moekit::detail

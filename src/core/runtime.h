@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "moekit/core/context.h"
 
@@ -56,6 +57,9 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx);
 /// `to`'s stream waits for everything queued so far on `from`'s stream (an event record and a
 /// stream wait: capturable). Nothing when both are the same stream.
 void cuda_order_after(const Context& to, const Context& from);
+/// Host counts written to a new int64 tensor on ctx's device by a kernel from its parameters
+/// (stream-ordered, capturable; resolve_splits).
+Tensor cuda_counts_to_device(const Context& ctx, const std::vector<int64_t>& counts);
 /// Whether ctx's stream is capturing a CUDA graph (false for a CPU context).
 bool cuda_stream_capturing(const Context& ctx);
 

@@ -19,6 +19,13 @@ Splits Splits::device(Tensor counts) {
   return s;
 }
 
+Splits resolve_splits(const Context& ctx, const Splits& splits) {
+  if (!splits.on_host() || !ctx.device().is_cuda() || splits.device_copy_.defined()) return splits;
+  Splits out = splits;
+  out.device_copy_ = detail::cuda_counts_to_device(ctx, splits.counts_);
+  return out;
+}
+
 int64_t Splits::groups() const {
   if (on_host()) return static_cast<int64_t>(counts_.size());
   return counts_tensor_.dim() == 1 ? counts_tensor_.size(0) : -1;

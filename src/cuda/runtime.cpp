@@ -171,7 +171,10 @@ static_assert(kDeviceCountNegative == Context::kNegativeCount &&
 
 CountsOnDevice counts_on_device(const Context& ctx, const Splits& splits, int64_t rows) {
   CountsOnDevice out;
-  if (splits.on_host()) {
+  if (splits.on_host() && splits.device_copy().defined() &&
+      splits.device_copy().device() == ctx.device()) {
+    out.holder = splits.device_copy();  // resolved once for the call (resolve_splits)
+  } else if (splits.on_host()) {
     // Validated by the primitive. Written by kernels from their parameters, not copied from
     // pageable memory: one stream operation fewer per call before the setup kernel, and a CUDA
     // graph can capture it (a replay sees the counts of the capture).
@@ -243,6 +246,14 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
   impl->cuda = res.side;
   impl->log = ctx.impl()->log;
   return impl;
+}
+
+Tensor cuda_counts_to_device(const Context& ctx, const std::vector<int64_t>& counts) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  Tensor t = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::I64, ctx);
+  if (!counts.empty()) cuda::launch_write_counts(counts, t.data_as<int64_t>(), res.stream);
+  return t;
 }
 
 bool cuda_stream_capturing(const Context& ctx) {

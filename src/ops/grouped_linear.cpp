@@ -43,21 +43,22 @@ void GroupedLinear::set_main_grad(const Tensor& main_grad) {
   main_grad_ = main_grad;
 }
 
-BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& splits,
+BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_splits,
                                          const ForwardOptions& options, Saved* saved) const {
   const Device dev = ctx_.device();
   check_input("input", x, {-1, config_.in}, config_.dtype, dev);
   const int64_t T = x.size(0);
-  validate_splits(splits, config_.groups, T, dev);
+  validate_splits(given_splits, config_.groups, T, dev);
   Tensor y;
   if (options.output.defined()) {
     check_caller_buffer("output", options.output, {T, config_.out}, config_.dtype, dev,
                         {{"input", x}, {"weight", weight_}, {"bias", bias_},
-                         {"splits", splits.device_counts()}, {"main_grad", main_grad_}});
+                         {"splits", given_splits.device_counts()}, {"main_grad", main_grad_}});
     y = options.output;
   } else {
     y = Tensor::empty({T, config_.out}, config_.dtype, ctx_);
   }
+  const Splits splits = resolve_splits(ctx_, given_splits);  // the backward reuses it (saved)
   detail::Plan plan = detail::bind_group_m(ctx_, x, weight_, BOp::Transposed, splits, y, bias_);
   if (saved) {
     *saved = Saved{x, splits, options.input_requires_grad, true, std::make_shared<bool>(false)};
@@ -124,6 +125,7 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
     params.weight = main_grad_.defined() ? main_grad_ : Tensor::empty(weight_.shape(), config_.dtype, ctx_);
     if (bias_.defined()) params.bias = Tensor::empty(bias_.shape(), config_.dtype, ctx_);
   }
+  const Splits splits = resolve_splits(ctx_, saved.splits);  // one copy for dx, dW and db
   auto work = std::make_shared<LinearBackwardWork>();
   work->side = std::make_unique<detail::SideStream>(ctx_, need_dx && need_dw);
   work->defer = options.defer_weight_grads;
@@ -131,11 +133,11 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
     const Context& side = work->side->context();
     work->dw = detail::bind_group_k(
         work->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side, dy,
-        saved.input, saved.splits, params.weight, /*accumulate=*/main_grad_.defined());
+        saved.input, splits, params.weight, /*accumulate=*/main_grad_.defined());
   }
-  if (need_dx) work->dx = detail::bind_group_m(ctx_, dy, weight_, BOp::Plain, saved.splits, bound.input);
-  if (params.bias.defined()) work->db = detail::bind_bias_grad(ctx_, dy, saved.splits, params.bias, false);
-  work->held = {dy, saved.input, saved.splits.device_counts(), params.weight};
+  if (need_dx) work->dx = detail::bind_group_m(ctx_, dy, weight_, BOp::Plain, splits, bound.input);
+  if (params.bias.defined()) work->db = detail::bind_bias_grad(ctx_, dy, splits, params.bias, false);
+  work->held = {dy, saved.input, splits.device_counts(), splits.device_copy(), params.weight};
   if (!options.retain_saved) work->used = saved.used;
   bound.params = {params};
   // Joined (default): dW forked first, so its CTAs start with dx's and fill the SMs dx's last

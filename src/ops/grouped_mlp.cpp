@@ -108,8 +108,9 @@ std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& f
   return "";
 }
 
-BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs, const Splits& splits,
-                                      const ForwardOptions& options, Saved* saved) const {
+BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
+                                      const Splits& given_splits, const ForwardOptions& options,
+                                      Saved* saved) const {
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
   const Device dev = context().device();
   const DType dt = dtype();
@@ -118,12 +119,12 @@ BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs, cons
   check_input("input", x, {-1, in_features()}, dt, dev);
   const int64_t T = x.size(0);
   check_input("probs", probs, {T}, DType::F32, dev);
-  validate_splits(splits, groups(), T, dev);
+  validate_splits(given_splits, groups(), T, dev);
   if (options.output.defined()) {
     check_caller_buffer("output", options.output, {T, out_features()}, dt, dev,
                         {{"input", x},
                          {"probs", probs},
-                         {"splits", splits.device_counts()},
+                         {"splits", given_splits.device_counts()},
                          {"fc1 weight", l1.weight()},
                          {"fc1 bias", fc1_->bias()},
                          {"fc2 weight", l2.weight()},
@@ -133,6 +134,8 @@ BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs, cons
   }
   // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward), then the activation:
   //      z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward) — one primitive when they share a context
+  // Resolved once: every kernel of the forward and (through saved) of the backward reads one copy.
+  const Splits splits = resolve_splits(context(), given_splits);
   Tensor h = Tensor::empty({T, 2 * F}, dt, l1.context());
   Tensor z = Tensor::empty({T, F}, dt, act_->context());
   detail::Plan plan;
@@ -291,8 +294,9 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
     w->db1 = detail::bind_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
   }
   const Tensor counts = s.splits.device_counts();
-  w->held2 = {dy, s.z, counts, grads.fc2.weight};
-  w->held1 = {dh, s.input, counts, grads.fc1.weight};
+  const Tensor copy = s.splits.device_copy();
+  w->held2 = {dy, s.z, counts, copy, grads.fc2.weight};
+  w->held1 = {dh, s.input, counts, copy, grads.fc1.weight};
   if (!options.retain_saved) w->used = s.used;
 
   BoundBackward bound;

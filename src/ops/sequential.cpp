@@ -340,7 +340,10 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
     record->input_requires_grad = in.input_requires_grad;
   }
   if (record) record->probs = in.probs;
-  // ---- 5. bind every stage (each checks its own arguments and chooses its backends), then run
+  // ---- 5. bind every stage (each checks its own arguments and chooses its backends), then run.
+  // The splits are resolved once for every stage (and their backward, through the tape).
+  ExtraInputs resolved = in;
+  resolved.splits = resolve_splits(ops_[0]->context(), in.splits);
   std::vector<BoundForward> bound;
   bound.reserve(stages_.size());
   Tensor cur = x;
@@ -354,12 +357,12 @@ SequentialOutput Sequential::forward(const Tensor& x, const ExtraInputs& in,
           const auto& r = routed[static_cast<size_t>(pos)];
           stage_args.push_back({.output = r[0].tensor, .grad_input = r[1].tensor});
         }
-        bound.push_back(st.fused->bind_forward(cur, in, stage_args, input_requires_grad,
+        bound.push_back(st.fused->bind_forward(cur, resolved, stage_args, input_requires_grad,
                                                record ? &context : nullptr));
       } else {
         const auto& r = routed[static_cast<size_t>(st.begin)];
         const OpArguments op_args{.output = r[0].tensor, .grad_input = r[1].tensor};
-        bound.push_back(op_at(st.begin).bind_forward(cur, in, op_args, input_requires_grad,
+        bound.push_back(op_at(st.begin).bind_forward(cur, resolved, op_args, input_requires_grad,
                                                      record ? &context : nullptr));
       }
     } catch (const Error& e) {

@@ -14,6 +14,10 @@
 #include "moekit/core/tensor.h"
 
 namespace moekit {
+class Context;
+}
+
+namespace moekit {
 
 class Splits {
  public:
@@ -27,11 +31,22 @@ class Splits {
   const std::vector<int64_t>& host_counts() const;
   /// Device counts tensor [G] (undefined for host splits).
   const Tensor& device_counts() const { return counts_tensor_; }
+  /// Host splits resolved for a GPU call (resolve_splits): their counts also in device memory,
+  /// written once per call and read by every kernel of it (undefined otherwise).
+  const Tensor& device_copy() const { return device_copy_; }
 
  private:
+  friend Splits resolve_splits(const Context& ctx, const Splits& splits);
   std::vector<int64_t> counts_;
   Tensor counts_tensor_;
+  Tensor device_copy_;
 };
+
+/// Splits resolved once per call: host splits on a CUDA context get their counts written to the
+/// device once (a kernel from its parameters: graph-capturable, no host sync), so that every
+/// kernel of the call — and of its backward, through the saved context — reads that one copy
+/// instead of writing its own. Anything else is returned as it is. Validate first.
+Splits resolve_splits(const Context& ctx, const Splits& splits);
 
 /// Prefix sums: offsets[g] = sum_{j<g} counts[j], offsets[G] = S.
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
