@@ -986,5 +986,98 @@ TEST(Backend, ForcedBackendThatCannotRunTheCallReportsItsReason) {
   EXPECT_TRUE(test::rows_hold_sentinel(test::bytes_of(test::host(), g.out), 0, 3, 2, DType::F32));
 }
 
+
+// ================================================================ size overflow (issue 39 §6)
+
+constexpr int64_t kP62 = int64_t{1} << 62;
+
+TEST(Overflow, NumelOfAShapeBeyondInt64IsRejectedNamingTheShape) {
+  auto e = caught([] { numel({kP62, 4}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("2^63 - 1 elements"),
+                               HasSubstr("[4611686018427387904, 4]")));
+  EXPECT_FALSE(caught([] { numel({3, kP62, 3, 0}); })) << "a zero size is 0 elements";
+  EXPECT_EQ(numel({3, kP62, 3, 0}), 0);
+  EXPECT_EQ(numel({kP62, 1}), kP62);
+  EXPECT_EQ(numel({}), 1);
+}
+
+TEST(Overflow, EmptyRefusesAShapeBeyondInt64BeforeAllocating) {
+  Context ctx = Context::cpu();
+  ctx.allocator().reset_stats();
+  // Elements beyond int64 (2^64: wrapped to 0 before, a defined tensor with null data).
+  auto e = caught([&] { Tensor::empty({kP62, 4}, DType::F32, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4611686018427387904, 4]")));
+  // Elements that fit, bytes that do not (2^62 f32 elements: 2^64 bytes).
+  e = caught([&] { Tensor::empty({kP62 / 2, 2}, DType::F32, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("2^63 - 1 bytes"), HasSubstr("f32"),
+                               HasSubstr("[2305843009213693952, 2]")));
+  // No element, but strides past the zero size that overflow.
+  e = caught([&] { Tensor::empty({0, kP62, 4}, DType::U8, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[0, 4611686018427387904, 4]")));
+  EXPECT_EQ(ctx.allocator().stats().count, 0) << "nothing may be allocated for a refused shape";
+  // The same checks for views of caller memory and reshapes.
+  std::vector<float> mem(4);
+  e = caught([&] { Tensor::wrap(mem.data(), {kP62, 4}, DType::F32, Device::cpu()); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("[4611686018427387904, 4]"));
+  e = caught([&] { Tensor::wrap(mem.data(), {2, 2}, {kP62, 1}, DType::F32, Device::cpu()); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'strides'"), HasSubstr("[4611686018427387904, 1]")));
+  e = caught([&] {
+    Tensor::wrap(mem.data(), {2, 2}, {std::numeric_limits<int64_t>::min(), 1}, DType::F32, Device::cpu());
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'strides'"));
+  e = caught([&] { Tensor::wrap(mem.data(), {4}, DType::F32, Device::cpu()).view({kP62, 4}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4611686018427387904, 4]")));
+}
+
+TEST(Overflow, AFailedAllocationThrowsAndNeverYieldsNullData) {
+  // More bytes than any address space: the CPU allocator fails, and says so.
+  Context ctx = Context::cpu();
+  auto e = caught([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 20}, DType::U8, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("out of host memory"), HasSubstr("1152921504606846976")));
+  // A caller's allocator that returns null instead of throwing: an error too, not a tensor.
+  struct NullAllocator final : Allocator {
+    Device device() const override { return Device::cpu(); }
+    void* do_allocate(size_t) override { return nullptr; }
+    void do_deallocate(void*, size_t) noexcept override {}
+  };
+  Context null_ctx = ctx.with_allocator(std::make_shared<NullAllocator>());
+  e = caught([&] { Tensor::empty({16}, DType::F32, null_ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("out of memory"), HasSubstr("64 bytes")));
+  EXPECT_TRUE(Tensor::empty({0, 16}, DType::F32, null_ctx).defined()) << "0 bytes need no memory";
+}
+
+TEST(Overflow, GroupedLinearOfTooManyWeightElementsIsRefusedAtConstruction) {
+  const Context ctx = Context::cpu();
+  // 2^22 · 2^21 · 2^21 = 2^64 weight elements (it used to build, then segfault).
+  auto e = caught([&] {
+    GroupedLinear fc({.groups = int64_t{1} << 22, .in = int64_t{1} << 21, .out = int64_t{1} << 21}, ctx);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4194304, 2097152, 2097152]")));
+  // Representable, but 2^50 bytes: the allocation fails with an error.
+  e = caught([&] {
+    GroupedLinear fc({.groups = 1024, .in = int64_t{1} << 19, .out = int64_t{1} << 20,
+                      .dtype = DType::BF16}, ctx);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+}
+
 }  // namespace
 }  // namespace moekit
