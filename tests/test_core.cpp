@@ -1079,5 +1079,53 @@ TEST(Overflow, GroupedLinearOfTooManyWeightElementsIsRefusedAtConstruction) {
   EXPECT_EQ(e->kind(), ErrorKind::Runtime);
 }
 
+// The CPU GEMMs pass K and N to CBLAS as ints: larger ones are refused before any work (they were
+// narrowed: K = 2^32 + 4 computed with K = 4, K = 2^31 left the output unwritten). The operands
+// are views of addresses nothing is ever read from or written to (the refusal comes first), far
+// apart so that the overlap checks pass: no memory of their size is needed.
+struct HugeOperands {
+  static void* at(int i) { return reinterpret_cast<void*>(uintptr_t{1} << 44 | uintptr_t(i) << 40); }
+  static Tensor view(int i, const Shape& shape) {
+    return Tensor::wrap(at(i), shape, DType::F32, Device::cpu());
+  }
+};
+
+TEST(Overflow, CpuGemmRefusesKAndNBeyondIntNamingTheDimension) {
+  const Context ctx = Context::cpu();
+  const int64_t over[] = {int64_t{1} << 31, (int64_t{1} << 32) + 4};
+  for (int64_t big : over) {
+    SCOPED_TRACE(big);
+    // group-M (fprop): K = a's columns.
+    auto e = caught([&] {
+      grouped_gemm_group_m(ctx, HugeOperands::view(0, {1, big}), HugeOperands::view(1, {1, 2, big}),
+                           BOp::Transposed, Splits::host({1}), HugeOperands::view(2, {1, 2}));
+    });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+    EXPECT_THAT(e->what(), AllOf(HasSubstr("K (a's columns) = " + std::to_string(big)),
+                                 HasSubstr("limit of 2147483647")));
+    // group-M (dgrad): N = out's columns.
+    e = caught([&] {
+      grouped_gemm_group_m(ctx, HugeOperands::view(0, {1, 2}), HugeOperands::view(1, {1, 2, big}),
+                           BOp::Plain, Splits::host({1}), HugeOperands::view(2, {1, big}));
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("N (out's columns) = " + std::to_string(big)));
+    // group-K (wgrad): K = x's columns, N = dy's columns.
+    e = caught([&] {
+      grouped_gemm_group_k(ctx, HugeOperands::view(0, {1, 2}), HugeOperands::view(1, {1, big}),
+                           Splits::host({1}), HugeOperands::view(2, {1, 2, big}), false);
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("K (x's columns) = " + std::to_string(big)));
+    e = caught([&] {
+      grouped_gemm_group_k(ctx, HugeOperands::view(0, {1, big}), HugeOperands::view(1, {1, 2}),
+                           Splits::host({1}), HugeOperands::view(2, {1, big, 2}), false);
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("N (dy's columns) = " + std::to_string(big)));
+  }
+}
+
 }  // namespace
 }  // namespace moekit
