@@ -986,7 +986,6 @@ TEST(Backend, ForcedBackendThatCannotRunTheCallReportsItsReason) {
   EXPECT_TRUE(test::rows_hold_sentinel(test::bytes_of(test::host(), g.out), 0, 3, 2, DType::F32));
 }
 
-
 // ================================================================ size overflow (issue 39 §6)
 
 constexpr int64_t kP62 = int64_t{1} << 62;
@@ -1031,7 +1030,8 @@ TEST(Overflow, EmptyRefusesAShapeBeyondInt64BeforeAllocating) {
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'strides'"), HasSubstr("[4611686018427387904, 1]")));
   e = caught([&] {
-    Tensor::wrap(mem.data(), {2, 2}, {std::numeric_limits<int64_t>::min(), 1}, DType::F32, Device::cpu());
+    Tensor::wrap(mem.data(), {2, 2}, {std::numeric_limits<int64_t>::min(), 1}, DType::F32,
+                 Device::cpu());
   });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'strides'"));
@@ -1065,15 +1065,17 @@ TEST(Overflow, GroupedLinearOfTooManyWeightElementsIsRefusedAtConstruction) {
   const Context ctx = Context::cpu();
   // 2^22 · 2^21 · 2^21 = 2^64 weight elements (it used to build, then segfault).
   auto e = caught([&] {
-    GroupedLinear fc({.groups = int64_t{1} << 22, .in = int64_t{1} << 21, .out = int64_t{1} << 21}, ctx);
+    GroupedLinear fc({.groups = int64_t{1} << 22, .in = int64_t{1} << 21, .out = int64_t{1} << 21},
+                     ctx);
   });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4194304, 2097152, 2097152]")));
   // Representable, but 2^50 bytes: the allocation fails with an error.
   e = caught([&] {
-    GroupedLinear fc({.groups = 1024, .in = int64_t{1} << 19, .out = int64_t{1} << 20,
-                      .dtype = DType::BF16}, ctx);
+    GroupedLinear fc(
+        {.groups = 1024, .in = int64_t{1} << 19, .out = int64_t{1} << 20, .dtype = DType::BF16},
+        ctx);
   });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::Runtime);
@@ -1084,7 +1086,9 @@ TEST(Overflow, GroupedLinearOfTooManyWeightElementsIsRefusedAtConstruction) {
 // are views of addresses nothing is ever read from or written to (the refusal comes first), far
 // apart so that the overlap checks pass: no memory of their size is needed.
 struct HugeOperands {
-  static void* at(int i) { return reinterpret_cast<void*>(uintptr_t{1} << 44 | uintptr_t(i) << 40); }
+  static void* at(int i) {
+    return reinterpret_cast<void*>(uintptr_t{1} << 44 | uintptr_t(i) << 40);
+  }
   static Tensor view(int i, const Shape& shape) {
     return Tensor::wrap(at(i), shape, DType::F32, Device::cpu());
   }

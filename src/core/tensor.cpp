@@ -88,8 +88,9 @@ void check_shape(const Shape& shape, DType dtype) {
   const int64_t n = moekit::numel(shape);
   const auto es = static_cast<int64_t>(size_of(dtype));
   if (n > std::numeric_limits<int64_t>::max() / es) {
-    throw_invalid("shape", str("a shape of at most 2^63 - 1 bytes (", std::numeric_limits<int64_t>::max() / es,
-                               " elements of ", name(dtype), ")"),
+    throw_invalid("shape",
+                  str("a shape of at most 2^63 - 1 bytes (",
+                      std::numeric_limits<int64_t>::max() / es, " elements of ", name(dtype), ")"),
                   to_string(shape));
   }
 }
@@ -106,8 +107,10 @@ void check_strided_extent(const Shape& shape, const Shape& strides, DType dtype)
   }
   int64_t bytes = 0;
   if (!ok || __builtin_mul_overflow(reach, static_cast<int64_t>(size_of(dtype)), &bytes)) {
-    throw_invalid("strides", str("strides whose reach over shape ", to_string(shape), " fits in 2^63 - 1 bytes"),
-                  to_string(strides));
+    throw_invalid(
+        "strides",
+        str("strides whose reach over shape ", to_string(shape), " fits in 2^63 - 1 bytes"),
+        to_string(strides));
   }
 }
 }  // namespace
