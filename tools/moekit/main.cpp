@@ -206,6 +206,13 @@ int run(const Options& o) {
   cfg.glu = o.glu == "halves" ? GluLayout::Halves : GluLayout::Interleaved32;
   cfg.host_splits = o.host_splits;
   cfg.caller_buffers = !o.internal_buffers;
+  if (cfg.tokens > std::numeric_limits<int64_t>::max() - cfg.tail) {  // the arguments' fault
+    std::fprintf(stderr,
+                 "moekit: --tokens + --tail must be at most 2^63 - 1 rows, got %lld + %lld\n"
+                 "(see moekit run --help)\n",
+                 static_cast<long long>(cfg.tokens), static_cast<long long>(cfg.tail));
+    return 2;
+  }
 
   // What is about to run, before the set-up (seconds to minutes on the CPU for qwen3 / dsv3).
   std::fprintf(stderr,
@@ -294,14 +301,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moekit: %s\n(see %s)\n", e.what(), where.c_str());
     return 2;
   }
-  if (o.tokens && *o.tokens > std::numeric_limits<int64_t>::max() - o.tail) {
-    std::fprintf(stderr,
-                 "moekit: --tokens + --tail must be at most 2^63 - 1 rows, got %lld + %lld\n"
-                 "(see moekit run --help)\n",
-                 static_cast<long long>(*o.tokens), static_cast<long long>(o.tail));
-    return 2;
-  }
-
   // From here on every failure is a run-time one: a message and status 1, never an uncaught
   // exception (or a usage status for something the arguments were not wrong about).
   std::string message;
