@@ -15,7 +15,9 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
+#include <tuple>
 
 #include "moekit/moekit.h"
 #include "support/test_util.h"
@@ -985,6 +987,308 @@ TEST(Backend, ForcedBackendThatCannotRunTheCallReportsItsReason) {
   EXPECT_THAT(e->what(), AllOf(HasSubstr("forced backend 'cublas'"), HasSubstr("cannot run")));
   EXPECT_TRUE(test::rows_hold_sentinel(test::bytes_of(test::host(), g.out), 0, 3, 2, DType::F32));
 }
+
+// ================================================================ size overflow (issue 39 §6)
+
+constexpr int64_t kP62 = int64_t{1} << 62;
+
+TEST(Overflow, NumelOfAShapeBeyondInt64IsRejectedNamingTheShape) {
+  auto e = caught([] { numel({kP62, 4}); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("2^63 - 1 elements"),
+                               HasSubstr("[4611686018427387904, 4]")));
+  EXPECT_FALSE(caught([] { numel({3, kP62, 3, 0}); })) << "a zero size is 0 elements";
+  EXPECT_EQ(numel({3, kP62, 3, 0}), 0);
+  EXPECT_EQ(numel({kP62, 1}), kP62);
+  EXPECT_EQ(numel({}), 1);
+}
+
+TEST(Overflow, EmptyRefusesAShapeBeyondInt64BeforeAllocating) {
+  Context ctx = Context::cpu();
+  ctx.allocator().reset_stats();
+  // Elements beyond int64 (2^64: wrapped to 0 before, a defined tensor with null data).
+  auto e = caught([&] { Tensor::empty({kP62, 4}, DType::F32, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4611686018427387904, 4]")));
+  // Elements that fit, bytes that do not (2^62 f32 elements: 2^64 bytes).
+  e = caught([&] { Tensor::empty({kP62 / 2, 2}, DType::F32, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("2^63 - 1 bytes"), HasSubstr("f32"),
+                               HasSubstr("[2305843009213693952, 2]")));
+  // No element, but strides past the zero size that overflow.
+  e = caught([&] { Tensor::empty({0, kP62, 4}, DType::U8, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[0, 4611686018427387904, 4]")));
+  EXPECT_EQ(ctx.allocator().stats().count, 0) << "nothing may be allocated for a refused shape";
+  // The same checks for views of caller memory and reshapes.
+  std::vector<float> mem(4);
+  e = caught([&] { Tensor::wrap(mem.data(), {kP62, 4}, DType::F32, Device::cpu()); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("[4611686018427387904, 4]"));
+  e = caught([&] { Tensor::wrap(mem.data(), {2, 2}, {kP62, 1}, DType::F32, Device::cpu()); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'strides'"), HasSubstr("[4611686018427387904, 1]")));
+  e = caught([&] {
+    Tensor::wrap(mem.data(), {2, 2}, {std::numeric_limits<int64_t>::min(), 1}, DType::F32,
+                 Device::cpu());
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'strides'"));
+  e = caught([&] { Tensor::wrap(mem.data(), {4}, DType::F32, Device::cpu()).view({kP62, 4}); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4611686018427387904, 4]")));
+}
+
+TEST(Overflow, AFailedAllocationThrowsAndNeverYieldsNullData) {
+  // More bytes than any address space: the CPU allocator fails, and says so.
+  Context ctx = Context::cpu();
+  auto e = caught([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 20}, DType::U8, ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("out of host memory"), HasSubstr("1152921504606846976")));
+  // A caller's allocator that returns null instead of throwing: an error too, not a tensor.
+  struct NullAllocator final : Allocator {
+    Device device() const override { return Device::cpu(); }
+    void* do_allocate(size_t) override { return nullptr; }
+    void do_deallocate(void*, size_t) noexcept override {}
+  };
+  Context null_ctx = ctx.with_allocator(std::make_shared<NullAllocator>());
+  e = caught([&] { Tensor::empty({16}, DType::F32, null_ctx); });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("out of memory"), HasSubstr("64 bytes")));
+  EXPECT_TRUE(Tensor::empty({0, 16}, DType::F32, null_ctx).defined()) << "0 bytes need no memory";
+}
+
+TEST(Overflow, GroupedLinearOfTooManyWeightElementsIsRefusedAtConstruction) {
+  const Context ctx = Context::cpu();
+  // 2^22 · 2^21 · 2^21 = 2^64 weight elements (it used to build, then segfault).
+  auto e = caught([&] {
+    GroupedLinear fc({.groups = int64_t{1} << 22, .in = int64_t{1} << 21, .out = int64_t{1} << 21},
+                     ctx);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'shape'"), HasSubstr("[4194304, 2097152, 2097152]")));
+  // Representable, but 2^50 bytes: the allocation fails with an error.
+  e = caught([&] {
+    GroupedLinear fc(
+        {.groups = 1024, .in = int64_t{1} << 19, .out = int64_t{1} << 20, .dtype = DType::BF16},
+        ctx);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->kind(), ErrorKind::Runtime);
+}
+
+// The CPU GEMMs pass K and N to CBLAS as ints: larger ones are refused before any work (they were
+// narrowed: K = 2^32 + 4 computed with K = 4, K = 2^31 left the output unwritten). The operands
+// are views of addresses nothing is ever read from or written to (the refusal comes first), far
+// apart so that the overlap checks pass: no memory of their size is needed.
+struct HugeOperands {
+  static void* at(int i) {
+    return reinterpret_cast<void*>(uintptr_t{1} << 44 | uintptr_t(i) << 40);
+  }
+  static Tensor view(int i, const Shape& shape) {
+    return Tensor::wrap(at(i), shape, DType::F32, Device::cpu());
+  }
+};
+
+TEST(Overflow, CpuGemmRefusesKAndNBeyondIntNamingTheDimension) {
+  const Context ctx = Context::cpu();
+  const int64_t over[] = {int64_t{1} << 31, (int64_t{1} << 32) + 4};
+  for (int64_t big : over) {
+    SCOPED_TRACE(big);
+    // group-M (fprop): K = a's columns.
+    auto e = caught([&] {
+      grouped_gemm_group_m(ctx, HugeOperands::view(0, {1, big}), HugeOperands::view(1, {1, 2, big}),
+                           BOp::Transposed, Splits::host({1}), HugeOperands::view(2, {1, 2}));
+    });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+    EXPECT_THAT(e->what(), AllOf(HasSubstr("K (a's columns) = " + std::to_string(big)),
+                                 HasSubstr("limit of 2147483647")));
+    // group-M (dgrad): N = out's columns.
+    e = caught([&] {
+      grouped_gemm_group_m(ctx, HugeOperands::view(0, {1, 2}), HugeOperands::view(1, {1, 2, big}),
+                           BOp::Plain, Splits::host({1}), HugeOperands::view(2, {1, big}));
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("N (out's columns) = " + std::to_string(big)));
+    // group-K (wgrad): K = x's columns, N = dy's columns.
+    e = caught([&] {
+      grouped_gemm_group_k(ctx, HugeOperands::view(0, {1, 2}), HugeOperands::view(1, {1, big}),
+                           Splits::host({1}), HugeOperands::view(2, {1, 2, big}), false);
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("K (x's columns) = " + std::to_string(big)));
+    e = caught([&] {
+      grouped_gemm_group_k(ctx, HugeOperands::view(0, {1, big}), HugeOperands::view(1, {1, 2}),
+                           Splits::host({1}), HugeOperands::view(2, {1, big, 2}), false);
+    });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("N (dy's columns) = " + std::to_string(big)));
+  }
+}
+
+// ================================================================ exact large-K GEMMs (issue 39
+// §1) Integer data in {-1, 0, 1}: products and fp32 partial sums are exact (|sums| < 2^24), and the
+// results stay within ±256 (asserted), where every integer is exact in bf16, f16 and f32 — so
+// every backend must return the exact result, bit for bit, in any summation order and any
+// rounding mode. An off-by-one in a K tail (a dropped, duplicated or misplaced product) changes
+// an element by ±1, which no tolerance hides. K = 4104 = 64 · 64 + 8 leaves a K tail after
+// 64-wide blocks (the sm90 kernels take it on the GPU: K % 8 == 0); K = 4101 is odd (cuBLAS
+// there). Reductions over rows (wgrad) get groups of 4099 and 4104 rows.
+
+// Host tensor of `shape` in `dtype` holding `values` (exact small integers).
+Tensor host_tensor(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, test::host());
+  from_f64(values.data(), t.data(), dtype, values.size());
+  return t;
+}
+
+// n values in {-1, 0, 1}, seeded.
+std::vector<double> trits(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> v(n);
+  for (double& x : v) x = static_cast<double>(rng() % 3) - 1.0;
+  return v;
+}
+
+// got equals want exactly on the first want.size() elements; else the first difference.
+::testing::AssertionResult exactly(const std::vector<double>& got, const std::vector<double>& want,
+                                   int64_t cols) {
+  if (got.size() < want.size()) return ::testing::AssertionFailure() << "too few values";
+  size_t bad = 0, first = want.size();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(got[i] == want[i])) {
+      if (first == want.size()) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << want.size() << " elements differ; first at row "
+         << first / static_cast<size_t>(cols) << ", col " << first % static_cast<size_t>(cols)
+         << ": got " << got[first] << ", exact " << want[first];
+}
+
+// Every |value| fits the exact-integer range of every compute dtype (bf16: 2^8).
+void expect_exactly_representable(const std::vector<double>& ref) {
+  double m = 0;
+  for (double v : ref) m = std::max(m, std::abs(v));
+  ASSERT_LE(m, 256.0) << "the test's data must keep results exact in bf16";
+}
+
+class ExactGemm : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    std::optional<Context> c = test::make_context(std::get<0>(GetParam()), &why);
+    if (!c) GTEST_SKIP() << why;
+    ctx_ = *c;
+    dt_ = std::get<1>(GetParam());
+  }
+  Splits splits(const std::vector<int64_t>& counts, bool on_device) const {
+    return on_device ? Splits::device(to_device(ctx_, test::counts_tensor(counts, DType::I64)))
+                     : Splits::host(counts);
+  }
+  Context ctx_ = Context::cpu();
+  DType dt_ = DType::BF16;
+};
+
+// group-M in both B layouts (fprop: B = W [G, N, K] transposed; dgrad: B [G, K, N] plain), over a
+// reduction of K terms; rows [S, T) keep the sentinel.
+TEST_P(ExactGemm, GroupMOverLargeKIsExactToTheLastProduct) {
+  const std::vector<int64_t> counts{37, 0, 1, 64, 33};
+  const int64_t G = 5, S = 135, T = S + 3, N = 24;
+  uint64_t seed = 100;
+  for (int64_t K : {int64_t{4104}, int64_t{4101}}) {
+    for (BOp op : {BOp::Transposed, BOp::Plain}) {
+      for (bool on_device : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "K " << K << (op == BOp::Plain ? " plain" : " transposed")
+                     << (on_device ? " device" : " host") << " splits");
+        const std::vector<double> a = trits(static_cast<size_t>(T * K), ++seed);
+        const std::vector<double> b = trits(static_cast<size_t>(G * N * K), ++seed);
+        std::vector<double> want(static_cast<size_t>(S * N), 0.0);
+        int64_t row = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          for (int64_t r = 0; r < counts[static_cast<size_t>(g)]; ++r, ++row) {
+            for (int64_t n = 0; n < N; ++n) {
+              double sum = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const int64_t bi =
+                    op == BOp::Transposed ? (g * N + n) * K + k : (g * K + k) * N + n;
+                sum += a[static_cast<size_t>(row * K + k)] * b[static_cast<size_t>(bi)];
+              }
+              want[static_cast<size_t>(row * N + n)] = sum;
+            }
+          }
+        }
+        expect_exactly_representable(want);
+        const Shape b_shape = op == BOp::Transposed ? Shape{G, N, K} : Shape{G, K, N};
+        const Tensor a_d = to_device(ctx_, host_tensor(a, {T, K}, dt_));
+        const Tensor b_d = to_device(ctx_, host_tensor(b, b_shape, dt_));
+        const Tensor out = test::filled(ctx_, {T, N}, dt_, test::kSentinel);
+        grouped_gemm_group_m(ctx_, a_d, b_d, op, splits(counts, on_device), out);
+        const std::vector<uint8_t> bytes = test::bytes_of(ctx_, out);
+        EXPECT_TRUE(exactly(test::to_doubles(ctx_, out), want, N));
+        EXPECT_TRUE(test::rows_hold_sentinel(bytes, S, T, N, dt_));
+      }
+    }
+  }
+}
+
+// group-K (wgrad) over groups of thousands of rows: dW in the compute dtype and in f32, and
+// accumulated onto an f32 main_grad.
+TEST_P(ExactGemm, GroupKOverManyRowsIsExactToTheLastRow) {
+  const std::vector<int64_t> counts{4099, 0, 4104, 1};
+  const int64_t G = 4, T = 4099 + 4104 + 1 + 5, N = 16, K = 24;
+  const std::vector<double> dy = trits(static_cast<size_t>(T * N), 7);
+  const std::vector<double> x = trits(static_cast<size_t>(T * K), 8);
+  const std::vector<double> start = trits(static_cast<size_t>(G * N * K), 9);
+  std::vector<double> want(static_cast<size_t>(G * N * K), 0.0);
+  int64_t off = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        double sum = 0;
+        for (int64_t r = off; r < off + counts[static_cast<size_t>(g)]; ++r) {
+          sum += dy[static_cast<size_t>(r * N + n)] * x[static_cast<size_t>(r * K + k)];
+        }
+        want[static_cast<size_t>((g * N + n) * K + k)] = sum;
+      }
+    }
+    off += counts[static_cast<size_t>(g)];
+  }
+  expect_exactly_representable(want);
+  std::vector<double> want_accumulated = want;
+  for (size_t i = 0; i < want.size(); ++i) want_accumulated[i] += start[i];
+  const Tensor dy_d = to_device(ctx_, host_tensor(dy, {T, N}, dt_));
+  const Tensor x_d = to_device(ctx_, host_tensor(x, {T, K}, dt_));
+  for (bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device splits" : "host splits");
+    for (DType dw_type : {dt_, DType::F32}) {
+      const Tensor dw = test::filled(ctx_, {G, N, K}, dw_type, test::kSentinel);
+      grouped_gemm_group_k(ctx_, dy_d, x_d, splits(counts, on_device), dw, false);
+      EXPECT_TRUE(exactly(test::to_doubles(ctx_, dw), want, K)) << "dw " << name(dw_type);
+    }
+    const Tensor main_grad = to_device(ctx_, host_tensor(start, {G, N, K}, DType::F32));
+    grouped_gemm_group_k(ctx_, dy_d, x_d, splits(counts, on_device), main_grad, true);
+    EXPECT_TRUE(exactly(test::to_doubles(ctx_, main_grad), want_accumulated, K)) << "main_grad";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ExactGemm,
+                         ::testing::Combine(::testing::ValuesIn(test::device_names()),
+                                            ::testing::Values(DType::BF16, DType::F16, DType::F32)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::string(name(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace moekit

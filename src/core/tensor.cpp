@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/runtime.h"
 #include "moekit/core/context.h"
@@ -15,15 +16,27 @@ std::string to_string(const Shape& s) {
   return out + "]";
 }
 
+// Element and byte counts are checked before anything is allocated or viewed: a product that
+// wrapped around would allocate (or view) fewer bytes than the shape's elements reach.
 int64_t numel(const Shape& s) {
+  if (std::find(s.begin(), s.end(), int64_t{0}) != s.end()) return 0;  // however large the others
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    if (__builtin_mul_overflow(n, d, &n)) {
+      throw_invalid("shape", "a shape of at most 2^63 - 1 elements", to_string(s));
+    }
+  }
   return n;
 }
 
 // ---- Allocator ----
 void* Allocator::allocate(size_t bytes) {
   void* p = bytes ? do_allocate(bytes) : nullptr;
+  // An allocator that returns null instead of throwing must not yield a null-data tensor.
+  if (bytes && !p) {
+    throw_error(ErrorKind::Runtime, str("out of memory: the allocator of ", device().to_string(),
+                                        " returned no memory for ", bytes, " bytes"));
+  }
   count_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   int64_t prev = largest_.load(std::memory_order_relaxed);
@@ -53,33 +66,67 @@ struct Tensor::Storage {
 };
 
 namespace {
+// The strides of a row-major tensor of a valid shape (check_shape): they fit in int64 when the
+// element count does, except past a zero size ({0, 2^62, 4}), which is refused.
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    if (i > 0 && __builtin_mul_overflow(s, shape[i], &s)) {
+      throw_invalid("shape", "row-major strides that fit in int64", to_string(shape));
+    }
   }
   return strides;
 }
-void check_shape(const Shape& shape) {
+// Non-negative sizes whose elements, and their bytes in `dtype`, count to at most 2^63 - 1
+// (numel() and nbytes() of every tensor then fit, and so do pointer offsets into it).
+void check_shape(const Shape& shape, DType dtype) {
   for (int64_t d : shape) {
     if (d < 0) throw_invalid("shape", "non-negative sizes", to_string(shape));
+  }
+  const int64_t n = moekit::numel(shape);
+  const auto es = static_cast<int64_t>(size_of(dtype));
+  if (n > std::numeric_limits<int64_t>::max() / es) {
+    throw_invalid("shape",
+                  str("a shape of at most 2^63 - 1 bytes (",
+                      std::numeric_limits<int64_t>::max() / es, " elements of ", name(dtype), ")"),
+                  to_string(shape));
+  }
+}
+// The element offsets a strided view reaches, and their bytes, fit in int64 (byte_extent()).
+void check_strided_extent(const Shape& shape, const Shape& strides, DType dtype) {
+  if (moekit::numel(shape) == 0) return;
+  int64_t reach = 1;  // 1 + Σ (size - 1) · |stride|: elements from the lowest to the highest
+  bool ok = true;
+  for (size_t i = 0; i < shape.size() && ok; ++i) {
+    int64_t span = 0;
+    ok = strides[i] != std::numeric_limits<int64_t>::min() &&
+         !__builtin_mul_overflow(shape[i] - 1, strides[i] < 0 ? -strides[i] : strides[i], &span) &&
+         !__builtin_add_overflow(reach, span, &reach);
+  }
+  int64_t bytes = 0;
+  if (!ok || __builtin_mul_overflow(reach, static_cast<int64_t>(size_of(dtype)), &bytes)) {
+    throw_invalid(
+        "strides",
+        str("strides whose reach over shape ", to_string(shape), " fits in 2^63 - 1 bytes"),
+        to_string(strides));
   }
 }
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Context& ctx) {
-  check_shape(shape);
+  check_shape(shape, dtype);
+  Shape strides = contiguous_strides(shape);  // before allocating: it may refuse the shape
   Tensor t;
   auto storage = std::make_shared<Storage>();
   storage->allocator = ctx.impl()->allocator;
   storage->bytes = static_cast<size_t>(moekit::numel(shape)) * size_of(dtype);
-  storage->ptr = storage->allocator->allocate(storage->bytes);
+  storage->ptr = storage->allocator->allocate(storage->bytes);  // throws rather than return null
   t.storage_ = std::move(storage);
   t.data_ = t.storage_->ptr;
   t.shape_ = shape;
-  t.strides_ = contiguous_strides(shape);
+  t.strides_ = std::move(strides);
   t.dtype_ = dtype;
   t.device_ = ctx.device();
   t.defined_ = true;
@@ -87,15 +134,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Context& ctx) {
 }
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, dtype);  // before the strides: a negative size is named as such
   return wrap(data, shape, contiguous_strides(shape), dtype, device);
 }
 
 Tensor Tensor::wrap(void* data, const Shape& shape, const Shape& strides, DType dtype,
                     Device device) {
-  check_shape(shape);
+  check_shape(shape, dtype);
   if (strides.size() != shape.size()) {
     throw_invalid("strides", str(shape.size(), " entries"), to_string(strides));
   }
+  check_strided_extent(shape, strides, dtype);
   if (data == nullptr && moekit::numel(shape) != 0) {
     throw_invalid("data", "a non-null pointer for a non-empty tensor", "nullptr");
   }
@@ -148,7 +197,7 @@ Tensor Tensor::index(int64_t i) const {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  check_shape(shape);
+  check_shape(shape, dtype_);
   if (!is_contiguous()) throw_invalid("view", "a contiguous tensor", describe());
   if (moekit::numel(shape) != numel()) {
     throw_invalid("view shape", str(numel(), " elements"), to_string(shape));

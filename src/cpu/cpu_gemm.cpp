@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -20,6 +21,17 @@ constexpr int64_t kRowBlock = 256;  // rows converted and multiplied at a time
 
 std::string reject_unless_cpu(const Context& ctx) {
   return ctx.device().is_cpu() ? "" : str("the context's device is ", ctx.device().to_string());
+}
+
+// CBLAS takes every dimension and leading dimension as an int. The row counts passed are at most
+// kRowBlock; K and N (dimensions and leading dimensions) must fit, or the call is refused here —
+// before any work — instead of narrowed (a wrapped K computes a wrong result silently, a negative
+// one makes OpenBLAS print "illegal value" and return with the output unwritten). Chunking would
+// not lift the limit: the leading dimension of a row-major [rows, K] operand is K itself.
+std::string reject_unless_int(std::string_view dim, int64_t value) {
+  if (value <= INT_MAX) return "";
+  return str(dim, " = ", value, " exceeds the CPU backend's limit of ", INT_MAX,
+             " (CBLAS dimensions are int)");
 }
 
 // OpenBLAS's threads do the parallel work. The conversions around them stay on the calling
@@ -49,7 +61,12 @@ void add_bias_rows(float* y, int64_t rows, int64_t n, const float* bias) {
 }  // namespace
 
 // ---------------------------------------------------------------- group-M (fprop / dgrad)
-std::string group_m_rejects(const detail::GroupMArgs& a) { return reject_unless_cpu(a.ctx); }
+std::string group_m_rejects(const detail::GroupMArgs& a) {
+  std::string why = reject_unless_cpu(a.ctx);
+  if (why.empty()) why = reject_unless_int("K (a's columns)", a.k);
+  if (why.empty()) why = reject_unless_int("N (out's columns)", a.n);
+  return why;
+}
 
 void group_m_run(const detail::GroupMArgs& args) {
   set_threads(args.ctx);
@@ -107,7 +124,12 @@ void group_m_run(const detail::GroupMArgs& args) {
 }
 
 // ---------------------------------------------------------------- group-K (wgrad)
-std::string group_k_rejects(const detail::GroupKArgs& a) { return reject_unless_cpu(a.ctx); }
+std::string group_k_rejects(const detail::GroupKArgs& a) {
+  std::string why = reject_unless_cpu(a.ctx);
+  if (why.empty()) why = reject_unless_int("K (x's columns)", a.k);
+  if (why.empty()) why = reject_unless_int("N (dy's columns)", a.n);
+  return why;
+}
 
 void group_k_run(const detail::GroupKArgs& args) {
   set_threads(args.ctx);

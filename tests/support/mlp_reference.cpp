@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "moekit/core/tensor.h"
+#include "support/reference.h"
 #include "support/test_util.h"
 
 namespace moekit::test {
@@ -137,8 +138,9 @@ SwigluGradExpected swiglu_backward_ref(const std::vector<double>& h,
     }
     if (!probs.empty()) {
       r.dprobs.value[static_cast<size_t>(t)] = dp;
-      r.dprobs.tol[static_cast<size_t>(t)] =
-          kAcc * std::abs(dp) + (kAcc * static_cast<double>(F + kElementwiseOps) + u_dz) * dp_mag;
+      r.dprobs.tol[static_cast<size_t>(t)] = kAcc * std::abs(dp) +
+                                             accumulation_bound(F + 1, dp_mag) +
+                                             (kAcc * kElementwiseOps + u_dz) * dp_mag;
     }
   }
   return r;
@@ -190,14 +192,13 @@ ScaledBiasGradExpected scaled_bias_grad_ref(const std::vector<double>& dy,
       dp_mag += std::abs(d * bias[gi]);
     }
     r.dprobs.value[static_cast<size_t>(t)] = dp;
-    r.dprobs.tol[static_cast<size_t>(t)] =
-        kAcc * std::abs(dp) + kAcc * static_cast<double>(N + 1) * dp_mag;
+    r.dprobs.tol[static_cast<size_t>(t)] = kAcc * std::abs(dp) + accumulation_bound(N + 1, dp_mag);
   }
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t n = 0; n < N; ++n) {
       const auto gi = static_cast<size_t>(g * N + n);
       r.db.tol[gi] = (counts[static_cast<size_t>(g)] ? rounding(db_dtype, r.db.value[gi]) : 0.0) +
-                     kAcc * static_cast<double>(counts[static_cast<size_t>(g)] + 1) * db_mag[gi];
+                     accumulation_bound(counts[static_cast<size_t>(g)] + 1, db_mag[gi]);
     }
   }
   return r;
@@ -227,7 +228,7 @@ MlpForwardExpected mlp_forward_ref(const MlpProblem& p, const std::vector<double
       }
       const auto i = static_cast<size_t>(t * W + c);
       r.h.value[i] = v;
-      r.h.tol[i] = rounding(p.dtype, v) + kAcc * static_cast<double>(H + 1) * mag;
+      r.h.tol[i] = rounding(p.dtype, v) + accumulation_bound(H + 1, mag);
     }
   }
   r.z = swiglu_forward_ref(h_stored, p.probs, S, F, p.layout, p.dtype);
@@ -247,8 +248,7 @@ MlpForwardExpected mlp_forward_ref(const MlpProblem& p, const std::vector<double
       const auto i = static_cast<size_t>(t * N + n);
       r.y.value[i] = v;
       // + the rounding of the GEMM result before the scaled bias is added (when there is one).
-      r.y.tol[i] = rounding(p.dtype, v) +
-                   kAcc * static_cast<double>(F + 2) * (mag + std::abs(bias)) +
+      r.y.tol[i] = rounding(p.dtype, v) + accumulation_bound(F + 2, mag + std::abs(bias)) +
                    (p.b2.empty() ? 0.0 : rounding(p.dtype, gemm));
     }
   }
@@ -278,7 +278,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
       const auto i = static_cast<size_t>(t * F + j);
       dz[i] = v;
       dz_mag[i] = mag;
-      dz_err[i] = kAcc * static_cast<double>(N) * mag + rounding(p.dtype, v);
+      dz_err[i] = accumulation_bound(N, mag) + rounding(p.dtype, v);
     }
   }
   // dh (in h's layout) and dp, with magnitudes and propagated error bounds.
@@ -315,8 +315,8 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
       }
     }
     r.dprobs.value[static_cast<size_t>(t)] = dp;
-    r.dprobs.tol[static_cast<size_t>(t)] =
-        kAcc * std::abs(dp) + kAcc * static_cast<double>(F + N + kElementwiseOps) * dp_mag + dp_err;
+    r.dprobs.tol[static_cast<size_t>(t)] = kAcc * std::abs(dp) + accumulation_bound(F + N, dp_mag) +
+                                           kAcc * kElementwiseOps * dp_mag + dp_err;
   }
   // dx = dh·W1_g.
   r.dx = sized(S * H, H);
@@ -332,7 +332,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
       }
       const auto i = static_cast<size_t>(t * H + k);
       r.dx.value[i] = v;
-      r.dx.tol[i] = rounding(p.dtype, v) + kAcc * static_cast<double>(W) * mag + err;
+      r.dx.tol[i] = rounding(p.dtype, v) + accumulation_bound(W, mag) + err;
     }
   }
   // dW1 = Σ dhᵀx (+ main_grad), db1 = Σ dh; dW2 = Σ dyᵀz (+ main_grad), db2 = Σ p·dy.
@@ -357,8 +357,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
         }
         r.dw1.value[i] = v;
         r.dw1.tol[i] =
-            m ? u_w1 * std::abs(v) + tiny(p.dtype) + kAcc * static_cast<double>(m + 1) * mag + err
-              : 0.0;
+            m ? u_w1 * std::abs(v) + tiny(p.dtype) + accumulation_bound(m + 1, mag) + err : 0.0;
       }
       if (!p.b1.empty()) {
         double v = 0.0, mag = 0.0, err = 0.0;
@@ -369,7 +368,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
         }
         const auto i = static_cast<size_t>(g * W + c);
         r.db1.value[i] = v;
-        r.db1.tol[i] = (m ? rounding(p.dtype, v) : 0.0) + kAcc * static_cast<double>(m) * mag + err;
+        r.db1.tol[i] = (m ? rounding(p.dtype, v) : 0.0) + accumulation_bound(m, mag) + err;
       }
     }
     for (int64_t n = 0; n < N; ++n) {
@@ -384,7 +383,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
         }
         r.dw2.value[i] = v;
         r.dw2.tol[i] =
-            m ? u_w2 * std::abs(v) + tiny(p.dtype) + kAcc * static_cast<double>(m + 1) * mag : 0.0;
+            m ? u_w2 * std::abs(v) + tiny(p.dtype) + accumulation_bound(m + 1, mag) : 0.0;
       }
       if (!p.b2.empty()) {
         double v = 0.0, mag = 0.0;
@@ -395,7 +394,7 @@ MlpGradExpected mlp_backward_ref(const MlpProblem& p, const std::vector<double>&
         }
         const auto i = static_cast<size_t>(g * N + n);
         r.db2.value[i] = v;
-        r.db2.tol[i] = (m ? rounding(p.dtype, v) : 0.0) + kAcc * static_cast<double>(m + 1) * mag;
+        r.db2.tol[i] = (m ? rounding(p.dtype, v) : 0.0) + accumulation_bound(m + 1, mag);
       }
     }
     off += m;

@@ -6,7 +6,8 @@
 // its saved context — so each stage is checked against the exact value of what that stage was
 // given. Tolerances (per element, with u_out = epsilon(output dtype), u_acc = epsilon(f32) and
 // u_dt = epsilon(activation dtype)):
-//   reductions (GEMMs, bias sums, dp)   u_out·|ref| + u_acc·L·Σ|term|    (reference.h's rule)
+//   reductions (GEMMs, bias sums, dp)   u_out·|ref| + A(L, Σ|term|)       (reference.h's
+//                                       accumulation_bound: ∝ √L, Higham & Mary's bound)
 //   elementwise fp32 math (SwiGLU)      u_out·|ref| + u_acc·kElementwiseOps·Σ|factors' product|
 //   + u_dt·Σ|term| per rounding the op applied to an intermediate it did not store for us
 //     (backward: dz and dh are rounded to the activation dtype before they are used; forward: the

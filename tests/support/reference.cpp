@@ -135,9 +135,29 @@ Reference reference_dbias(const std::vector<double>& dy, const std::vector<int64
   return r;
 }
 
+double accumulation_bound(int64_t terms, double magnitude) {
+  return kAccumulationLambda / 2 * std::sqrt(static_cast<double>(terms)) * epsilon(DType::F32) *
+         magnitude;
+}
+
+namespace {
+// Spacing of the subnormals of `t` (the rounding error floor below its smallest normal).
+double subnormal_spacing(DType t) {
+  switch (t) {
+    case DType::F16:
+      return std::ldexp(1.0, -24);
+    case DType::BF16:
+      return std::ldexp(1.0, -133);
+    default:
+      return std::ldexp(1.0, -149);
+  }
+}
+}  // namespace
+
 double tolerance(const Reference& ref, size_t i, DType out) {
-  return epsilon(out) * std::fabs(ref.value[i]) +
-         epsilon(DType::F32) * static_cast<double>(ref.length[i]) * ref.magnitude[i];
+  if (ref.length[i] == 0) return 0.0;  // an empty reduction is exactly 0 (no rounding at all)
+  const double acc = accumulation_bound(ref.length[i], ref.magnitude[i]);
+  return epsilon(out) / 2 * (std::fabs(ref.value[i]) + acc) + acc + subnormal_spacing(out) / 2;
 }
 
 namespace {

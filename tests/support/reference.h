@@ -6,18 +6,44 @@
 //   x [T, K], dy [T, N], w [G, N, K], bias [G, N], dW [G, N, K], db [G, N]; group g owns rows
 //   [off_g, off_g + m_g), S = Σ m_g. Row-grouped results (y, dx) cover rows [0, S) only.
 //
-// Tolerance (per element i), with u_out = epsilon(output dtype) and u_acc = epsilon(f32):
-//   tol_i = u_out · |ref_i|  +  u_acc · L_i · Σ_terms_i |term|
+// Tolerance (per element i), with u_out = epsilon(output dtype), u_acc = epsilon(f32) (epsilon()
+// is the spacing at 1.0: twice the unit roundoff) and tiny_out the output's subnormal spacing:
+//   tol_i = u_out/2 · |ref_i|  +  A(L_i, Σ_i)  +  tiny_out/2          (0 when L_i = 0)
+//   A(L, Σ) = kAccumulationLambda/2 · √L · u_acc · Σ                    (accumulation_bound)
 // where L_i is the number of terms (and additions) of element i's reduction (K for y, N for dx,
-// m_g for dW and db, plus one for an added bias or main_grad start) and Σ|term| its magnitude.
-// Why: the op converts 16-bit inputs to fp32 exactly, accumulates in fp32 and rounds once into
-// the output. Any order of L fp32 additions of products (each product rounded at most once)
-// errs by at most about L · (u_acc / 2) · Σ|term| (Higham's γ_L bound), and the final rounding by
-// (u_out / 2) · |result|. epsilon() is the spacing at 1.0 (twice the unit roundoff), so the rule
-// above is the worst-case bound with a factor-2 margin — it holds for any summation order (BLAS
-// blocking, GPU split-K) and still catches real bugs: a dropped, duplicated or misplaced term
-// (|term| ~ 1 for normal data) is orders of magnitude above u_acc · L · Σ|term| for fp32
-// accumulation, and a missing bias or wrong group is O(1) for every dtype. It is relative to the
+// m_g for dW and db, plus one for an added bias or main_grad start) and Σ_i = Σ|term| its
+// magnitude.
+//
+// Why it holds. The op converts 16-bit inputs to fp32 exactly and their products are exact in
+// fp32 (8- or 11-bit significands: 16 or 22 bits ≤ 24; f32 inputs add one rounding per product,
+// well inside λ's margin), accumulates in fp32 in some order and rounds once into the output. Each
+// term then goes through at most L roundings of relative size ≤ u = u_acc/2. Worst case (Higham's
+// γ_L) the sum errs by L·u·Σ — a bound that grows with K² for data of fixed scale and lets a
+// dropped or duplicated product pass at K = 4096. Higham & Mary's probabilistic bound (SIAM J. Sci.
+// Comput. 41(5), 2019, Thm. 3.1), for rounding errors that are independent and mean-zero, is
+// λ·√L·u·Σ with probability ≥ 1 − 2L·exp(−λ²/2) per element, for any summation order (each term's
+// own chain of roundings is what is bounded: BLAS blocking, GPU tiles and split-K alike) and any
+// signs of the data. With λ = 8 that is 1 − 2L·1.3e-14: no suite comes near a failure by chance.
+// The output rounding (round to nearest) adds at most half an ulp: u_out/2 · |value|, and |value|
+// exceeds |ref| only by A.
+//
+// On the GPU paths (sm90 wgmma, cuBLAS; bf16/f16 inputs, fp32 accumulation, one rounding to the
+// output — the kernels do no split-K in 16 bits and add bias or C in fp32), tensor cores align
+// the products of one MMA step and truncate toward zero rather than round to nearest (Fasi,
+// Higham, Mikaitis & Pranesh, PeerJ CS 2021): the errors are one-sided in magnitude, not
+// mean-zero. Their signs follow the signs of the terms and partial sums, which for the suites'
+// data (independent zero-mean normals, so products of random sign) are random: the systematic
+// part averages out to a spread of ~u·L^1.5·σ/(√3·B) (σ the terms' scale, B products per
+// truncating step) against the bound's λ·u·L^1.5·(2/π)·σ ≈ 5·u·L^1.5·σ — about 9·B standard
+// deviations of margin. (Data whose terms all share one sign would need the worst-case bound
+// there; no suite uses such data in a GEMM.) fp32 GEMMs on cuBLAS run without TF32
+// (src/cuda/runtime.cpp), so the same rule holds for them.
+//
+// What it catches: at K = 4096 with unit-normal data (Σ ≈ 4096 · 2/π ≈ 2600), A ≈ 0.08 — an
+// eighth of a typical product (2/π) — where the worst-case rule's u_acc·L·Σ ≈ 1.3 let a dropped
+// or duplicated product through; a missing bias or wrong group is O(1) for every dtype. A
+// 16-bit output's half ulp (bf16: |ref| ~ 64 → 0.25) can still hide one product: the integer
+// cases of test_core (ExactGemm) check K tails exactly. The tolerance is relative to the
 // reference's magnitude, so results near zero by cancellation are not held to an impossible
 // relative bound. A group with no rows has L = 0 and magnitude 0: its result must be exactly 0.
 #pragma once
@@ -54,6 +80,13 @@ Reference reference_wgrad(const std::vector<double>& dy, const std::vector<doubl
 /// db[g, n] = Σ_{r in g} dy[r, n].
 Reference reference_dbias(const std::vector<double>& dy, const std::vector<int64_t>& counts,
                           int64_t N);
+
+/// λ of Higham & Mary's probabilistic bound (above).
+inline constexpr double kAccumulationLambda = 8.0;
+
+/// The bound above on the fp32 accumulation error of a reduction of `terms` terms whose
+/// magnitudes sum to `magnitude`: kAccumulationLambda/2 · √terms · epsilon(f32) · magnitude.
+double accumulation_bound(int64_t terms, double magnitude);
 
 /// The tolerance rule above for element i stored in `out`.
 double tolerance(const Reference& ref, size_t i, DType out);

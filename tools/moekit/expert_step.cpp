@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -421,33 +422,47 @@ std::string StepReport::table() const {
   return o.str();
 }
 
+// One JSON object on one line (bench/mlp_peer.py and tools/mlp-bench read the last line of
+// stdout), keys in this order.
 std::string StepReport::json() const {
-  std::ostringstream o;
-  o.precision(6);
-  o << "{\"layer\": \"" << layer << "\", \"preset\": \"" << preset << "\", \"device\": \"" << device
-    << "\", \"dtype\": \"" << dtype << "\", \"experts\": " << experts << ", \"tokens\": " << tokens
-    << ", \"tail\": " << tail << ", \"routing\": \"" << routing << "\", \"min_rows\": " << min_rows
-    << ", \"max_rows\": " << max_rows << ", \"empty_experts\": " << empty_experts
-    << ", \"step_ms\": " << step_ms << ", \"enqueue_ms\": " << enqueue_ms
-    << ", \"gflop_per_step\": " << gflop
-    << ", \"gflops\": " << gflop / (step_ms / 1e3)
-    << ", \"output_aliased\": " << (output_aliased ? "true" : "false")
-    << ", \"grad_input_aliased\": " << (grad_input_aliased ? "true" : "false")
-    << ", \"hidden\": " << hidden << ", \"ffn\": " << ffn
-    << ", \"fused\": " << (fused ? "true" : "false") << ", \"glu\": \"" << glu << "\""
-    << ", \"host_splits\": " << (host_splits ? "true" : "false")
-    << ", \"caller_buffers\": " << (caller_buffers ? "true" : "false") << ", \"counts\": [";
-  for (size_t g = 0; g < counts.size(); ++g) o << (g ? ", " : "") << counts[g];
-  o << "]";
+  nlohmann::ordered_json j = {
+      {"layer", layer},
+      {"preset", preset},
+      {"device", device},
+      {"dtype", dtype},
+      {"experts", experts},
+      {"tokens", tokens},
+      {"tail", tail},
+      {"routing", routing},
+      {"min_rows", min_rows},
+      {"max_rows", max_rows},
+      {"empty_experts", empty_experts},
+      {"step_ms", step_ms},
+      {"enqueue_ms", enqueue_ms},
+      {"gflop_per_step", gflop},
+      {"gflops", gflop / (step_ms / 1e3)},
+      {"output_aliased", output_aliased},
+      {"grad_input_aliased", grad_input_aliased},
+      {"hidden", hidden},
+      {"ffn", ffn},
+      {"fused", fused},
+      {"glu", glu},
+      {"host_splits", host_splits},
+      {"caller_buffers", caller_buffers},
+      {"counts", counts},
+  };
   if (checked) {
-    o << ", \"check\": {\"passed\": " << (check.passed ? "true" : "false")
-      << ", \"max_error\": " << check.max_error << ", \"worst\": \"" << check.worst
-      << "\", \"tolerance\": " << check.tolerance << ", \"rows\": " << check.rows_checked
-      << ", \"grad_entries\": " << check.grad_entries_checked
-      << ", \"tails_intact\": " << (check.tails_intact ? "true" : "false") << "}";
+    j["check"] = {
+        {"passed", check.passed},
+        {"max_error", check.max_error},
+        {"worst", check.worst},
+        {"tolerance", check.tolerance},
+        {"rows", check.rows_checked},
+        {"grad_entries", check.grad_entries_checked},
+        {"tails_intact", check.tails_intact},
+    };
   }
-  o << "}\n";
-  return o.str();
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace moekit::tools

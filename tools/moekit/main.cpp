@@ -7,16 +7,24 @@
 // The step is forward + backward of the expert layer, writing its output and its input gradient
 // into caller-owned buffers (as an expert-parallel combine/dispatch would own them), then checked
 // against an fp64 reference on sampled rows and weight-gradient entries.
+//
+// Arguments are parsed by CLI11 (help text, choices, ranges); exit status 2 is a usage error
+// (nothing ran), 1 a run that failed its check or could not run (a message says why), 0 success.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
 #include <chrono>
-#include <cmath>
+#include <climits>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
+#include <limits>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "expert_step.h"
@@ -26,49 +34,23 @@ namespace {
 
 using namespace moekit;
 
-constexpr const char* kHelp = R"(moekit — Mixture-of-Experts expert layers (grouped linear / grouped MLP)
+constexpr const char* kAbout =
+    "moekit — Mixture-of-Experts expert layers (grouped linear / grouped MLP)";
 
-Usage:
-  moekit run [options]     run expert-layer training steps and check them against fp64
-  moekit --help            this text
+constexpr const char* kRunAbout = "run expert-layer training steps and check them against fp64";
 
-`moekit run` builds the expert MLP of a preset model (fc1 -> SwiGLU scaled by the routing
+constexpr const char* kRunDetails =
+    R"(`moekit run` builds the expert MLP of a preset model (fc1 -> SwiGLU scaled by the routing
 probability -> fc2, as a Sequential that fuses into GroupedMLP) for the experts of one rank,
-routes --tokens rows to them (uniform or skewed), and runs forward + backward --steps times. The layer's
-output goes into a caller-owned buffer (like the expert-parallel combine's input buffer) and its
-input gradient into another (like dispatch-backward's); the table reports whether the returned
-tensors alias those buffers. Results are checked against an fp64 reference computed from the same
-rounded inputs, on sampled rows and weight-gradient entries.
+routes --tokens rows to them (uniform or skewed), and runs forward + backward --steps times. The
+layer's output goes into a caller-owned buffer (like the expert-parallel combine's input buffer)
+and its input gradient into another (like dispatch-backward's); the table reports whether the
+returned tensors alias those buffers. Results are checked against an fp64 reference computed from
+the same rounded inputs, on sampled rows and weight-gradient entries.)";
 
-Options:
-  --preset NAME      tiny (default; seconds on a laptop CPU), qwen3 (Qwen3-235B-A22B experts,
-                     H=4096, F=1536), dsv3 (DeepSeek-V3 experts, H=7168, F=2048)
-  --experts E        experts on this rank (default: preset's)
-  --tokens T         routed rows on this rank (default: preset's, smaller on the CPU)
-  --tail R           capacity rows past the routed ones, never written (default 64)
-  --routing KIND     uniform (default) or skewed (Dirichlet(1) split of T: some experts get
-                     many rows, some none)
-  --device DEV       cpu or cuda (default: cuda when a GPU is usable, else cpu)
-  --dtype D          bf16 (default), f16 or f32
-  --steps N          timed steps after one warm-up step (default 3)
-  --warmup-ms MS     then more untimed steps until MS milliseconds have passed (default 0):
-                     times the steps under sustained load, as a long training run sees them
-  --seed S           random seed (default 1)
-  --json             print one JSON object instead of the table
-  --no-check         skip the fp64 check
-  --no-fuse          run fc1, ScaledSwiGLU and fc2 as separate ops (default: fused GroupedMLP)
-  --glu L            gate/linear layout of fc1's output: interleaved32 (default; on sm90 the
-                     fused MLP computes SwiGLU in fc1's GEMM epilogue) or halves
-  --host-splits      give the counts as a host vector (default: a device tensor, no host sync)
-  --internal-buffers let the ops allocate y and dx (default: caller buffers, written in place)
-
-Exit status: 0 when the check passes, 1 when it fails, 2 on a usage error.
-)";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "moekit: %s\n(see moekit --help)\n", msg.c_str());
-  std::exit(2);
-}
+constexpr const char* kExitStatus =
+    "Exit status: 0 when the check passes, 1 when it fails or the run cannot proceed (a message\n"
+    "says why), 2 on a usage error.";
 
 struct Options {
   std::string preset = "tiny";
@@ -76,66 +58,39 @@ struct Options {
   int64_t tail = 64;
   std::string routing = "uniform";
   std::optional<std::string> device;
-  DType dtype = DType::BF16;
-  int steps = 3;
-  double warmup_ms = 0;
+  std::string dtype = "bf16";
+  int64_t steps = 3;
+  int64_t warmup_ms = 0;
   uint64_t seed = 1;
   bool json = false;
-  bool check = true;
-  bool fuse = true;
-  GluLayout glu = GluLayout::Interleaved32;
-  bool host_splits = false, caller_buffers = true;
+  bool no_check = false;
+  bool no_fuse = false;
+  std::string glu = "interleaved32";
+  bool host_splits = false, internal_buffers = false;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  try {
-    size_t pos = 0;
-    const long long x = std::stoll(v, &pos);
-    if (pos != v.size() || x < min) throw std::invalid_argument(v);
-    return x;
-  } catch (const std::exception&) {
-    usage_error(str(flag, " expects an integer >= ", min, ", got '", v, "'"));
-  }
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--preset") o.preset = value();
-    else if (a == "--experts") o.experts = parse_int(a, value(), 1);
-    else if (a == "--tokens") o.tokens = parse_int(a, value(), 0);
-    else if (a == "--tail") o.tail = parse_int(a, value(), 0);
-    else if (a == "--routing") o.routing = value();
-    else if (a == "--device") o.device = value();
-    else if (a == "--dtype") {
-      const std::string d = value();
-      if (d != "bf16" && d != "f16" && d != "f32") usage_error("--dtype expects bf16, f16 or f32, got '" + d + "'");
-      o.dtype = parse_dtype(d);
-    } else if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 1));
-    else if (a == "--warmup-ms") o.warmup_ms = static_cast<double>(parse_int(a, value(), 0));
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value(), 0));
-    else if (a == "--json") o.json = true;
-    else if (a == "--no-check") o.check = false;
-    else if (a == "--no-fuse") o.fuse = false;
-    else if (a == "--glu") {
-      const std::string l = value();
-      if (l != "interleaved32" && l != "halves") usage_error("--glu expects interleaved32 or halves, got '" + l + "'");
-      o.glu = l == "halves" ? GluLayout::Halves : GluLayout::Interleaved32;
-    }
-    else if (a == "--host-splits") o.host_splits = true;
-    else if (a == "--internal-buffers") o.caller_buffers = false;
-    else if (a == "--help" || a == "-h") { std::fputs(kHelp, stdout); std::exit(0); }
-    else usage_error("unknown option '" + a + "'");
-  }
-  if (o.routing != "uniform" && o.routing != "skewed") {
-    usage_error("--routing expects uniform or skewed, got '" + o.routing + "'");
-  }
-  return o;
+// An integer option's check: plain base-10 digits (a leading '-' for signed types) whose value
+// lies in [lo, hi]. CLI11 2.1's own conversion (strtoll, base 0) saturates values beyond the
+// type instead of refusing them and reads "010" as octal, so the text is checked here and
+// rewritten as the plain decimal of its value before CLI11 converts it (a transform(): CLI11
+// discards what a check() rewrites).
+template <class T>
+CLI::Validator integer_in(T lo, T hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        T value{};
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        const bool integer = !text.empty() && ptr == end &&
+                             (ec == std::errc() || ec == std::errc::result_out_of_range);
+        if (!integer) return str("expects an integer in [", lo, ", ", hi, "], got '", text, "'");
+        if (ec == std::errc::result_out_of_range || value < lo || value > hi) {
+          return str("expects an integer in [", lo, ", ", hi, "], got ", text);
+        }
+        text = std::to_string(value);
+        return "";
+      },
+      "");
 }
 
 struct Preset {
@@ -147,91 +102,220 @@ const std::map<std::string, Preset> kPresets = {
     {"dsv3", {7168, 2048, 8, 32768, 512}},
 };
 
-void progress(int done, int total) {
+// The options of `moekit run`, bound to o.
+void add_run_options(CLI::App& run, Options& o) {
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  run.add_option("--preset", o.preset,
+                 "tiny (default; seconds on a laptop CPU), qwen3 (Qwen3-235B-A22B experts,\n"
+                 "H=4096, F=1536), dsv3 (DeepSeek-V3 experts, H=7168, F=2048)")
+      ->type_name("NAME")
+      ->check(CLI::IsMember({"tiny", "qwen3", "dsv3"}));
+  run.add_option("--experts", o.experts, "experts on this rank (default: preset's)")
+      ->type_name("E")
+      ->transform(integer_in<int64_t>(1, kMax64));
+  run.add_option("--tokens", o.tokens,
+                 "routed rows on this rank (default: preset's, smaller on the CPU)")
+      ->type_name("T")
+      ->transform(integer_in<int64_t>(0, kMax64));
+  run.add_option("--tail", o.tail, "capacity rows past the routed ones, never written (default 64)")
+      ->type_name("R")
+      ->transform(integer_in<int64_t>(0, kMax64));
+  run.add_option("--routing", o.routing,
+                 "uniform (default) or skewed (Dirichlet(1) split of T: some experts get\n"
+                 "many rows, some none)")
+      ->type_name("KIND")
+      ->check(CLI::IsMember({"uniform", "skewed"}));
+  run.add_option("--device", o.device, "cpu or cuda (default: cuda when a GPU is usable, else cpu)")
+      ->type_name("DEV")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  run.add_option("--dtype", o.dtype, "bf16 (default), f16 or f32")
+      ->type_name("D")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  run.add_option("--steps", o.steps, "timed steps after one warm-up step (default 3)")
+      ->type_name("N")
+      ->transform(integer_in<int64_t>(1, INT_MAX));
+  run.add_option("--warmup-ms", o.warmup_ms,
+                 "then more untimed steps until MS milliseconds have passed (default 0):\n"
+                 "times the steps under sustained load, as a long training run sees them")
+      ->type_name("MS")
+      ->transform(integer_in<int64_t>(0, kMax64));
+  run.add_option("--seed", o.seed, "random seed (default 1)")
+      ->type_name("S")
+      ->transform(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
+  run.add_flag("--json", o.json, "print one JSON object instead of the table");
+  run.add_flag("--no-check", o.no_check, "skip the fp64 check");
+  run.add_flag("--no-fuse", o.no_fuse,
+               "run fc1, ScaledSwiGLU and fc2 as separate ops (default: fused GroupedMLP)");
+  run.add_option("--glu", o.glu,
+                 "gate/linear layout of fc1's output: interleaved32 (default; on sm90 the\n"
+                 "fused MLP computes SwiGLU in fc1's GEMM epilogue) or halves")
+      ->type_name("L")
+      ->check(CLI::IsMember({"interleaved32", "halves"}));
+  run.add_flag("--host-splits", o.host_splits,
+               "give the counts as a host vector (default: a device tensor, no host sync)");
+  run.add_flag("--internal-buffers", o.internal_buffers,
+               "let the ops allocate y and dx (default: caller buffers, written in place)");
+}
+
+void progress(int64_t done, int64_t total) {
   if (total <= 1 || !isatty(STDERR_FILENO)) return;
-  constexpr int kWidth = 30;
-  const int filled = done * kWidth / total;
-  std::fprintf(stderr, "\r  step %d/%d [%s%s]", done, total, std::string(filled, '#').c_str(),
-               std::string(kWidth - filled, '.').c_str());
+  constexpr int64_t kWidth = 30;
+  const int64_t filled = done * kWidth / total;
+  std::fprintf(stderr, "\r  step %lld/%lld [%s%s]", static_cast<long long>(done),
+               static_cast<long long>(total), std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(kWidth - filled), '.').c_str());
   if (done == total) std::fputs("\r\033[K", stderr);
   std::fflush(stderr);
+}
+
+// A run-time failure of the program's own (the library's are moekit::Error): exit status 1.
+struct RunFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The context --device asks for. "no CUDA device" when there is none to give, in either build.
+Context make_context(const std::optional<std::string>& device) {
+  if (!device) return Context::best_available();
+  if (*device == "cpu") return Context::cpu();
+  if (!Context::built_with_cuda()) {
+    throw RunFailure(
+        "--device cuda: no CUDA device: this moekit was built without CUDA "
+        "(MOEKIT_WITH_CUDA=OFF or nvcc not found)");
+  }
+  if (Context::cuda_device_count() == 0) {
+    throw RunFailure(
+        "--device cuda: no CUDA device (no driver, or no GPU visible: see nvidia-smi and "
+        "CUDA_VISIBLE_DEVICES)");
+  }
+  return Context::cuda(0);
+}
+
+int run(const Options& o) {
+  const Preset& p = kPresets.at(o.preset);
+  Context ctx = make_context(o.device);
+  tools::StepConfig cfg;
+  cfg.hidden = p.hidden;
+  cfg.ffn = p.ffn;
+  cfg.experts = o.experts.value_or(p.experts);
+  cfg.tokens = o.tokens.value_or(ctx.device().is_cpu() ? p.tokens_cpu : p.tokens_gpu);
+  cfg.tail = o.tail;
+  cfg.skewed = o.routing == "skewed";
+  cfg.dtype = parse_dtype(o.dtype);
+  cfg.seed = o.seed;
+  cfg.fuse = !o.no_fuse;
+  cfg.glu = o.glu == "halves" ? GluLayout::Halves : GluLayout::Interleaved32;
+  cfg.host_splits = o.host_splits;
+  cfg.caller_buffers = !o.internal_buffers;
+  if (cfg.tokens > std::numeric_limits<int64_t>::max() - cfg.tail) {  // the arguments' fault
+    std::fprintf(stderr,
+                 "moekit: --tokens + --tail must be at most 2^63 - 1 rows, got %lld + %lld\n"
+                 "(see moekit run --help)\n",
+                 static_cast<long long>(cfg.tokens), static_cast<long long>(cfg.tail));
+    return 2;
+  }
+
+  // What is about to run, before the set-up (seconds to minutes on the CPU for qwen3 / dsv3).
+  std::fprintf(stderr,
+               "moekit run: preset %s (%lld experts, %lld tokens, %s routing, %s) on %s: "
+               "set-up, 1 warm-up + %lld timed steps%s ...\n",
+               o.preset.c_str(), static_cast<long long>(cfg.experts),
+               static_cast<long long>(cfg.tokens), o.routing.c_str(), o.dtype.c_str(),
+               ctx.device().to_string().c_str(), static_cast<long long>(o.steps),
+               o.no_check ? "" : ", the fp64 check");
+  std::fflush(stderr);
+
+  // The samples' room first: a --steps too large for memory fails here, before any work.
+  std::vector<double> ms, enqueue_ms;
+  ms.reserve(static_cast<size_t>(o.steps));
+  enqueue_ms.reserve(static_cast<size_t>(o.steps));
+
+  tools::ExpertStep step(cfg, ctx);
+  auto since = [](auto t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  step.run_once();  // warm-up (allocator pools, library handles)
+  ctx.synchronize();
+  // Sustained load (--warmup-ms): a GPU idle during set-up starts cool and at higher clocks
+  // than it keeps under load; a few timed steps alone would see that.
+  const auto warmup_ms = static_cast<double>(o.warmup_ms);
+  for (const auto t0 = std::chrono::steady_clock::now(); since(t0) < warmup_ms;) {
+    step.run_once();
+    ctx.synchronize();
+  }
+  // Per step: the wall time to the end of the device work, and the host time to enqueue it
+  // (run_once returns when every kernel is queued). Enqueue close to the step time means the
+  // step is bound by host work between launches, not by the GPU.
+  for (int64_t s = 0; s < o.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step.run_once();
+    enqueue_ms.push_back(since(t0));
+    ctx.synchronize();
+    ms.push_back(since(t0));
+    if (!o.json) progress(s + 1, o.steps);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];  // --steps >= 1: never empty
+  };
+  const bool checked = !o.no_check;
+  const tools::CheckResult check = checked ? step.check() : tools::CheckResult{};
+  tools::StepReport r = step.report(median(ms), o.preset, o.routing, check, checked);
+  r.enqueue_ms = median(enqueue_ms);
+  std::fputs(o.json ? r.json().c_str() : r.table().c_str(), stdout);
+  return (!checked || check.passed) ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
-      !std::strcmp(argv[1], "help")) {
-    std::fputs(kHelp, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  if (std::strcmp(argv[1], "run") != 0) usage_error(str("unknown command '", argv[1], "'"));
-  const Options o = parse(argc, argv);
-  auto it = kPresets.find(o.preset);
-  if (it == kPresets.end()) usage_error("--preset expects tiny, qwen3 or dsv3, got '" + o.preset + "'");
+  CLI::App app{kAbout, "moekit"};
+  app.footer(str("Run `moekit run --help` for the options of a run.\n", kExitStatus));
+  app.require_subcommand(1);
+  CLI::App* run_cmd = app.add_subcommand("run", kRunAbout);
+  run_cmd->footer(str(kRunDetails, "\n\n", kExitStatus));
+  run_cmd->get_formatter()->column_width(24);
+  app.get_formatter()->column_width(24);
+  Options o;
+  add_run_options(*run_cmd, o);
 
-  try {
-    Context ctx = Context::cpu();
-    if (o.device) {
-      if (*o.device == "cuda") ctx = Context::cuda(0);
-      else if (*o.device != "cpu") usage_error("--device expects cpu or cuda, got '" + *o.device + "'");
-    } else {
-      ctx = Context::best_available();
-    }
-    const Preset& p = it->second;
-    tools::StepConfig cfg;
-    cfg.hidden = p.hidden;
-    cfg.ffn = p.ffn;
-    cfg.experts = o.experts.value_or(p.experts);
-    cfg.tokens = o.tokens.value_or(ctx.device().is_cpu() ? p.tokens_cpu : p.tokens_gpu);
-    cfg.tail = o.tail;
-    cfg.skewed = o.routing == "skewed";
-    cfg.dtype = o.dtype;
-    cfg.seed = o.seed;
-    cfg.fuse = o.fuse;
-    cfg.glu = o.glu;
-    cfg.host_splits = o.host_splits;
-    cfg.caller_buffers = o.caller_buffers;
-
-    tools::ExpertStep step(cfg, ctx);
-    auto since = [](auto t0) {
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    };
-    step.run_once();  // warm-up (allocator pools, library handles)
-    ctx.synchronize();
-    // Sustained load (--warmup-ms): a GPU idle during set-up starts cool and at higher clocks
-    // than it keeps under load; a few timed steps alone would see that.
-    for (const auto t0 = std::chrono::steady_clock::now(); since(t0) < o.warmup_ms;) {
-      step.run_once();
-      ctx.synchronize();
-    }
-    // Per step: the wall time to the end of the device work, and the host time to enqueue it
-    // (run_once returns when every kernel is queued). Enqueue close to the step time means the
-    // step is bound by host work between launches, not by the GPU.
-    std::vector<double> ms, enqueue_ms;
-    for (int s = 0; s < o.steps; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      step.run_once();
-      enqueue_ms.push_back(since(t0));
-      ctx.synchronize();
-      ms.push_back(since(t0));
-      if (!o.json) progress(s + 1, o.steps);
-    }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    const tools::CheckResult check = o.check ? step.check() : tools::CheckResult{};
-    tools::StepReport r = step.report(median(ms), o.preset, o.routing, check, o.check);
-    r.enqueue_ms = median(enqueue_ms);
-    if (o.json) {
-      std::fputs(r.json().c_str(), stdout);
-    } else {
-      std::fputs(r.table().c_str(), stdout);
-    }
-    return (!o.check || check.passed) ? 0 : 1;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+  if (argc < 2) {  // no command: the help, as a usage error
+    std::fputs(app.help().c_str(), stderr);
     return 2;
   }
+  if (!std::strcmp(argv[1], "help")) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
+  if (argv[1][0] != '-' && std::strcmp(argv[1], "run") != 0) {
+    std::fprintf(stderr, "moekit: unknown command '%s'\n(see moekit --help)\n", argv[1]);
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);  // --help: the help on stdout, status 0
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::string where = app.got_subcommand(run_cmd) ? "moekit run --help" : "moekit --help";
+    std::fprintf(stderr, "moekit: %s\n(see %s)\n", e.what(), where.c_str());
+    return 2;
+  }
+  // From here on every failure is a run-time one: a message and status 1, never an uncaught
+  // exception (or a usage status for something the arguments were not wrong about).
+  std::string message;
+  try {
+    return run(o);
+  } catch (const Error& e) {
+    message = e.what();  // "moekit: <kind>: ..."
+  } catch (const RunFailure& e) {
+    message = str("moekit: ", e.what());
+  } catch (const std::bad_alloc&) {
+    message =
+        "moekit: out of host memory setting up or running the step (fewer --tokens or --experts?)";
+  } catch (const std::exception& e) {
+    message = str("moekit: the run failed: ", e.what());
+  }
+  std::fprintf(stderr, "%s\n", message.c_str());
+  return 1;
 }

@@ -22,6 +22,9 @@ namespace moekit {
 class Context;
 using Shape = std::vector<int64_t>;
 std::string to_string(const Shape& s);  // "[96, 64]"
+/// Product of the sizes (0 when any is 0). Throws InvalidArgument naming the shape when the
+/// product does not fit in int64; Tensor::empty / wrap / view also refuse shapes whose bytes
+/// do not (so numel() and nbytes() of a tensor never overflow).
 int64_t numel(const Shape& s);
 
 /// Memory source of a Context. Every allocation is counted (tests use the counts to prove that
@@ -53,6 +56,8 @@ class Tensor {
   Tensor() = default;  // undefined tensor (defined() == false): "not given" / "not computed"
 
   /// Allocates a contiguous tensor on ctx's device through ctx's allocator (uninitialised).
+  /// A shape whose elements or bytes overflow int64 is an InvalidArgument before anything is
+  /// allocated; an allocation that fails is a Runtime error (never a tensor with null data).
   static Tensor empty(const Shape& shape, DType dtype, const Context& ctx);
   /// Views caller memory (row-major contiguous, or with explicit element strides). No ownership.
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device);

@@ -1,0 +1,21 @@
+# cmake -DEXIT=<status> -DREGEX=<regex> -P expect_exit.cmake -- <program> <args>...
+# Runs the program; fails unless it exits with EXIT and its stdout + stderr match REGEX.
+set(cmd "")
+set(after_dashes OFF)
+foreach(i RANGE ${CMAKE_ARGC})
+  if(after_dashes AND DEFINED CMAKE_ARGV${i})
+    list(APPEND cmd "${CMAKE_ARGV${i}}")
+  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+    set(after_dashes ON)
+  endif()
+endforeach()
+execute_process(COMMAND ${cmd} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err
+                TIMEOUT 300)
+string(REPLACE ";" " " shown "${cmd}")
+message("$ ${shown}\n--- stdout\n${out}--- stderr\n${err}--- exit status ${status}")
+if(NOT "${status}" STREQUAL "${EXIT}")
+  message(FATAL_ERROR "expected exit status ${EXIT}, got ${status}")
+endif()
+if(NOT "${err}${out}" MATCHES "${REGEX}")
+  message(FATAL_ERROR "the output does not match: ${REGEX}")
+endif()
