@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "moekit/moekit.h"
+#include "core/checks.h"
 #include "support/test_util.h"
 
 namespace moekit {

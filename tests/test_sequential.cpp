@@ -637,7 +637,7 @@ TEST_P(SequentialTest, BiasOpAloneMatchesFp64WithAnEmptyGroup) {
     for (bool scaled : {false, true}) {
       SCOPED_TRACE(str(name(dt), scaled ? ", scaled" : ", plain"));
       auto bias = std::make_shared<Bias>(
-          BiasConfig{.groups = G, .features = N, .dtype = dt, .scale_by_probs = scaled}, ctx_);
+          BiasConfig{.groups = G, .features = N, .dtype = dt, .scale_bias = scaled}, ctx_);
       const Tensor b_h = random_normal({G, N}, dt, 51), x_h = random_normal({T, N}, dt, 52);
       const Tensor dy_h = random_normal({T, N}, dt, 53);
       const Tensor p_h = make_mlp_data({.T = T}).probs;
@@ -690,7 +690,7 @@ TEST_P(SequentialTest, ChainOfBasicOpsMatchesFp64AndFiniteDifferences) {
   auto fc1 = std::make_shared<GroupedLinearOp>(
       GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .dtype = f32, .bias = true}, ctx_);
   auto bias = std::make_shared<Bias>(
-      BiasConfig{.groups = G, .features = 2 * F, .dtype = f32, .scale_by_probs = true}, ctx_);
+      BiasConfig{.groups = G, .features = 2 * F, .dtype = f32, .scale_bias = true}, ctx_);
   auto act = std::make_shared<SwiGLU>(SwiGLUConfig{}, ctx_);
   auto fc2 = std::make_shared<GroupedLinearOp>(
       GroupedLinearConfig{.groups = G, .in = F, .out = N, .dtype = f32, .bias = true}, ctx_);
@@ -778,7 +778,7 @@ TEST_P(SequentialTest, ProbsGradientSumsOverEveryOpThatTakesProbs) {
   for (int fused = 0; fused < 2; ++fused) {
     const MlpOps ops = make_mlp_ops(ctx_, d);
     auto bias = std::make_shared<Bias>(
-        BiasConfig{.groups = c.G, .features = c.N, .dtype = DType::F32, .scale_by_probs = true},
+        BiasConfig{.groups = c.G, .features = c.N, .dtype = DType::F32, .scale_bias = true},
         ctx_);
     copy(ctx_, bb_h, bias->bias());
     const Sequential seq({ops.fc1, ops.act, ops.fc2, bias}, {.fuse = fused == 1});

@@ -1,7 +1,6 @@
 // moekit/moekit.h — umbrella header: everything a user of the library includes.
 #pragma once
 
-#include "moekit/core/checks.h"
 #include "moekit/core/context.h"
 #include "moekit/core/device.h"
 #include "moekit/core/dtype.h"

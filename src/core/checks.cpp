@@ -1,4 +1,4 @@
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 
 #include "core/runtime.h"
 #include "moekit/core/error.h"

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "core/runtime.h"
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 
 namespace moekit {

@@ -45,7 +45,7 @@ Context deferred_context(const Context& side, int sms) {
 
 void defer(PendingWork& pending, std::unique_ptr<SideStream> side, std::vector<Tensor> held) {
   if (!side || !side->forked()) return;  // nothing queued beside the op's stream
-  auto& state = pending.state();
+  auto& state = PendingAccess::state(pending);
   state.sides.push_back(std::move(side));
   for (auto& t : held) {
     if (t.defined()) state.held.push_back(std::move(t));

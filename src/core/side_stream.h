@@ -61,6 +61,11 @@ class SideStream {
 /// is larger than its own (a backward's deferred_sm_margin; SPEC §1b).
 Context deferred_context(const Context& side, int sms);
 
+/// The internals of a PendingWork handle (its State), for the functions here.
+struct PendingAccess {
+  static PendingWork::State& state(PendingWork& p) { return p.state(); }
+};
+
 /// Hands `side`'s unjoined work to `pending` (backward with defer_weight_grads), with the tensors
 /// it reads and writes, which stay allocated until the join. Nothing is kept when nothing was
 /// forked.

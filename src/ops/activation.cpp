@@ -1,7 +1,7 @@
 // SwiGLU / ScaledSwiGLU ops: the op contract (SPEC §4–§5) on the activation primitives.
 #include "moekit/ops/activation.h"
 
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "primitives/bind.h"
 

@@ -1,7 +1,7 @@
 // Bias op (grouped, optionally prob-scaled): the op contract on the bias primitives.
 #include "moekit/ops/bias.h"
 
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
@@ -38,17 +38,17 @@ BoundForward Bias::bind_forward(const Tensor& x, const ExtraInputs& in, const Op
   const Device dev = ctx_.device();
   check_input("input", x, {-1, config_.features}, config_.dtype, dev);
   const int64_t T = x.size(0);
-  if (config_.scale_by_probs) check_input("probs", in.probs, {T}, DType::F32, dev);
+  if (config_.scale_bias) check_input("probs", in.probs, {T}, DType::F32, dev);
   validate_splits(in.splits, config_.groups, T, dev);
   Tensor y = Tensor::empty(x.shape(), config_.dtype, ctx_);
   detail::Plan plan = detail::bind_bias_add(
-      ctx_, x, bias_, config_.scale_by_probs ? in.probs : Tensor(), in.splits, y);
+      ctx_, x, bias_, config_.scale_bias ? in.probs : Tensor(), in.splits, y);
   if (saved) {
     auto s = std::make_unique<Saved>();
-    if (config_.scale_by_probs) s->probs = in.probs;
+    if (config_.scale_bias) s->probs = in.probs;
     s->splits = in.splits;
     s->rows = T;
-    s->probs_requires_grad = config_.scale_by_probs && in.probs_requires_grad;
+    s->probs_requires_grad = config_.scale_bias && in.probs_requires_grad;
     s->used = std::make_shared<bool>(false);
     *saved = std::move(s);
   }
@@ -66,7 +66,7 @@ BoundBackward Bias::bind_backward(const OpContext& saved, const Tensor& dy, cons
   check_input("grad_output", dy, {s->rows, config_.features}, config_.dtype, ctx_.device());
   ParamGrads params;
   detail::Plan plan;
-  if (config_.scale_by_probs) {
+  if (config_.scale_bias) {
     if (requires_grad_ || s->probs_requires_grad) {
       Tensor db = requires_grad_ ? Tensor::empty(bias_.shape(), config_.dtype, ctx_) : Tensor();
       const bool accumulate = dprobs.defined();

@@ -2,7 +2,7 @@
 #include "moekit/ops/grouped_linear.h"
 
 #include "core/side_stream.h"
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_gemm.h"
 #include "primitives/bind.h"

@@ -1,7 +1,7 @@
 // GroupedLinearOp: GroupedLinear (unchanged) as a basic op, plus the prob-scaled bias option.
 #include "moekit/ops/grouped_linear_op.h"
 
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "primitives/bind.h"

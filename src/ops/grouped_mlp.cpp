@@ -19,7 +19,7 @@
 #include <span>
 
 #include "core/side_stream.h"
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/ops/fusion.h"
 #include "moekit/primitives/activation.h"

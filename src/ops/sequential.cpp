@@ -4,7 +4,7 @@
 #include <array>
 #include <mutex>
 
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 
 namespace moekit {

@@ -2,7 +2,7 @@
 #include "moekit/primitives/grouped_bias.h"
 
 #include "cpu/cpu_activation.h"
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "primitives/activation_args.h"
 #include "primitives/backend_table.h"

@@ -4,7 +4,7 @@
 #include <array>
 
 #include "cpu/cpu_backend.h"
-#include "moekit/core/checks.h"
+#include "core/checks.h"
 #include "moekit/core/error.h"
 #include "primitives/args.h"
 #include "primitives/backend_table.h"

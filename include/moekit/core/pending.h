@@ -23,6 +23,9 @@
 #include <memory>
 
 namespace moekit {
+namespace detail {
+struct PendingAccess;  // src/core/side_stream.h
+}
 
 class PendingWork {
  public:
@@ -40,10 +43,10 @@ class PendingWork {
   /// Takes over `other`'s work (Sequential gathers its ops' into one handle).
   void merge(PendingWork&& other);
 
-  struct State;  // src/core/pending.cpp
-  State& state();
-
  private:
+  friend struct detail::PendingAccess;
+  struct State;  // src/core/side_stream.h
+  State& state();
   std::unique_ptr<State> state_;
 };
 

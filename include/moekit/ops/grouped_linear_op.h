@@ -1,5 +1,10 @@
 // moekit/ops/grouped_linear_op.h — GroupedLinear as a basic op of a Sequential.
 //
+// Why two classes: GroupedLinear is the layer a user drives directly (forward/backward with
+// typed options and Saved, as TE's GroupedLinear module); the Op interface is Sequential's
+// (type-erased saved contexts, extra inputs, routed op_args) and GroupedLinearOp also owns the
+// prob-scaled bias, which needs the routing probs the plain layer does not take. Both bind the
+// same calls (GroupedLinear::bind_forward / bind_backward).
 // Wraps a GroupedLinear (ops/grouped_linear.h: its math, its caller-buffer contract and its
 // main_grad all apply unchanged) so that Sequential can run it, route per-op `output` and
 // `grad_input` buffers to it, and fuse it (fc1/fc2 of the grouped MLP, ops/grouped_mlp.h).

@@ -1,4 +1,4 @@
-// moekit/core/checks.h — argument validation shared by every op (host metadata only).
+// Internal (src/core/checks.h): argument validation shared by every op (host metadata only).
 //
 // One place for the checks and their messages: "invalid argument 'output': expected shape
 // [96, 64], got [95, 64]". Checks never touch tensor contents and never synchronise a device.
