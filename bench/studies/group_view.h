@@ -1,9 +1,9 @@
 // Internal: the packed rows of a grouped operand as ONE TMA tensor, built on the host whatever the
 // device counts (design/PERFORMANCE.md, Next 1 (i): a grouped GEMM with no per-call setup kernel).
 // Kept free of CUTLASS and CUDA so the CPU tests check the clipping arithmetic on fuzzed groups
-// (tests/test_tile_units.cpp); moekit_tma_view_probe (bench/tma_view_probe.cu, ctest
+// (bench/studies/group_view_test.cpp); moekit_tma_view_probe (bench/tma_view_probe.cu, ctest
 // bench.tma_view) checks on an sm_90 device that TMA stores and loads behave as that arithmetic
-// says (bench/results/2026-12-02-nvidia-h200-e4f82e1-tma-view.md).
+// says (on the H200: design/PERFORMANCE.md, Next 1 (i); design/PERFORMANCE-LOG.md, 2026-12-02).
 //
 // rows x cols elements, row-major (x [T, K], dy [T, N], out [T, N]: rows grouped by expert), seen
 // as overlapping windows of `window` rows: element (c, r, v) — column c, row r of window v — is
