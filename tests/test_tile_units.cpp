@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm90/tile_units.h"
+#include "cuda/sm90/scheduler/tile_units.h"
 
 namespace moekit::cuda::sm90 {
 namespace {

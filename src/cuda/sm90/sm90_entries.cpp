@@ -8,7 +8,7 @@
 
 #include "core/env.h"
 #include "cuda/resources.h"
-#include "cuda/sm90/grouped_gemm_sm90.h"
+#include "cuda/sm90/device/grouped_gemm_sm90.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda {

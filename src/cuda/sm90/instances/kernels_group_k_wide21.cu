@@ -1,6 +1,6 @@
 // bf16 group-K (f32 and bf16 dw) on the cooperative 128x256 tile with a 2x1 cluster
 // (ConfigWide21): the group-K of >= 2048 rows per group (grouped_gemm_sm90.cpp, instance).
-#include "cuda/sm90/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32_wide21, DType::BF16, DType::F32, ConfigWide21,

@@ -2,7 +2,7 @@
 // epilogue (fc2's dgrad of the grouped MLP: GroupMProblem::dglu_dh; swiglu_epilogue.cuh): bf16
 // and f16, each on the two tile configurations of the plain dgrad instances, whose mainloop they
 // share, so that dz has the same bits fused or not.
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_dswiglu_large, DType::BF16, false, ConfigWide, DSwiGlu,

@@ -3,8 +3,8 @@
 // ping-pong 64x256x64 tile with a 2x1 cluster (ConfigPingPong64W21, kernel_common.cuh). The fused
 // SwiGLU instances are in kernels_study_pp64w21_fused.cu, so the two compile side by side.
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_k_kernel.cuh"
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_pp64w21, DType::BF16, true, ConfigPingPong64W21, None,

@@ -36,8 +36,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/sm90/kernel_common.cuh"  // GroupKOwnStaging
-#include "cuda/sm90/prebuilt_tensormaps.cuh"
+#include "cuda/sm90/kernel/kernel_common.cuh"  // GroupKOwnStaging
+#include "cuda/sm90/collective/prebuilt_tensormaps.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"

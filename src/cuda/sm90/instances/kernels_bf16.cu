@@ -3,8 +3,8 @@
 // (group_k_kernel.cuh, the weight gradient) into an f32 or a bf16 dw. All six share one translation
 // unit on purpose: the headers and the CuTe machinery common to all instances cost most of a TU's
 // compile time (1 instance ≈ 100 s, 4 instances ≈ 150 s of CPU with nvcc 13.0; see bench/results).
-#include "cuda/sm90/group_k_kernel.cuh"
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_large, DType::BF16, true, ConfigLarge, None,

@@ -2,7 +2,7 @@
 // fc1 + SwiGLU and fc2 dgrad + SwiGLU backward, bf16, on the ping-pong 64x256x64 tile with a
 // 2x1 cluster (ConfigPingPong64W21), so that the study tile runs the same fused MLP step as kLarge.
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_pp64w21, DType::BF16, true, ConfigPingPong64W21, SwiGlu,

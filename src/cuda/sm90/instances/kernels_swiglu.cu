@@ -2,7 +2,7 @@
 // (fc1 of the grouped MLP: GroupMProblem::glu_z; swiglu_epilogue.cuh): bf16 and f16, each on the
 // two tile configurations of the plain fprop instances (kernels_bf16.cu, kernels_f16.cu), whose
 // mainloop they share, so that h has the same bits fused or not.
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_large, DType::BF16, true, ConfigLarge, SwiGlu,

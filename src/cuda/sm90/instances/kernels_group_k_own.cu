@@ -1,8 +1,8 @@
 // The bf16 -> bf16 group-K (weight gradient) instance on moekit's own ping-pong kernel
 // (ConfigLargeOwn, group_k_own.cuh): kLarge's tile with per-warpgroup epilogues, for groups
 // of fewer than 1024 rows on average (grouped_gemm_sm90.cpp, the group-K instance choice).
-#include "cuda/sm90/group_k_own.cuh"  // first: the kernel class ConfigLargeOwn names
-#include "cuda/sm90/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_own.cuh"  // first: the kernel class ConfigLargeOwn names
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 // kLarge's tile, cluster, mainloop and scheduler on the own ping-pong kernel, whose consumer

@@ -3,7 +3,7 @@
 // ping-pong 64x256x64 tile (ConfigSmallWide, kernel_common.cuh). Their own translation unit, so
 // they compile beside the other study TUs.
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_small256, DType::BF16, true, ConfigSmallWide, None,

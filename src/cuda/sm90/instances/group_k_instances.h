@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "cuda/sm90/grouped_gemm_sm90.h"
+#include "cuda/sm90/device/grouped_gemm_sm90.h"
 
 namespace moekit::cuda::sm90 {
 

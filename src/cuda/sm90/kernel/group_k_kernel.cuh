@@ -16,9 +16,9 @@
 // zeros instead (group_k_setup).
 #pragma once
 
-#include "cuda/sm90/blocked_scheduler.cuh"
-#include "cuda/sm90/group_k_instances.h"
-#include "cuda/sm90/kernel_common.cuh"
+#include "cuda/sm90/scheduler/blocked_scheduler.cuh"
+#include "cuda/sm90/instances/group_k_instances.h"
+#include "cuda/sm90/kernel/kernel_common.cuh"
 #include "cutlass/epilogue/thread/activation.h"
 
 namespace moekit::cuda::sm90 {

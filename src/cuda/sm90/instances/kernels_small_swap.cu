@@ -1,7 +1,7 @@
 // The bf16 group-M instances with A and B swapped on the cooperative 256x64 tile with a 2x1 cluster
 // (ConfigSmallSwap, kernel_common.cuh): kSmallM's plain fprop and dgrad when the output's columns
 // fill 512-column slices (grouped_gemm_sm90.cpp, instance). Their own translation unit.
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_small_swap, DType::BF16, true, ConfigSmallSwap, None,

@@ -26,8 +26,8 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/launch.cuh"  // wait_for_prior_grid
-#include "cuda/sm90/tile_units.h"
+#include "cuda/sm90/device/launch.cuh"  // wait_for_prior_grid
+#include "cuda/sm90/scheduler/tile_units.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"  // the schedulers with what they need (pipelines)
 

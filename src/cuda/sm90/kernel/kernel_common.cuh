@@ -13,11 +13,11 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/sm90/grouped_gemm_sm90.h"
-#include "cuda/sm90/k_order.cuh"
-#include "cuda/sm90/launch.cuh"
-#include "cuda/sm90/prebuilt_tensormaps.cuh"
-#include "cuda/sm90/tile_units.h"
+#include "cuda/sm90/device/grouped_gemm_sm90.h"
+#include "cuda/sm90/collective/k_order.cuh"
+#include "cuda/sm90/device/launch.cuh"
+#include "cuda/sm90/collective/prebuilt_tensormaps.cuh"
+#include "cuda/sm90/scheduler/tile_units.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"

@@ -6,8 +6,8 @@
 // group_{m,k}_instances.h declare these symbols extern here too; the rest of the library gets it
 // from sources.cmake.)
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_k_kernel.cuh"
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_coop, DType::BF16, true, ConfigCoop, None,

@@ -1,7 +1,7 @@
 // Host side of the sm90 grouped GEMMs (grouped_gemm_sm90.h): the checks that decide whether the
 // kernels can run a call, and the choice of compiled instance. No CUTLASS here: the kernels live
 // in kernels_bf16.cu and kernels_f16.cu.
-#include "cuda/sm90/grouped_gemm_sm90.h"
+#include "cuda/sm90/device/grouped_gemm_sm90.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "cuda/check.h"
-#include "cuda/sm90/tile_units.h"
-#include "cuda/sm90/group_k_instances.h"
-#include "cuda/sm90/group_m_instances.h"
+#include "cuda/sm90/scheduler/tile_units.h"
+#include "cuda/sm90/instances/group_k_instances.h"
+#include "cuda/sm90/instances/group_m_instances.h"
 #include "core/env.h"
 #include "moekit/core/error.h"
 

@@ -4,8 +4,8 @@
 // (MOEKIT_SM90_TILE_STUDY; MOEKIT_SM90_GROUP_K_OWN=wide21, grouped_gemm_sm90.cpp): on the H200 it
 // tied the own ping-pong kernel on small_E64's wgrad and lost on skewed routing
 // (bench/results/2026-12-02-nvidia-h200-d94bd31-group-k-own-wide21.md).
-#include "cuda/sm90/group_k_own.cuh"  // first: the kernel class ConfigWide21Own names
-#include "cuda/sm90/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_own.cuh"  // first: the kernel class ConfigWide21Own names
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 // ConfigWide21's tile, cluster (x's block multicast to the M pair: 0.5 operand bytes from the L2

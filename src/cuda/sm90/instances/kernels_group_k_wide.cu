@@ -2,7 +2,7 @@
 // cluster (ConfigWide), for groups of >= 2048 rows on average (grouped_gemm_sm90.cpp, the
 // group-K instance choice); MOEKIT_SM90_TILE=wide (study build) puts every bf16 group-K on them.
 // Their own translation unit, so they compile beside kernels_bf16.cu.
-#include "cuda/sm90/group_k_kernel.cuh"
+#include "cuda/sm90/kernel/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_K_INSTANCE(group_k_bf16_f32_wide, DType::BF16, DType::F32, ConfigWide,

@@ -18,10 +18,10 @@
 //      (null array: p = 1), on a 64x64 epilogue subtile. The mainloop is the plain kernel's.
 #pragma once
 
-#include "cuda/sm90/group_m_instances.h"
-#include "cuda/sm90/blocked_scheduler.cuh"
-#include "cuda/sm90/kernel_common.cuh"
-#include "cuda/sm90/swiglu_epilogue.cuh"
+#include "cuda/sm90/instances/group_m_instances.h"
+#include "cuda/sm90/scheduler/blocked_scheduler.cuh"
+#include "cuda/sm90/kernel/kernel_common.cuh"
+#include "cuda/sm90/collective/swiglu_epilogue.cuh"
 
 namespace moekit::cuda::sm90 {
 

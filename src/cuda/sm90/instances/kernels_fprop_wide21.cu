@@ -1,6 +1,6 @@
 // The bf16 fprop instances on the cooperative 128x256 tile with a 2x1 cluster (ConfigWide21), plain
 // and with SwiGLU in the epilogue: kLarge's fprop for K >= 4096 (grouped_gemm_sm90.cpp, instance).
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_wide21, DType::BF16, true, ConfigWide21Epi64, None,

@@ -6,7 +6,7 @@
 // (MOEKIT_SM90_TILE=coop|wide|pingpong). Cooperative tiles take 128-row epilogue subtiles (group_m_kernel.cuh,
 // kFusedEpiRows). Their own translation unit, beside kernels_study.cu and kernels_study_wide.cu.
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_swiglu_coop, DType::BF16, true, ConfigCoop, SwiGlu,

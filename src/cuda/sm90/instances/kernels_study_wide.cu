@@ -5,7 +5,7 @@
 // MOEKIT_SM90_TILE=pingpong the bf16 dgrad on the ping-pong 128x128 tile (ConfigLarge). Their own translation unit,
 // so they compile beside kernels_study.cu.
 #define MOEKIT_SM90_TILE_STUDY 1
-#include "cuda/sm90/group_m_kernel.cuh"
+#include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {
 MOEKIT_SM90_GROUP_M_INSTANCE(group_m_bf16_kmajor_wide, DType::BF16, true, ConfigWide, None,
