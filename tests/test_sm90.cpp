@@ -150,7 +150,7 @@ const Sm90Case kCases[] = {
     {"Bf16DgradSmallGroupsSwappedI64", DType::BF16, true, false, DType::I64, 1200, 1536, 392,
      {90, 0, 0, 200, 1, 127, 64, 0, 300, 17, 0, 5}},
     // Two to three tiles per CTA of the persistent grid, four K blocks each: the second
-    // wave walks K backwards under MOEKIT_SM90_K_ORDER=alternate (ctest sm90_k_alternate;
+    // wave walks K backwards under MOEKIT_SM90_STUDY=k_order=alternate (ctest sm90_study_paths;
     // k_order.cuh). fprop on ping-pong 128x128 (17 x 16 tiles), dgrad on cooperative 128x256.
     {"Bf16FpropBiasSeveralWaves", DType::BF16, false, true, DType::I32, 2100, 256, 2048,
      {1024, 0, 1000, 24}},
@@ -1199,18 +1199,17 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
 
 // The automatic choice (no backend forced) fuses SwiGLU into fc1's epilogue but runs the backward
 // as the plain dgrad and the SwiGLU backward kernel (three kernels), since the fused backward
-// loses in whole steps (sm90_entries.cpp, sm90_gemm_dswiglu_declines);
-// MOEKIT_SM90_FUSED_BACKWARD=1 (ctest sm90_fused_backward_on) puts the fused kernel back (two),
-// MOEKIT_SM90_FUSED_FORWARD=0 (ctest sm90_fused_forward_off) declines the fused forward (three).
-// Both backward paths give dh bit for bit the same.
+// loses in whole steps (src/cuda/sm90/heuristics.h, kFuseBackward); the study override
+// MOEKIT_SM90_STUDY=fused_backward=1 puts the fused kernel back (two), fused_forward=0 declines the
+// fused forward (three). Both backward paths give dh bit for bit the same.
 TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
   const char* const forced = std::getenv("MOEKIT_BACKEND");
   if (forced && *forced) GTEST_SKIP() << "MOEKIT_BACKEND=" << forced << " forces a backend";
   MOEKIT_REQUIRE_GRAPH_STREAM();
-  const char* const env = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
-  const bool fused_backward = env && std::string(env) == "1";
-  const char* const env_forward = std::getenv("MOEKIT_SM90_FUSED_FORWARD");
-  const bool fused_forward = !(env_forward && std::string(env_forward) == "0");
+  const char* const env = std::getenv("MOEKIT_SM90_STUDY");
+  const std::string study = std::string(",") + (env ? env : "") + ",";
+  const bool fused_backward = study.find(",fused_backward=1,") != std::string::npos;
+  const bool fused_forward = study.find(",fused_forward=0,") == std::string::npos;
   {
     const Context ctx = Context::cuda(0, stream);
     const SmallGluCalls m(ctx, 61);

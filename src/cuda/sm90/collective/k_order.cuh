@@ -5,9 +5,9 @@
 // tile runs while the other CTAs run theirs — and the wave after shares operand rows with the
 // wave before (the stripes put a wave's successor in the same columns). Walking K forward in
 // every wave, each wave starts on the K blocks the wave before read first, which the L2 (an LRU
-// of ~25 MB effective: tools/l2-model) evicted long ago, and evicts what it could have used as it
-// goes; walking it backwards in every other wave, a wave starts on what the wave before read
-// last, still in the L2. tools/l2-model --alternate-k models it.
+// of ~25 MB effective) evicted long ago, and evicts what it could have used as it goes; walking it
+// backwards in every other wave, a wave starts on what the wave before read last, still in the L2.
+// Off by default (heuristics.h, kKOrder: it was no faster); the study override turns it on.
 //
 // Bits: the fp32 accumulation order of a tile follows its walk, so the result depends on the
 // wave a tile falls in (the persistent grid: the device's SM count and the configuration), as it

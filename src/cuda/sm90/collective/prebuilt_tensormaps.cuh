@@ -7,8 +7,8 @@
 // replaces the address, dims and strides there, copies it out with a GPU-scope release
 // (`tensormap.cp_fenceproxy … release.gpu`; the epilogue also drains its TMA stores first), and
 // acquires it before the next tile's first TMA. On small groups every tile a CTA takes starts a
-// new group, and ncu puts 10.6% of small_E64 fprop's stall samples on each tile's first k-block
-// (bench/results/2026-11-30-nvidia-h200-43c1e0e-mlp.md). Here the setup kernel writes group g's
+// new group, and those rewrites stalled each tile's first k-block (design/PERFORMANCE.md, "What
+// holds each target": small_E64). Here the setup kernel writes group g's
 // descriptors to slots [g·kGroupTensormaps + {A, B, C, D}] of the call's workspace, with the same
 // replacements CUTLASS makes (tensormap_fields), and the collectives below only point the
 // kernel's descriptor pointers at them: no copy, no release; the acquire before first use stays
@@ -20,7 +20,7 @@
 // assign them. They hide the base overloads, so a CUTLASS that passes them otherwise fails to
 // compile rather than falling back. The slots reach the collectives' Params through the problem
 // shape (BlockedGroupProblemShape::tensormaps), which to_underlying_arguments receives. Without
-// them (null: env MOEKIT_SM90_PREBUILT_TENSORMAPS=0, for A/B runs) the collectives take CUTLASS's
+// them (null: the study override's prebuilt_tensormaps=0, for A/B runs) the collectives take CUTLASS's
 // own path; each collective object remembers which from its *_init call (it is a per-thread local
 // of the kernel, and the release calls do not get the Params).
 #pragma once
@@ -180,8 +180,8 @@ CUTLASS_DEVICE void replace_tensormap_stride(uint32_t smem_desc, uint64_t stride
 // One warp's 32 descriptors of one operand, one per lane (`valid`: the lane has one; `f` its
 // fields), in the warp's `staging[0, 32)` (shared memory, 128-byte aligned). Lanes' descriptors are
 // 128 bytes apart, so the same field of every lane is in the same bank: each replacement made by
-// all lanes is a 32-way conflict, which is what building the descriptors cost (ncu at 52b1391:
-// ~2 µs of small_E64's 192 with ten replacements a lane). So the first valid lane alone makes the
+// all lanes is a 32-way conflict, which is what building the descriptors cost (ten replacements
+// a lane, on small_E64 about 1% of the call). So the first valid lane alone makes the
 // template into its descriptor with all of them, the warp copies that one into the other 31 slots
 // (eight lanes per descriptor, conflict-free), and each other lane replaces only the address and
 // the dims and strides that differ from the first lane's (for group-M: the rows, if any). Returns
@@ -230,19 +230,17 @@ CUTLASS_DEVICE void build_warp_tensormaps(cute::TmaDescriptor const* tmpl, bool 
 // warp-uniform) of 32 groups, one per lane: built in the warp's 32 slots of `staging` (one per
 // thread of the block; build_warp_tensormaps), then copied to the groups' slots with coalesced
 // 16-byte stores (eight lanes per descriptor), and after the last one released to the tensormap
-// proxy with one fence per lane that stored. No block-wide synchronisation. (History, small_E64,
-// 64 groups: one warp per group with CUTLASS's warp-collective copy-and-release per descriptor
-// cost its fprop and dgrad 10-12% of the call at cda6ba7; one descriptor per thread with ten
-// replacements, 32-way bank conflicts, and a strided copy took the setup kernel ~10 µs against ~5
-// without descriptors at 6453b23 and 52b1391: ncu,
-// bench/results/2026-11-30-nvidia-h200-6453b23-prebuilt-tensormaps.md.)
+// proxy with one fence per lane that stored. No block-wide synchronisation. (One warp per group
+// with CUTLASS's warp-collective copy-and-release per descriptor, and one descriptor per thread
+// with bank-conflicted replacements, both cost the small-group calls more: design/
+// PERFORMANCE-LOG.md, the prebuilt descriptors.)
 // `shape(g)` is group g's (M, N, K); M == 0: no tiles, nothing built.
 template <class Kernel, class ShapeOf>
 CUTLASS_DEVICE void build_group_tensormaps(typename Kernel::CollectiveMainloop::Params const& mainloop,
                                            typename Kernel::CollectiveEpilogue::Params const& epilogue,
                                            int64_t groups, ShapeOf shape_of, cute::TmaDescriptor* staging) {
   using Epilogue = typename Kernel::CollectiveEpilogue;
-  if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (MOEKIT_SM90_PREBUILT_TENSORMAPS=0)
+  if (mainloop.group_tensormaps == nullptr) return;  // CUTLASS's path (study prebuilt_tensormaps=0)
   constexpr int kWords = kTensormapWords;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);

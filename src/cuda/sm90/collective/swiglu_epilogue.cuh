@@ -150,7 +150,7 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
 //     rows and 2 columns of every 8-column chunk, first transpose their dz words so that each
 //     lane holds whole chunks (8 columns: 16 bytes of gate, 16 of linear, contiguous in h and dh);
 //     a warp's access then covers whole 32-byte sectors (with 4-byte accesses it covered halves,
-//     and the epilogue cost ~280 µs over the plain dgrad on the dsv3 step);
+//     and the epilogue cost several times more over the plain dgrad on the dsv3 step);
 //   - writes dh[t, gate(j)] = p·dz·b·silu'(a) and dh[t, lin(j)] = p·dz·silu(a) with the SwiGLU
 //     backward kernel's operations in its order (src/cuda/activation.cu), so dh is bit-identical;
 //   - sums dz·silu(a)·b over its chunks' columns per row; at the end of the tile the four threads of a

@@ -24,8 +24,10 @@
 // Use:  std::string why = rejects(p, device);  if (why.empty()) {
 //         void* ws = <stream-ordered allocation of workspace_bytes(p) bytes>;
 //         run(p, ws, stream); }
-// Kernels: group_m_kernel.cuh (the CUTLASS configuration + setup kernel + launcher), instances
-// in kernels_bf16.cu / kernels_f16.cu; selection and checks: grouped_gemm_sm90.cpp.
+// Kernels: kernel/group_m_kernel.cuh (the CUTLASS configuration + setup kernel + launcher),
+// instances in instances/; the choice of instance: heuristics.h / heuristics.cpp; the checks:
+// grouped_gemm_sm90.cpp. Every field below left automatic (-1) is heuristics.h's; the study
+// override (study_settings.h, MOEKIT_SM90_STUDY) may fix it for A/B runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,29 +55,23 @@ struct GroupMProblem {
   // tiles), 1 walks N first; swizzle 1, 2, 4, 8 or 16: with raster 0, a group's tiles in stripes that
   // many cluster units wide across N, N fastest inside a stripe (blocked_scheduler.cuh, `stripe`:
   // fewer operand rows in flight, so fewer DRAM reads); with raster 1, CUTLASS's own swizzle, which
-  // its grouped scheduler caps at 2. (Before 2026-11-30 every swizzle went to CUTLASS's, so the
-  // swizzle 4 and 8 of earlier studies ran as 2 or 1: bench/results/2026-11-29-nvidia-h200-bb650c6-
-  // backends.md, 2026-11-30-nvidia-h200-99bc82c-tile-study.md, -d9871ed-swizzle-capped.md.)
-  // -1: automatic — raster 0, and per group the width (1, 4, 8 or 16) with the fewest estimated DRAM
-  // reads for its rows on the chosen tile, written by the setup kernel (tile_units.h,
-  // choose_stripe; kernel_common.cuh, group_stripe); or env MOEKIT_SM90_RASTER=m|n and
-  // MOEKIT_SM90_SWIZZLE=1|2|4|8|16 for studies (tools/tile-study, tools/gemm-profile), or
-  // m4|m8|m16 (a width | kStripeMFirst, tile_units.h: M fastest inside each stripe; raster 0); the
-  // same settings and env apply to GroupKProblem.
+  // its grouped scheduler caps at 2. A width | kStripeMFirst (tile_units.h): M fastest inside each
+  // stripe (raster 0). -1: automatic — raster 0, and per group the width (1, 4, 8 or 16) with the
+  // fewest estimated DRAM reads for its rows on the chosen tile, written by the setup kernel
+  // (heuristics.h, choose_stripe; kernel_common.cuh, group_stripe). The same apply to
+  // GroupKProblem.
   int raster = -1;
   int swizzle = -1;
-  // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: the blocked order measured
-  // slower on group-M problems, group_m_kernel.cuh), 0 CUTLASS's, 1 blocked, c >= 2 chunks of c
-  // (1 and c only with raster 0). run() takes env MOEKIT_SM90_TILE_ORDER as for
-  // GroupKProblem.
+  // Tile order (blocked_scheduler.cuh): -1 automatic (CUTLASS's: heuristics.h, tile orders), 0
+  // CUTLASS's, 1 blocked, c >= 2 chunks of c (1 and c only with raster 0).
   int order = -1;
   // Programmatic dependent launch of the GEMM after its setup kernel (kernel_common.cuh,
-  // run_gemm): -1 automatic (on; env MOEKIT_SM90_PDL=0 turns it off), 0 off, 1 on.
+  // run_gemm): -1 automatic (on: heuristics.h, kPdl), 0 off, 1 on.
   int pdl = -1;
-  // How a CTA's tiles walk K (k_order.cuh): -1 automatic (forward; env
-  // MOEKIT_SM90_K_ORDER=forward|alternate for A/B runs), 0 forward, 1 alternating (a CTA's
-  // odd-numbered tiles walk K backwards, so a wave starts on the K blocks the wave before read
-  // last, still in L2). The same setting and env apply to GroupKProblem (K = the group's rows).
+  // How a CTA's tiles walk K (k_order.cuh): -1 automatic (forward: heuristics.h, kKOrder), 0
+  // forward, 1 alternating (a CTA's odd-numbered tiles walk K backwards, so a wave starts on the K
+  // blocks the wave before read last, still in L2). The same applies to GroupKProblem (K = the
+  // group's rows).
   int k_order = -1;
   // SMs the persistent grid may use (Context::with_sm_margin; kernel_common.cuh, limit_sms): 0 all
   // of the device's, else at most this many, rounded down to whole clusters (at least one). The
@@ -98,7 +94,7 @@ struct GroupMProblem {
 };
 
 /// Kernel configurations (GroupMProblem::config): tile shape and schedule. Automatic choice:
-/// kSmallM when the mean rows per group (rows / groups) is below 128, else kLarge.
+/// kSmallM when the mean rows per group is below kSmallMRows (heuristics.h), else kLarge.
 inline constexpr int kLarge = 0;   // cluster 1x2 (A multicast); fprop: ping-pong 128x128x64,
                                    // dgrad: cooperative 128x256x64 (kernel_common.cuh)
 inline constexpr int kSmallM = 1;  // ping-pong, 64x128x64 tile, cluster 1x1 (deep pipeline)
@@ -144,13 +140,10 @@ struct GroupKProblem {
   DType dtype = DType::BF16;   // of dy and x: BF16 or F16
   DType dw_dtype = DType::F32; // F32, or = dtype
   bool accumulate = false;     // dw += (needs dw_dtype F32)
-  // Tile order (blocked_scheduler.cuh): -1 automatic (chunks of 4 when a group has fewer tiles
-  // than the device has SMs, else the balanced order: group_k_kernel.cuh, group_k_order),
-  // 0 CUTLASS's, 1 blocked, c >= 2 chunks of c, kSnakeOrder (-2, tile_units.h) the balanced order
-  // (the snake walk over the groups laid out largest first). run() takes env
-  // MOEKIT_SM90_TILE_ORDER (auto, cutlass, blocked, chunk2, chunk4, chunk8, balanced) for A/B
-  // runs; ctest runs the sm90 GEMM cases under cutlass, blocked, chunk4, chunk8 and balanced.
-  // Orders other than CUTLASS's need raster 0.
+  // Tile order (blocked_scheduler.cuh): -1 automatic (heuristics.h, tile orders: chunks of 4 when
+  // a group has fewer tiles than the device has SMs, else the balanced order), 0 CUTLASS's, 1
+  // blocked, c >= 2 chunks of c, kSnakeOrder (-2, tile_units.h) the balanced order (the snake walk
+  // over the groups laid out largest first). Orders other than CUTLASS's need raster 0.
   int order = -1;
   int pdl = -1;  // as GroupMProblem::pdl
   int k_order = -1;  // as GroupMProblem::k_order
@@ -167,9 +160,9 @@ size_t workspace_bytes(const GroupKProblem& p);
 void run(const GroupKProblem& p, void* workspace, cudaStream_t stream);
 std::string config_name(const GroupKProblem& p);
 
-/// Env MOEKIT_SM90_PREBUILT_TENSORMAPS=0 leaves the TMA descriptors to CUTLASS (a per-SM copy
-/// rewritten on each group change), for A/B runs; unset or 1: the setup kernels build every
-/// group's (prebuilt_tensormaps.cuh). Read once.
+/// Whether the setup kernels build every group's TMA descriptors (collective/prebuilt_tensormaps.cuh;
+/// heuristics.h, kPrebuiltTensormaps), else CUTLASS's per-SM copy rewritten on each group change
+/// (the study override's prebuilt_tensormaps=0). heuristics.cpp.
 bool prebuilt_tensormaps_setting();
 
 }  // namespace moekit::cuda::sm90

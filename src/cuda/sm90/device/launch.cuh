@@ -46,10 +46,10 @@ struct LaunchShape {
 };
 
 // Every sm90 launch goes through cudaLaunchKernelEx: on the H200 machine its host cost is below
-// a <<<...>>> launch's (1536 bytes of parameters: 2.96 against 3.60 µs; moekit_host_latency), and
-// CUTLASS's GemmUniversalAdapter::run, which it replaces for the GEMMs, sets the kernel's
-// non-portable-cluster-size attribute on every clustered launch (2.4 µs of a small_E64 wgrad
-// call's 19; tools/host-profile) — clusters of 2 need no such attribute.
+// a <<<...>>> launch's for these large parameter blocks, and CUTLASS's GemmUniversalAdapter::run,
+// which it replaces for the GEMMs, sets the kernel's non-portable-cluster-size attribute on every
+// clustered launch (a tenth of a small call's host time) — clusters of 2 need no such attribute
+// (design/PERFORMANCE-LOG.md, the host's cost of a call).
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, cudaStream_t stream,
                    Args&&... args) {

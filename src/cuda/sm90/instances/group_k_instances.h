@@ -1,5 +1,5 @@
 // Internal: the compiled instances of the sm90 group-K grouped GEMM (the weight gradient), defined
-// in kernels_bf16.cu and kernels_f16.cu and picked by grouped_gemm_sm90.cpp.
+// in kernels_bf16.cu and kernels_f16.cu and picked by heuristics.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,19 +20,10 @@ struct GroupKInstance {
 
 // [dtype][dw: 0 f32, 1 the input dtype]
 extern const GroupKInstance group_k_bf16_f32, group_k_bf16_bf16, group_k_f16_f32, group_k_f16_f16;
-// bf16 on the cooperative 128x256 tile, for groups of >= 2048 rows on average (kernels_group_k_wide.cu).
-extern const GroupKInstance group_k_bf16_f32_wide, group_k_bf16_bf16_wide;
-// The same with a 2x1 cluster, the default for those groups (kernels_group_k_wide21.cu).
+// bf16 on the cooperative 128x256 tile with a 2x1 cluster, for groups of >= 2048 rows on average
+// (kernels_group_k_wide21.cu).
 extern const GroupKInstance group_k_bf16_f32_wide21, group_k_bf16_bf16_wide21;
 // bf16 -> bf16 on the own ping-pong kernel, for small groups of < 1024 rows on average (kernels_group_k_own.cu).
 extern const GroupKInstance group_k_bf16_bf16_own;
-
-#ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
-extern const GroupKInstance group_k_bf16_f32_coop, group_k_bf16_bf16_coop;
-extern const GroupKInstance group_k_bf16_bf16_epi32, group_k_bf16_f32_epi32;  // kernels_study.cu
-extern const GroupKInstance group_k_bf16_f32_pp64w21, group_k_bf16_bf16_pp64w21;  // kernels_study_pp64w21.cu
-// bf16 -> bf16 on the own cooperative 128x256 kernel, 2x1 cluster (kernels_study_group_k_own_wide21.cu).
-extern const GroupKInstance group_k_bf16_bf16_own_wide21;
-#endif
 
 }  // namespace moekit::cuda::sm90

@@ -1,5 +1,5 @@
 // Internal: the compiled instances of the sm90 group-M grouped GEMM, defined in kernels_bf16.cu
-// and kernels_f16.cu (four per translation unit) and picked by grouped_gemm_sm90.cpp.
+// and kernels_f16.cu (four per translation unit) and picked by heuristics.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,19 +31,5 @@ extern const GroupMInstance group_m_bf16_kmajor_wide21, group_m_bf16_swiglu_wide
 // kSmallM's plain bf16 fprop and dgrad with A and B swapped, cooperative 256x64, cluster 2x1, for
 // outputs whose columns fill 512-column slices (kernels_small_swap.cu).
 extern const GroupMInstance group_m_bf16_kmajor_small_swap, group_m_bf16_nmajor_small_swap;
-
-#ifdef MOEKIT_SM90_TILE_STUDY  // kernels_study.cu
-extern const GroupMInstance group_m_bf16_kmajor_coop, group_m_bf16_nmajor_coop;
-extern const GroupMInstance group_m_bf16_kmajor_wide,  // kernels_study_wide.cu (dgrad: nmajor_large)
-    group_m_bf16_nmajor_pingpong;
-extern const GroupMInstance group_m_bf16_swiglu_coop, group_m_bf16_dswiglu_coop,  // kernels_study_fused.cu
-    group_m_bf16_swiglu_wide, group_m_bf16_dswiglu_pingpong;
-extern const GroupMInstance group_m_bf16_kmajor_small256,  // kernels_study_small.cu
-    group_m_bf16_nmajor_small256;
-extern const GroupMInstance group_m_bf16_nmajor_wide21,  // kernels_study_wide21.cu
-    group_m_bf16_dswiglu_wide21;
-extern const GroupMInstance group_m_bf16_kmajor_pp64w21, group_m_bf16_nmajor_pp64w21,  // kernels_study_pp64w21.cu
-    group_m_bf16_swiglu_pp64w21, group_m_bf16_dswiglu_pp64w21;  // kernels_study_pp64w21_fused.cu
-#endif
 
 }  // namespace moekit::cuda::sm90

@@ -2,7 +2,7 @@
 // B layouts (K-major: fprop, N-major: dgrad) × both tile configurations, and group-K
 // (group_k_kernel.cuh, the weight gradient) into an f32 or a f16 dw. All six share one translation
 // unit on purpose: the headers and the CuTe machinery common to all instances cost most of a TU's
-// compile time (1 instance ≈ 100 s, 4 instances ≈ 150 s of CPU with nvcc 13.0; see bench/results).
+// compile time: one instance alone costs about two thirds of four.
 #include "cuda/sm90/kernel/group_k_kernel.cuh"
 #include "cuda/sm90/kernel/group_m_kernel.cuh"
 

@@ -1,5 +1,5 @@
 // The bf16 fprop instances on the cooperative 128x256 tile with a 2x1 cluster (ConfigWide21), plain
-// and with SwiGLU in the epilogue: kLarge's fprop for K >= 4096 (grouped_gemm_sm90.cpp, instance).
+// and with SwiGLU in the epilogue: kLarge's fprop for K >= 4096 (heuristics.h; heuristics.cpp, instance).
 #include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {

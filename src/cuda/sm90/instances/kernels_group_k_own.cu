@@ -1,6 +1,6 @@
 // The bf16 -> bf16 group-K (weight gradient) instance on moekit's own ping-pong kernel
 // (ConfigLargeOwn, group_k_own.cuh): kLarge's tile with per-warpgroup epilogues, for groups
-// of fewer than 1024 rows on average (grouped_gemm_sm90.cpp, the group-K instance choice).
+// of fewer than 1024 rows on average (heuristics.h, takes_group_k_own).
 #include "cuda/sm90/kernel/group_k_own.cuh"  // first: the kernel class ConfigLargeOwn names
 #include "cuda/sm90/kernel/group_k_kernel.cuh"
 
@@ -9,7 +9,7 @@ namespace moekit::cuda::sm90 {
 // warpgroups run their epilogues side by side, each on its own D buffers, instead of in turns.
 // kDBuffers 64x128 D buffers per warpgroup: one (its two subtiles in two rounds) leaves the
 // mainloop 6 stages, as CUTLASS's kernel has; two left it 5, and were slower at 512 rows and on
-// skewed routing (bench/results/2026-12-01-nvidia-h200-fde2a1c-group-k-own-stages.md). Here rather
+// skewed routing (design/PERFORMANCE.md, "What holds each target": small_E64 wgrad). Here rather
 // than in kernel_common.cuh: a change to it rebuilds this file alone.
 struct ConfigLargeOwn : ConfigLarge {
   static constexpr bool kOwnKernel = true;

@@ -1,5 +1,5 @@
 // bf16 group-K (f32 and bf16 dw) on the cooperative 128x256 tile with a 2x1 cluster
-// (ConfigWide21): the group-K of >= 2048 rows per group (grouped_gemm_sm90.cpp, instance).
+// (ConfigWide21): the group-K of >= 2048 rows per group (heuristics.h; heuristics.cpp, instance).
 #include "cuda/sm90/kernel/group_k_kernel.cuh"
 
 namespace moekit::cuda::sm90 {

@@ -1,6 +1,6 @@
 // The bf16 group-M instances with A and B swapped on the cooperative 256x64 tile with a 2x1 cluster
 // (ConfigSmallSwap, kernel_common.cuh): kSmallM's plain fprop and dgrad when the output's columns
-// fill 512-column slices (grouped_gemm_sm90.cpp, instance). Their own translation unit.
+// fill 512-column slices (heuristics.h; heuristics.cpp, instance). Their own translation unit.
 #include "cuda/sm90/kernel/group_m_kernel.cuh"
 
 namespace moekit::cuda::sm90 {

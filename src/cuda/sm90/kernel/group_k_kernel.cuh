@@ -1,6 +1,6 @@
 // Internal: the CUTLASS 3.x configuration of the sm90 group-K grouped GEMM (the weight gradient),
 // its setup kernel (which also zeroes the empty groups) and its host launcher. Included ONLY by
-// group_k.cu.
+// the instance translation units (instances/kernels_*.cu, MOEKIT_SM90_GROUP_K_INSTANCE, below).
 //
 // Mapping onto CUTLASS (D[M,N] = A[M,K]·B[N,K]ᵀ per group g; groups are the ptr-array "batch"):
 //   M = n (rows of dw[g]), N = k (its columns), K = m_g (the group's rows, from device counts).
@@ -49,10 +49,9 @@ struct GroupKParts {
   // passes, not bytes, set the time. The same number of mainloop stages fit (6: 32 KB of D
   // staging instead of 8 KB). With an f32 dw (main_grad: C loaded and D stored in fp32): 64x64,
   // four passes against eight; its C and D staging takes 64 KB instead of 32, which leaves the
-  // mainloop 5 stages instead of 6. Measured on the H200 against the automatic 64x32
-  // (bench/results/2026-11-30-nvidia-h200-c50fd9d-orders.md): small_E64 +24/+27% (uniform/skewed),
-  // qwen3 +4/+5%, the dsv3/mixtral E8 shapes -2.6..+1.9% (inside two runs' spread). A study
-  // config may set its own (Config::EpilogueTile; MOEKIT_SM90_TILE=epi32 takes CUTLASS's).
+  // mainloop 5 stages instead of 6. Faster than the automatic 64x32 on small groups, a tie on
+  // large ones (design/PERFORMANCE.md, "What holds each target": small_E64 wgrad). A
+  // configuration may name its own (Config::EpilogueTile).
   static constexpr auto default_epilogue_tile() {
     constexpr bool kPingPong = std::is_same_v<typename Config::EpilogueSchedule,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
@@ -67,8 +66,8 @@ struct GroupKParts {
   using EpilogueTile = decltype(epilogue_tile_or<Config>(default_epilogue_tile()));
   // What the epilogue computes. A dw in the input dtype has no source (beta = 0) and alpha = 1:
   // the accumulator, converted — CUTLASS's LinearCombination would still multiply every element
-  // by alpha (one FMUL each: 16% of the instructions of small_E64's wgrad, whose tiles are nearly
-  // all epilogue; bench/results/2026-12-01-nvidia-h200-4928670-instruction-mix.md). An f32 dw
+  // by alpha (one FMUL each: a sixth of the instructions of small_E64's wgrad, whose tiles are
+  // nearly all epilogue). An f32 dw
   // (main_grad) keeps alpha·acc + beta·C, beta = 1 when accumulating.
   using FusionOp = std::conditional_t<
       std::is_void_v<ElementC>,
@@ -131,7 +130,8 @@ struct GroupKSetupInputs {
   bool heavy_first;     // lay the groups out largest first (kHeavyFirstMaxGroups at most)
 };
 
-// The balanced order (MOEKIT_SM90_TILE_ORDER=balanced; tools/balance-model): the snake walk
+// The balanced order (heuristics.h, tile orders; design/PERFORMANCE.md, "The large shapes' skewed
+// wgrad: the balanced order"): the snake walk
 // (kSnakeOrder, tile_units.h) over the groups laid out largest first, so that each wave's cheap
 // units (a unit's cost grows with its group's rows, the GEMM's K) fall to the clusters that took
 // the previous wave's costly ones. The setup kernel ranks the groups in shared memory: up to

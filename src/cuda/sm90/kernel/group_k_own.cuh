@@ -2,9 +2,10 @@
 // CUTLASS's collectives — the TMA / wgmma mainloop and the group tile scheduler, as the CUTLASS
 // kernel it replaces uses them — with an epilogue of its own. Two schedules, from the
 // configuration's mainloop schedule: ping-pong (ConfigLargeOwn: two consumer warpgroups on
-// alternate 128 x 128 tiles) and cooperative (ConfigWide21Own: both on every 128 x 256 tile, each
-// the 64 x 256 half its MMA computes; a study build's). Included by the instance files whose
-// configurations name it (kernels_group_k_own.cu, kernels_study_group_k_own_wide21.cu).
+// alternate 128 x 128 tiles) and cooperative (both warpgroups on every 128 x 256 tile, each the
+// 64 x 256 half its MMA computes; no library instance takes it: it was no faster, design/
+// PERFORMANCE-LOG.md). Included by the instance files whose configurations name it
+// (instances/kernels_group_k_own.cu).
 //
 // Why (design/PERFORMANCE.md, "What holds small_E64 wgrad"): in CUTLASS's kernels the consumer
 // warpgroups' epilogues share one set of D staging buffers — in ping-pong they take turns and each
@@ -21,7 +22,7 @@
 // In ping-pong the MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it); in
 // cooperative both warpgroups consume every stage (a 2 x 1 cluster multicasts x's block to the M
 // pair: 0.5 operand bytes from the L2 per dW byte against ping-pong 128 x 128's 0.75 — on the H200
-// no faster for it: bench/results/2026-12-02-nvidia-h200-d94bd31-group-k-own-wide21.md).
+// no faster for it).
 // The producer warp runs the mainloop collective's loads (descriptors prebuilt: the setup
 // kernel's), another warp of the producer warpgroup the scheduler.
 //

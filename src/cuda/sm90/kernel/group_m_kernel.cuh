@@ -1,6 +1,6 @@
 // Internal: the CUTLASS 3.x configuration of the sm90 group-M grouped GEMM, its graph-safe setup
-// kernel and its host launcher. Included ONLY by the instance translation units kernels_bf16.cu
-// and kernels_f16.cu (MOEKIT_SM90_GROUP_M_INSTANCE, below); kernel_common.cuh holds what it
+// kernel and its host launcher. Included ONLY by the instance translation units
+// (instances/kernels_*.cu, MOEKIT_SM90_GROUP_M_INSTANCE, below); kernel_common.cuh holds what it
 // shares with the group-K kernel.
 //
 // Mapping onto CUTLASS (its GEMM is D[M,N] = A[M,K]·B[N,K]ᵀ, per group g):
@@ -32,8 +32,8 @@ enum class Fusion { None, SwiGlu, DSwiGlu };
 template <DType kDType, bool kBKMajor, class Config_, Fusion kFusion>
 struct GroupMParts {
   using Config = Config_;
-  // The tile-order problem shape (blocked_scheduler.cuh): CUTLASS's order unless a study forces
-  // another (GroupMProblem::order).
+  // The tile-order problem shape (blocked_scheduler.cuh): CUTLASS's order unless the study
+  // override forces another (GroupMProblem::order).
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   static_assert(kFusion != Fusion::SwiGlu || kBKMajor, "SwiGLU forward fuses into fprop (K-major B)");
   static_assert(kFusion != Fusion::DSwiGlu || !kBKMajor, "SwiGLU backward fuses into dgrad (N-major B)");
@@ -78,7 +78,8 @@ struct GroupMParts {
   static constexpr int kFusedEpiRows =
       std::is_same_v<typename Config::EpilogueSchedule,
                      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative> ? 128 : 64;
-  // The plain epilogue: CUTLASS's automatic subtile, unless the configuration names one (a study).
+  // The plain epilogue: CUTLASS's automatic subtile, unless the configuration names one
+  // (ConfigWideEpi64, ConfigWide21Epi64).
   using EpilogueTile = std::conditional_t<
       kFusion != Fusion::None, cute::Shape<cute::Int<kFusedEpiRows>, cute::_64>,
       decltype(epilogue_tile_or<Config>(cutlass::epilogue::collective::EpilogueTileAuto{}))>;
@@ -241,13 +242,9 @@ static __global__ void __launch_bounds__(256)
 }
 
 // ---- host side ----
-// The tile order (GroupMProblem::order; blocked_scheduler.cuh). Automatic: CUTLASS's. The blocked
-// order was slower on every group-M problem it would have taken on the H200 (e402162, in turns:
-// small_E64 fprop 0.80x, dgrad 0.81x; qwen3 dgrad on the 128x256 tile 0.72-0.83x;
-// bench/results/2026-11-30-nvidia-h200-e402162-gpu-check.md): the CTAs in flight then work on
-// tiles far apart in the sequence and stop sharing operand tiles in L2. Forced orders (blocked,
-// chunked) stay for studies, with the AlongM raster only.
-inline int group_m_order(const GroupMProblem& p) { return p.order > 0 && p.raster == 0 ? p.order : 0; }
+// The tile order (GroupMProblem::order; blocked_scheduler.cuh). Automatic: kGroupMOrder, CUTLASS's
+// (heuristics.h, tile orders). A forced order (the study override) needs the AlongM raster.
+inline int group_m_order(const GroupMProblem& p) { return p.order > 0 && p.raster == 0 ? p.order : kGroupMOrder; }
 
 template <class G>
 typename G::Gemm::Arguments make_arguments(const GroupMProblem& p, const GroupArrays<G>& arr,

@@ -17,6 +17,7 @@
 #include "cuda/sm90/collective/k_order.cuh"
 #include "cuda/sm90/device/launch.cuh"
 #include "cuda/sm90/collective/prebuilt_tensormaps.cuh"
+#include "cuda/sm90/heuristics.h"  // choose_stripe
 #include "cuda/sm90/scheduler/tile_units.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -29,7 +30,6 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
-#include "core/env.h"
 #include "cuda/check.h"
 #include "cuda/device_counts.cuh"
 #include "moekit/core/dtype.h"
@@ -41,16 +41,11 @@
 
 namespace moekit::cuda::sm90 {
 
-// ---- tile configurations (GroupMProblem::config kLarge: ConfigLarge for fprop and wgrad,
-// ConfigWide for dgrad, and for bf16 wgrad of >= 2048 rows per group, ConfigWide21 for bf16 fprop
-// of K >= 4096; kSmallM: ConfigSmallM, and ConfigSmallSwap for plain bf16 problems whose output
-// columns fill 512-column slices; grouped_gemm_sm90.cpp, instance) ----
-// ConfigLarge: ping-pong — two consumer warpgroups on two 128x128 tiles, one's epilogue overlapping
-// the other's mainloop; a 1x2 cluster multicasts each A tile to the CTAs of two N tiles.
-// Against the cooperative 256x128x64 tile (cluster 1x2, the kLarge up to b73d54f), in turns in one
-// process (bench/results/2026-11-29-nvidia-h200-bb650c6-backends.md): fprop +2% to +13% on the six
-// large tile-study problems, dgrad +5% to +12% on four of them but -6% (qwen3_fc2, N-major B with
-// n = 1536) and -11% (mixtral skewed, k = 28672). Same compile cost per TU (~145 s of CPU).
+// ---- tile configurations: which call takes which is heuristics.h's (applied in heuristics.cpp);
+// the measurements behind each: design/PERFORMANCE.md, "What holds each target" ----
+
+// kLarge's fprop and wgrad: ping-pong — two consumer warpgroups on two 128x128 tiles, one's
+// epilogue overlapping the other's mainloop; a 1x2 cluster multicasts each A tile to two N tiles.
 struct ConfigLarge {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
@@ -64,28 +59,10 @@ struct ConfigSmallM {  // kSmallM: 64-row tiles for groups of few rows (weight-b
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 };
 
-// Tile studies only (MOEKIT_SM90_TILE=small256; kernels_study_small.cu): kSmallM's plain fprop
-// and dgrad on a 64x256 ping-pong tile. small_E64 fprop (64 rows per group, 16 N tiles of 128
-// per group) sits at 76% of DRAM peak under ncu with ConfigSmallM; in CUTLASS's tile order every
-// tile a CTA takes starts a new group, whose descriptor rewrite and fence pause the producer.
-// Twice the weight bytes per tile halves those pauses per byte (5 stages of 40 KB in flight
-// against 9 of 24 KB).
-struct ConfigSmallWide {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-};
-
-// ConfigWide: the cooperative 128x256x64 tile, each consumer warpgroup 64x256 (128 accumulator
-// registers per thread, as ConfigLarge), cluster 1x2 (N tiles pair). What cuBLAS picks for these
-// shapes (nvjet ..._128x256_..._coopA, 128x272, 256x160). kLarge's dgrad tile (plain and with the
-// SwiGLU backward) since the tile study (bench/results/2026-11-30-nvidia-h200-1f91504-tile-study.md,
-// in turns under sustained load): dgrad 1.035x ConfigLarge in the mean over the ten large-shape
-// configurations (0.98-1.08; 1.04-1.08 on dsv3 fc2, mixtral), fprop and wgrad 0.999x (0.93-1.05),
-// so those stay on ConfigLarge; the whole dsv3 step with every pass on it: 14.32 vs 14.54 ms.
-// (Timed in bf16; the f16 instances follow, their tests pass, their speed is not measured.)
-// The study build (MOEKIT_SM90_TILE=wide) puts fprop and wgrad on it too (kernels_study_wide.cu).
+// kLarge's dgrad (plain and with the SwiGLU backward): the cooperative 128x256x64 tile, each
+// consumer warpgroup 64x256, cluster 1x2 — what cuBLAS picks for these shapes; faster than
+// ConfigLarge on dgrad, a tie on fprop and wgrad (which stay there). The f16 instances follow
+// (tested, not timed).
 struct ConfigWide {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
@@ -93,50 +70,19 @@ struct ConfigWide {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
-// kLarge's bf16 fprop for K >= 4096 (kernels_fprop_wide21.cu) and the bf16 group-K of >= 2048 rows
-// per group (kernels_group_k_wide21.cu; every pass with MOEKIT_SM90_TILE=wide21, whose dgrad is in
-// kernels_study_wide21.cu): ConfigWide with a 2x1
-// cluster — the two CTAs of a cluster take neighbouring M tiles of one N tile, so the B tile
-// (the weights, for fprop and dgrad) is multicast instead of the A tile. It is the
-// configuration torch._grouped_mm takes on sm_90 for groups of more than 128 rows and columns
-// (PyTorch's aten/src/ATen/native/cuda/GroupMM.cu: cooperative 128x256x64, cluster 2x1,
-// CUTLASS's automatic epilogue subtile), the suite's peer; cuBLAS's kernel most often picked for
-// these shapes is named nvjet_..._128x256_64x4_2x1 (in cuBLAS's column-major terms M and N may
-// be ours swapped). Kept to compare the clock each is held at under the power cap
-// (design/PERFORMANCE.md, "The step runs clock-limited"): on the H200 it ran the dsv3 step in
-// 15.00 ms against the default's 14.57 (bench/results/2026-11-30-nvidia-h200-99bc82c-tile-study.md)
-// in CUTLASS's tile order; with the stripes for clusters along M (625cbf6) 14.27 against 14.26,
-// and alone under ncu dsv3 fc1 fprop 2488 µs against 2627 (DRAM reads 2.9 GB against 4.3, 3.5 in
-// CUTLASS's order), while dsv3 fc2 fprop (K 2048) lost (1271 against 1239 µs): hence fprop of
-// K >= 4096 (bench/results/2026-11-30-nvidia-h200-625cbf6-wide21-stripes.md).
+// kLarge's bf16 fprop of deep K and the bf16 group-K of large groups (heuristics.h): ConfigWide
+// with a 2x1 cluster — a cluster's two CTAs take neighbouring M tiles of one N tile, so B (the
+// weights, for fprop) is multicast instead of A. torch._grouped_mm's configuration on sm_90 for
+// groups of more than 128 rows (PyTorch's GroupMM.cu), the suite's peer.
 struct ConfigWide21 : ConfigWide {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
-// Tile studies only (MOEKIT_SM90_TILE=pp64w21; kernels_study_pp64w21*.cu): ping-pong 64x256 with
-// a 2x1 cluster (B, the weights of fprop and dgrad, multicast to the two M neighbours). Each
-// CTA loads the same L2 bytes per MAC as ConfigLarge (ping-pong 128x128 1x2) and keeps its
-// epilogue overlap, but each warpgroup issues 64x256 wgmma instructions instead of two 64x128
-// ones: 17% fewer shared-memory operand bytes per MAC. Under the power limit the cooperative
-// tiles (64x256 per warpgroup too) ran at higher clocks and needed more cycles, and halving the
-// L2 reads (pp22, branch wip/pp22) raised the clock by 2-5% only
-// (bench/results/2026-11-30-nvidia-h200-{99bc82c-tile-study,d47fa32-pp22-study}.md); this
-// separates the shared-memory reads from the schedule. (ConfigSmallWide's ping-pong 64x256 tile with a 2x1 cluster.)
-struct ConfigPingPong64W21 : ConfigSmallWide {
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-};
-
 // kSmallM's plain bf16 fprop and dgrad when the output's columns fill 512-column slices
-// (kernels_small_swap.cu; grouped_gemm_sm90.cpp, instance): A and B swapped (GroupMParts::kSwapAB:
-// the weights as the GEMM's M, a group's rows its N, D column-major) on the cooperative 256x64 tile
-// with a 2x1 cluster — the two CTAs take neighbouring 256-column slices of one group's output and
-// share its 64 rows (B, multicast): a 512x64 cluster tile, the shape of cuBLAS's small_E64 kernel
-// (nvjet_sm90_tst_512x64_64x2_2x1_v_bz_coopB, 83% of DRAM peak against ConfigSmallM's 76% under
-// ncu, a third of the instructions: bench/results/2026-12-01-nvidia-h200-4319faa-setup-scan.md).
-// Tile study on small_E64 (bench/results/2026-12-01-nvidia-h200-344c3ae-small-swap.md; 16 calls
-// back to back, 3 turns, medians): dgrad -2.1% uniform, -8.7% skewed per call against
-// ConfigSmallM, fprop a tie uniform, -6.8% skewed; the same tile with a 1x1 cluster as fast on
-// dgrad, slower on skewed fprop (-1.9%). The fused SwiGLU instances keep ConfigSmallM (no swapped fused epilogue).
+// (heuristics.h, takes_small_swap): A and B swapped (GroupMParts::kSwapAB: the weights as the
+// GEMM's M, a group's rows its N, D column-major) on the cooperative 256x64 tile with a 2x1
+// cluster — the two CTAs take neighbouring 256-column slices of one group's output and share its
+// 64 rows (B, multicast): a 512x64 cluster tile, the shape of cuBLAS's small_E64 kernel.
 struct ConfigSmallSwap {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
@@ -145,35 +91,12 @@ struct ConfigSmallSwap {
   static constexpr bool kSwapAB = true;
 };
 
-// Tile studies only (-DMOEKIT_SM90_TILE_STUDY=ON, env MOEKIT_SM90_TILE=coop; kernels_study.cu):
-// the cooperative 256x128x64 tile with a 1x2 cluster — both consumer warpgroups on one tile, a
-// third fewer operand bytes per FLOP than 128x128 — for bf16 group-M and group-K. Kept to measure
-// it against kLarge under sustained load: the dsv3 step with every pass on it took 14.90 ms, against
-// 14.54 on kLarge (bench/results/2026-11-30-nvidia-h200-1f91504-tile-study.md).
-struct ConfigCoop {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-};
-
-// Tile studies only (MOEKIT_SM90_TILE=epi32; kernels_study.cu): kLarge with CUTLASS's automatic
-// epilogue subtile (64x32 on ping-pong) for the bf16 group-K, which takes 64x128 (bf16 dw) and
-// 64x64 (f32 dw) by default (GroupKParts::epilogue_tile, group_k_kernel.cuh).
-struct ConfigLargeEpi32 : ConfigLarge {
-  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;
-};
-
 // The plain bf16 instances of the cooperative 128x256 tile — kLarge's dgrad (ConfigWideEpi64), the
-// fprop of K >= 4096 and the bf16 -> bf16 group-K of >= 2048 rows per group (ConfigWide21Epi64) —
-// on a 128x64 epilogue subtile instead of CUTLASS's automatic 128x32: four passes per tile instead
-// of eight. On a cooperative tile both consumer warpgroups run the epilogue and no mainloop overlaps
-// it, so each pass (a named barrier, a fence, a TMA store issue) is time the tensor cores idle. The
-// 128x64 D staging (2 x 16 KB against 2 x 8 KB) keeps the mainloop's 4 stages of 48 KB (kMinStages,
-// checked at compile time in GroupedGemm). Measured as the study tile epi64
-// (bench/results/2026-12-01-nvidia-h200-6c36c76-epi64.md): under ncu dsv3 fc1 wgrad 2425.7 -> 2412.5 us, fprop 2413.8 -> 2398.9, dgrad 2453.8 -> 2439.0
-// (-0.5 to -0.6%, same DRAM bytes, fewer instructions); in the GEMM suite under load within the
-// runs' spread (+0.3% in the mean of the rows it takes). bf16 outputs only: an f32 dw's C and D
+// fprop of deep K and the bf16 -> bf16 group-K of large groups (ConfigWide21Epi64) — on a 128x64
+// epilogue subtile instead of CUTLASS's automatic 128x32: four passes per tile instead of eight.
+// On a cooperative tile no mainloop overlaps the epilogue, so each pass (a named barrier, a fence,
+// a TMA store issue) is time the tensor cores idle. The 128x64 D staging keeps the mainloop's 4
+// stages (kMinStages, checked at compile time in GroupedGemm). bf16 outputs only: an f32 dw's
 // staging at 128x64 would take a mainloop stage, and the fused SwiGLU epilogues keep their own.
 struct ConfigWideEpi64 : ConfigWide {
   using EpilogueTile = cute::Shape<cute::_128, cute::_64>;
@@ -184,8 +107,8 @@ struct ConfigWide21Epi64 : ConfigWide21 {
   static constexpr int kMinStages = 4;
 };
 
-// A configuration with kOwnKernel (ConfigLargeOwn, kernels_group_k_own.cu; ConfigWide21Own,
-// kernels_group_k_own_wide21.cu) runs on moekit's own kernel class (group_k_own.cuh, included by
+// A configuration with kOwnKernel (ConfigLargeOwn, instances/kernels_group_k_own.cu) runs on
+// moekit's own kernel class (group_k_own.cuh, included by
 // those files alone: a change to it rebuilds them alone). Its D staging is here: GroupedGemm
 // sizes the mainloop from it.
 template <class CutlassKernel, class Config>
@@ -212,9 +135,8 @@ struct GroupKOwnStaging {
   static constexpr int kSmemBytes = 2 * kDElements * int(sizeof(ElementD)) + 1024;
 };
 
-// The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64, ConfigWide21Epi64,
-// the study epi32),
-// else `fallback` — each form's own choice (group_m_kernel.cuh, group_k_kernel.cuh).
+// The epilogue subtile a configuration names (Config::EpilogueTile: ConfigWideEpi64,
+// ConfigWide21Epi64), else `fallback` — each form's own choice (group_m_kernel.cuh, group_k_kernel.cuh).
 template <class Config, class Fallback>
 constexpr auto epilogue_tile_or(Fallback fallback) {
   if constexpr (requires { typename Config::EpilogueTile; }) {
@@ -409,8 +331,8 @@ inline int64_t l2_cache_bytes(int device) {
 
 // The stripes (blocked_scheduler.cuh) of a call, for its setup kernel: the call's width (> 0: every
 // group), or -1: each group's own, the fewest estimated DRAM reads for its rows on configuration
-// Config (choose_stripe, tile_units.h) with this device's clusters in flight and half its L2, the
-// effective size tools/l2-model fit to the H200's ncu numbers (its L2 is two partitions). 1 with
+// Config (choose_stripe, heuristics.h) with this device's clusters in flight and half its L2, the
+// effective size fit to the H200's ncu DRAM reads (its L2 is two partitions; tile_units.h). 1 with
 // AlongN (CUTLASS's order: the stripes need the scheduler's own path).
 struct StripeInputs {
   int width = 1;  // > 0: every group's; -1: each group's estimate
@@ -582,7 +504,7 @@ struct GroupedCall {
 };
 
 // make_arguments passes the slots for the setup kernel's descriptors, or null for CUTLASS's path
-// (prebuilt_tensormaps_setting, grouped_gemm_sm90.h).
+// (prebuilt_tensormaps_setting, device/grouped_gemm_sm90.h).
 inline const cute::TmaDescriptor* tensormap_slots(cute::TmaDescriptor* slots) {
   return prebuilt_tensormaps_setting() ? slots : nullptr;
 }

@@ -6,13 +6,9 @@
 // cluster takes one contiguous range of the tile sequence instead (the same sequence: groups in
 // order, a group's tiles as CUTLASS's AlongM raster orders them), so a CTA changes group about
 // once per range. Ranges are balanced to ±1 cluster unit.
-// Measured on the H200 (bench/results/2026-11-30-nvidia-h200-d0b4c76-summary.md): group-K with
-// one K block per tile (small_E64 wgrad) 168 -> 135.5 µs; but group-M 0.64-0.83x, since the CTAs
-// in flight then work far apart in the sequence and stop sharing operand tiles in L2. So it is
-// group-K only; group-M takes it only when forced. The chunked orders (below) are the middle way
-// group-K takes automatically for small groups (chunks of 4: kSmallGroupOrder); MOEKIT_SM90_TILE_ORDER=blocked|
-// chunk2|chunk4|chunk8 forces one for studies. On group-M every chunk size lost to CUTLASS's
-// order too (0.67-0.99x on the fc1/fc2 shapes and small_E64, same results file).
+// It helps group-K with one K block per tile and loses on group-M, whose CTAs in flight then
+// work far apart in the sequence and stop sharing operand tiles in L2; the chunked orders (below)
+// are the middle way. Which call takes which order: heuristics.h (tile orders).
 //
 // How it plugs in (CUTLASS 4.2): the ptr-array kernels run their scheduler warp only for the
 // `GroupScheduler` tag and pick the scheduler class through `TileSchedulerSelector<GroupScheduler,
@@ -27,6 +23,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/device/launch.cuh"  // wait_for_prior_grid
+#include "cuda/sm90/heuristics.h"  // group_k_auto_order
 #include "cuda/sm90/scheduler/tile_units.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"  // the schedulers with what they need (pipelines)
@@ -48,9 +45,7 @@ namespace moekit::cuda::sm90 {
 // M fastest over the whole group, CUTLASS's AlongM). This is the swizzle CUTLASS's group
 // scheduler means by max_swizzle_size, which it cannot apply: without host problem shapes it
 // sizes the swizzle from its grid (sm_count x 1 blocks), so 4 and 8 fall back to 1 or 2. The
-// stripes cut the operand rows each wave of clusters reads (unit_tile, tile_units.h; dsv3 fc1
-// fprop under ncu: 5.3 GB of DRAM reads for 0.94 GB of operands with M fastest, 3.9 GB with
-// stripes of 8).
+// stripes cut the operand rows each wave of clusters reads (unit_tile, tile_units.h).
 template <class Underlying>
 struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   int32_t order = 0;
@@ -67,22 +62,6 @@ struct BlockedGroupProblemShape : cutlass::gemm::GroupProblemShape<Underlying> {
   bool alternate_k = false;
 };
 
-// Host: the tiles CUTLASS counts for one group of an m x n output on configuration Config (N
-// tiles rounded up to the cluster), and the order a group-K call takes (above): `order` >= 0 or
-// kSnakeOrder forces one (GroupKProblem::order), -1 takes chunks of 4 (kSmallGroupOrder) when a
-// group has fewer tiles than the persistent grid has CTAs, else the balanced order (kSnakeOrder
-// over the groups laid out largest first: group_k_kernel.cuh). Orders other than CUTLASS's need
-// the AlongM raster around them (`default_raster`; stripes combine with any order).
-// Chunks of 8 against the blocked order, small_E64 wgrad on the H200 (bench/results/
-// 2026-11-30-nvidia-h200-c50fd9d-orders.md): 131.6 / 123.3 TFLOP/s (uniform / skewed) against
-// 127.4 / 111.3 — with skewed routing the blocked ranges, equal in units, are unequal in rows
-// (a unit's cost grows with its group's K), while interleaved chunks even the load out. Chunks
-// of 4 against 8, ncu (bench/results/2026-12-01-nvidia-h200-ab46aaf-orders.md): 95.8 against
-// 101.6 µs skewed, 94.7 against 93.2 uniform (chunks of 2, the balanced and CUTLASS's order:
-// 101–120 µs, a CTA's group change costs there). The balanced order against CUTLASS's on large
-// groups: dsv3_fc2_E8 skewed 1254 against 1342 µs (DRAM reads 1.17 against 2.04 GB),
-// qwen3_fc1_E16 skewed 600 against 606.
-inline constexpr int kSmallGroupOrder = 4;
 // Cluster units (cluster_m x cluster_n blocks of tiles) of an m x n output (host and setup kernels).
 template <class Config>
 CUTLASS_HOST_DEVICE int64_t units_per_group(int64_t m, int64_t n) {
@@ -97,14 +76,13 @@ template <class Config>
 int64_t tiles_per_group(int64_t m, int64_t n) {
   return units_per_group<Config>(m, n) * decltype(cute::size(typename Config::Cluster{}))::value;
 }
-// Whether a group of `tiles` tiles is small for a persistent grid of `ctas` CTAs: fewer tiles than
-// CTAs, so that every wave spans several groups (the chunked order's case, and the own group-K
-// kernel's: grouped_gemm_sm90.cpp).
-inline bool groups_below_grid(int64_t tiles, int ctas) { return tiles < ctas; }
+// Host: the order a call takes: `order` >= 0 or kSnakeOrder as forced (the study override), -1
+// the automatic one (heuristics.h, group_k_auto_order); orders other than CUTLASS's need the AlongM
+// raster around them (`default_raster`; stripes combine with any order).
 inline int tile_order(int order, bool default_raster, int64_t tiles, int sm_count) {
   if (!default_raster) return 0;
   if (order >= 0 || order == kSnakeOrder) return order;
-  return groups_below_grid(tiles, sm_count) ? kSmallGroupOrder : kSnakeOrder;
+  return group_k_auto_order(tiles, sm_count);
 }
 
 // Host: a call's raster (0: AlongM, 1: AlongN) and swizzle into its GEMM arguments. With AlongM and

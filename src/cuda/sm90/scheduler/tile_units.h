@@ -27,7 +27,7 @@ namespace moekit::cuda::sm90 {
 //           as in CUTLASS's order (the L2 sharing between the clusters in flight is kept), but a
 //           cluster that took a wave's first units takes the next wave's last: with the groups laid
 //           out largest first (heavy_first, the setup kernels), the cheap units of each wave even
-//           out the costly ones (tools/balance-model).
+//           out the costly ones (design/PERFORMANCE.md, "The large shapes' skewed wgrad").
 // (CUTLASS's order is chunks of 1.) `unit` is the current one while valid().
 inline constexpr int32_t kSnakeOrder = -2;
 struct UnitCursor {
@@ -78,7 +78,7 @@ struct UnitCursor {
 struct UnitTile {
   uint32_t m = 0, n = 0;
 };
-// A stripe width with kStripeMFirst set (study switch, MOEKIT_SM90_SWIZZLE=m4|m8|m16): the same
+// A stripe width with kStripeMFirst set (study key swizzle=m4|m8|m16, study_settings.h): the same
 // stripes, M fastest inside each — a stripe's units that share an A block (one M unit) are then
 // units_m apart in the sequence instead of neighbours, so they run on clusters that far apart.
 inline constexpr uint32_t kStripeMFirst = 1u << 16;
@@ -118,33 +118,20 @@ MOEKIT_UNITS_FN UnitTile cta_tile(UnitTile u, CtaPlace place, uint32_t cluster_m
   return {u.m * cluster_m + place.m, u.n * cluster_n + place.n};
 }
 
-// The stripe width a group takes when the call names none — 1 (M fastest), 4, 8 or 16, whichever has
-// the fewest estimated DRAM reads (ties: the narrower). Per group, from its own rows: the setup
-// kernels write each group's width (skewed routing gives some groups several times the mean rows,
-// whose panels want stripes where the mean's does not: tools/l2-model, dsv3 fc2 fprop with 8
-// Dirichlet-skewed groups, 2.61 GB of reads with one width from the mean rows, 0.66 per group). Per group, with A the operand indexed
-// by M (its rows x K: the panel) and B the one indexed by N, and `clusters` units in flight (a
-// wave; one cluster each; a unit's A is cluster_m tile rows, its B cluster_n tile columns):
+// The DRAM reads a group's walk costs in each stripe width: the estimate heuristics.h's
+// choose_stripe minimises. Per group, with A the operand indexed by M (its rows x K: the panel) and
+// B the one indexed by N, and `clusters` units in flight (a wave; one cluster each; a unit's A is
+// cluster_m tile rows, its B cluster_n tile columns):
 //   M fastest   B once; A once if the panel, a wave's B units and the output written while the
 //               walk sweeps all M blocks (between two uses of an A block) fit in the L2, else once
 //               per wave (a wave sweeps all M blocks before the next N units)
 //   stripes w   A once per stripe (a wave's rows use each A block w times); B once if a stripe's
 //               B units and a wave's A rows fit in the L2, else once per wave of the stripe
 // The output counts where M fastest reuses A a whole sweep later, because the L2 allocates the
-// lines the epilogue writes: where a group's K is shallow the output dominates the traffic (one
-// 65536 x 2048 dW from 64 rows: the 32 MB it writes per sweep of the M blocks pushed the 8 MB
-// panel out, ncu 37 MB of DRAM reads with M fastest against 10 with stripes of 8, 12% slower;
-// bench/results/2026-12-02-nvidia-h200-9d9ba49-chunk-raster.md). Inside a stripe (reuse w units
-// later) it is left out: there it changes no pick of the suite, and tools/l2-model with the output
-// as LRU lines (--out-bytes 2) moves mixtral fc1 wgrad's 2 x 1 pick from 16 to 8, which the H200
-// measured at 41% more DRAM reads (bench/results/2026-11-30-nvidia-h200-907f61e-stripe16.md).
-// Checked against tools/l2-model, an LRU model of the L2 fit to the H200's ncu DRAM reads (25 MB
-// effective, half its 50 MB): the same width as the model's best on all 21 problems of the suite
-// (7 shapes x fprop, dgrad, wgrad, each on the tile the library takes) and on the other cluster of
-// the ones that have two (tests/test_tile_units.cpp has them). Stripes of 8 everywhere read up to
-// 1.7x the best there (dsv3 fc2 fprop), M fastest up to 12.5x (mixtral fc1 wgrad on 2x1). Width 16
-// is the best only there: on a 2x1 cluster a unit is one N block, so its 16 N blocks of 256 are one
-// stripe (the 1x2 cluster's 8 units of two).
+// lines the epilogue writes (a shallow-K group's output pushes its panel out); inside a stripe
+// (reuse w units later) it is left out. Fit to the H200's ncu DRAM reads with an LRU model of the
+// L2 (25 MB effective, half its 50 MB); the suite's picks and the model's agree (tests/
+// test_tile_units.cpp has them; design/PERFORMANCE-LOG.md, the stripes, has the numbers).
 struct StripeProblem {
   int64_t rows = 0, k = 0, n = 0;  // one group's output rows (M) and columns (N), and its K
   int64_t tile_m = 128, tile_n = 128, cluster_m = 1, cluster_n = 1;
@@ -187,23 +174,4 @@ MOEKIT_UNITS_FN double stripe_reads(const StripeProblem& p, int64_t stripe) {
   const bool b_stays = double(w) * b_unit + rows_per_wave * a_block <= p.l2_bytes;
   return a * stripes + (b_stays ? b : b * (waves > 1.0 ? waves : 1.0));
 }
-MOEKIT_UNITS_FN int choose_stripe(const StripeProblem& p) {
-  if (p.rows <= 0 || p.k <= 0 || p.n <= 0 || p.clusters <= 0) return 1;
-  // A group whose A and B fit in the L2 together with the output of a sweep of its M blocks is read
-  // once with M fastest (A + B), and no width reads less (each reads A at least once per stripe, B
-  // at least once): 1, without the four estimates. Small groups (small_E64: every group) take this
-  // exit; the setup kernel, which the GEMM waits for, spent 0.5-0.7 µs on the estimates there (fp64
-  // divisions; bench/results/2026-12-01-nvidia-h200-96f3761-summary.md).
-  const StripeBytes s = stripe_bytes(p);
-  if (s.a + s.b + double(s.blocks_m) * s.d_unit <= p.l2_bytes) return 1;
-  // Wider only when strictly fewer (exact ties happen: mixtral fprop).
-  int best = 1;
-  double fewest = stripe_reads(p, 1);
-  for (int stripe = 4; stripe <= 16; stripe *= 2) {
-    const double reads = stripe_reads(p, stripe);
-    if (reads < fewest * (1.0 - 1e-9)) best = stripe, fewest = reads;
-  }
-  return best;
-}
-
 }  // namespace moekit::cuda::sm90
