@@ -1,37 +1,30 @@
 // Internal: moekit's own kernel for the group-K grouped GEMM into a 16-bit dw (no C), built from
 // CUTLASS's collectives — the TMA / wgmma mainloop and the group tile scheduler, as the CUTLASS
-// kernel it replaces uses them — with an epilogue of its own. Two schedules, from the
-// configuration's mainloop schedule: ping-pong (ConfigLargeOwn: two consumer warpgroups on
-// alternate 128 x 128 tiles) and cooperative (both warpgroups on every 128 x 256 tile, each the
-// 64 x 256 half its MMA computes; no library instance takes it: it was no faster, design/
-// PERFORMANCE-LOG.md). Included by the instance files whose configurations name it
+// kernel it replaces uses them — with an epilogue of its own, in the ping-pong schedule
+// (ConfigLargeOwn: two consumer warpgroups on alternate 128 x 128 tiles). (A cooperative schedule,
+// both warpgroups on every 128 x 256 tile, was no faster and left with the study tiles: design/
+// PERFORMANCE-LOG.md.) Included by the instance files whose configurations name it
 // (instances/kernels_group_k_own.cu).
 //
 // Why (design/PERFORMANCE.md, "What holds small_E64 wgrad"): in CUTLASS's kernels the consumer
 // warpgroups' epilogues share one set of D staging buffers — in ping-pong they take turns and each
-// drains its TMA stores before handing over; in cooperative both wait on one barrier per subtile.
-// A group-K tile of a small group has one K block, so its epilogue is most of its time. Here each
+// drains its TMA stores before handing over. A group-K tile of a small group has one K block, so its epilogue is most of its time. Here each
 // consumer warpgroup
-//   - runs its epilogue without waiting for the other's (ping-pong: it takes every other tile; the
-//     scheduler warp publishes the tiles, each warpgroup reads all of them and skips the other's);
-//   - stages its part of the tile in its own subtile buffers (the epilogue collective's shared
+//   - runs its epilogue without waiting for the other's (it takes every other tile; the scheduler
+//     warp publishes the tiles, each warpgroup reads all of them and skips the other's);
+//   - stages its tile in its own subtile buffers (the epilogue collective's shared
 //     memory layout and 64-row subtile, so the setup kernel's prebuilt D descriptors fit; a ring of
 //     kDBuffers of them), two named barriers of its own per subtile (ids past CUTLASS's reserved
 //     ones), one thread issuing the TMA stores;
 //   - waits for a store to finish reading only before its buffer is written again.
-// In ping-pong the MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it); in
-// cooperative both warpgroups consume every stage (a 2 x 1 cluster multicasts x's block to the M
-// pair: 0.5 operand bytes from the L2 per dW byte against ping-pong 128 x 128's 0.75 — on the H200
-// no faster for it).
+// The MMAs still take turns (MmaTurns: the mainloop pipeline's phases need it).
 // The producer warp runs the mainloop collective's loads (descriptors prebuilt: the setup
 // kernel's), another warp of the producer warpgroup the scheduler.
 //
 // The kernel takes CUTLASS's GemmUniversal kernel type as its base for everything host-side
 // (arguments, params, grid, workspace), so the adapter and the call plumbing (GroupedCall) stay
-// as they are; it replaces the shared-memory plan and the device code. (The epilogue collective
-// of a cooperative configuration is built with the ping-pong epilogue schedule: its 64-row
-// subtile, which CUTLASS's cooperative epilogue does not offer; only its types, parameters and D
-// descriptors are used, never its store.)
+// as they are; it replaces the shared-memory plan and the device code (of the epilogue collective
+// only its types, parameters and D descriptors are used, never its store).
 #pragma once
 
 #include <cstdint>
@@ -67,12 +60,12 @@ struct GroupKOwnKernel : CutlassKernel {
   static constexpr int kBuffers = Staging::kBuffers;
   using SmemLayoutD = typename Staging::SmemLayoutD;
   static constexpr int kDElements = Staging::kDElements;
-  static constexpr bool kCooperative = std::is_base_of_v<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                                                         typename Mainloop::DispatchPolicy::Schedule>;
-  // A consumer warpgroup's part of the CTA tile: ping-pong the whole tile, cooperative the 64-row
-  // half its MMA computes (kParts along M); one warpgroup's MMA over it partitions the epilogue.
-  static constexpr int kParts = kCooperative ? 2 : 1;
-  using PartShape = cute::Shape<cute::Int<cute::size<0>(TileShape{}) / kParts>, cute::Int<cute::size<1>(TileShape{})>>;
+  static_assert(!std::is_base_of_v<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                   typename Mainloop::DispatchPolicy::Schedule>,
+                "the ping-pong schedule only");
+  // A consumer warpgroup's part of the CTA tile: the whole tile; one warpgroup's MMA over it
+  // partitions the epilogue.
+  using PartShape = cute::Shape<cute::Int<cute::size<0>(TileShape{})>, cute::Int<cute::size<1>(TileShape{})>>;
   using WarpGroupMma = decltype(cute::make_tiled_mma(typename TiledMma::Atom{}));
 
   // Ping-pong: the consumer warpgroups issue their tiles' MMAs in turns (their epilogues do not).
@@ -99,7 +92,7 @@ struct GroupKOwnKernel : CutlassKernel {
 
   static constexpr uint32_t kConsumerThreads = cutlass::NumThreadsPerWarpGroup;
   static_assert(Base::MaxThreadsPerBlock == 3 * kConsumerThreads, "one producer and two consumer warpgroups");
-  static_assert(cute::size(TiledMma{}) == kParts * kConsumerThreads, "a tile's MMA on kParts warpgroups");
+  static_assert(cute::size(TiledMma{}) == kConsumerThreads, "a tile's MMA on one warpgroup");
   static constexpr uint32_t kFirstBarrier = 0;  // NamedBarrier's user ids (past CUTLASS's reserved)
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -126,14 +119,14 @@ struct GroupKOwnKernel : CutlassKernel {
     if (producer_group && warp_in_group == kLoadWarp) mp.role = MainloopPipeline::ThreadCategory::Producer;
     if (!producer_group) mp.role = MainloopPipeline::ThreadCategory::Consumer;
     mp.is_leader = threadIdx.x % kConsumerThreads == 0;
-    mp.num_consumers = kParts * kConsumerThreads;  // the warpgroups of the stage's tile
+    mp.num_consumers = kConsumerThreads;  // the warpgroup of the stage's tile
     mp.num_producers = Base::NumProducerThreads;
     mp.transaction_bytes = params.mainloop.tma_transaction_bytes;
     MainloopPipeline mainloop_pipeline(smem.mainloop, mp, ClusterShape{});
     typename MmaTurns::Params tp;
     tp.group_id = producer_group ? 0 : warp_group - 1;
     tp.group_size = kConsumerThreads;
-    MmaTurns mma_turns(smem.mma_turns, tp);  // (unused by the cooperative schedule)
+    MmaTurns mma_turns(smem.mma_turns, tp);
 
     // The pipelines' initialisation visible to every CTA of the cluster before anyone uses them.
     if constexpr (size(ClusterShape{}) > 1) {
@@ -178,12 +171,9 @@ struct GroupKOwnKernel : CutlassKernel {
     cutlass::arch::warpgroup_reg_alloc<Base::MmaRegisterRequirement>();
     const int consumer = warp_group - 1;
     const int thread = static_cast<int>(threadIdx.x % kConsumerThreads);
-    // The thread's index in the tile's MMA: cooperative, consumer c computes rows [64c, 64c + 64).
-    const int mma_thread = kCooperative ? consumer * static_cast<int>(kConsumerThreads) + thread : thread;
-    const int part = kCooperative ? consumer : 0;
     const bool issuer = warp_in_group == 0 && cute::elect_one_sync();
     typename Mainloop::PipelineState read;
-    if (!kCooperative && consumer == 1) {  // ping-pong: the second warpgroup starts at the second tile
+    if (consumer == 1) {  // the second warpgroup starts at the second tile
       read.advance(k_tiles(shape_of(work.L_idx)));
       next_work();
     }
@@ -195,10 +185,10 @@ struct GroupKOwnKernel : CutlassKernel {
       const auto problem = shape_of(work.L_idx);
       const int k_count = k_tiles(problem);
       auto accumulators = partition_fragment_C(mma, take<0, 2>(TileShape{}));
-      if constexpr (!kCooperative) mma_turns.wait();
-      mainloop.mma(mainloop_pipeline, read, accumulators, k_count, mma_thread, smem.tensors.mainloop,
+      mma_turns.wait();
+      mainloop.mma(mainloop_pipeline, read, accumulators, k_count, thread, smem.tensors.mainloop,
                    params.mainloop);
-      if constexpr (!kCooperative) mma_turns.arrive();
+      mma_turns.arrive();
       mainloop.mma_tail(mainloop_pipeline, read, k_count);
       read.advance(k_count);
       if (work.L_idx != group) {
@@ -206,10 +196,10 @@ struct GroupKOwnKernel : CutlassKernel {
         d_map = group_tensormap(params.epilogue.group_tensormaps, group, kSlotD);
         if (issuer) cute::tma_descriptor_fence_acquire(d_map);
       }
-      store(params, accumulators, thread, smem.tensors.d[consumer].data(), consumer, work.M_idx * kParts + part,
+      store(params, accumulators, thread, smem.tensors.d[consumer].data(), consumer, work.M_idx,
             work.N_idx, get<0>(problem), get<1>(problem), d_map, issuer);
       next_work();
-      if (!kCooperative && work.is_valid()) {  // ping-pong: the other warpgroup's tile, skip its stages
+      if (work.is_valid()) {  // the other warpgroup's tile: skip its stages
         read.advance(k_tiles(shape_of(work.L_idx)));
         next_work();
       }
@@ -302,7 +292,7 @@ struct GroupKOwnKernel : CutlassKernel {
     // Subtile epi_n * EPI_M + epi_m, staged in buffer subtile % kBuffers, is the accumulators of
     // MMA tile (epi_m, epi_n / kSplitN), its fragments from (epi_n % kSplitN) * size(rD_frg) on
     // (a wgmma's accumulators run along N in the thread's registers): the ping-pong 128 x 128
-    // tile's subtile is its MMA tile (64 x 128), the cooperative part's MMA tile (64 x 256) two.
+    // tile's subtile is its MMA tile (64 x 128).
     constexpr int kEpiM = decltype(size<2>(gD_epi))::value, kEpiN = decltype(size<3>(gD_epi))::value;
     constexpr int kMmaM = decltype(size<1>(tAcc))::value, kMmaN = decltype(size<2>(tAcc))::value;
     static_assert(kEpiM == kMmaM && kEpiN % kMmaN == 0, "the epilogue subtile divides the MMA tile along N");
