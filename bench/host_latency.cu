@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "bench_common.cuh"  // tensor_map_encoder
-#include "cuda/sm90/group_view.h"
+#include "group_view.h"
 #include "moekit/moekit.h"
 
 using moekit::BOp;

@@ -8,7 +8,7 @@
 //     inside the group;
 //   - group view (L = T): every box of the group at v = e and r0 = a - e + T — one affine map per
 //     group (what a CuTe coordinate tensor with a per-group offset expresses), valid while e - a <= T.
-// The view's geometry and each box's coordinates are the library's (src/cuda/sm90/group_view.h,
+// The view's geometry and each box's coordinates are the library's (bench/studies/group_view.h,
 // whose arithmetic the CPU test GroupView.EveryBoxClipsAtItsGroupsEnd checks against TMA's bounds
 // rule; this probe checks the hardware keeps that rule).
 // For each view and case the probe stores a box into a sentinel-filled buffer and checks every row
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "bench_common.cuh"  // MOEKIT_BENCH_CHECK
-#include "cuda/sm90/group_view.h"  // the view and its coordinates, as the library computes them
+#include "group_view.h"  // the view and its coordinates, as the library computes them
 
 namespace {
 

@@ -1,8 +1,8 @@
 // test_sm90 — the Hopper grouped GEMM backend ("sm90", src/cuda/sm90/) through the public API.
 //
 // Every case forces the backend (Context::with_backend("sm90")) so that a silent fallback to
-// cuBLAS cannot pass for it, and skips with the reason when this build has no sm90 kernels, no
-// GPU, or a GPU that is not sm_90. Checks: fp64 reference of the stored inputs (tolerance rule of
+// cuBLAS cannot pass for it, and skips with the reason only when this build has no sm90 kernels,
+// no GPU, or a GPU that is not sm_90; on an sm_90 GPU a backend that cannot run fails every case. Checks: fp64 reference of the stored inputs (tolerance rule of
 // support/reference.h), outputs as views between sentinel-filled guard bands (nothing outside the
 // valid rows [0, S) may change: not the tail [S, T), not the guards), zero-row groups, int32 and
 // int64 device counts, bf16 and f16, fprop and dgrad, with and without bias, and a CUDA graph that
@@ -39,28 +39,52 @@ using test::caught;
 
 // ---------------------------------------------------------------- availability
 
-// nullopt when the sm90 backend can run here; else the reason to skip.
-std::optional<std::string> sm90_unavailable() {
-  if (!Context::built_with_cuda()) return "built without the CUDA backend";
-  if (Context::cuda_device_count() == 0) return "no usable CUDA device";
+// Whether the sm90 cases run here. They skip only where they cannot run — a build without the
+// sm90 kernels, no CUDA device, a device that is not sm_90 — and say which. On an sm_90 device
+// with the kernels built, anything that stops the probe call (a wrong MOEKIT_SM90_STUDY included)
+// is a failure of every case, never a skip.
+struct Sm90Availability {
+  bool skip = false, fail = false;
+  std::string why;
+};
+
+Sm90Availability sm90_availability() {
+#if !MOEKIT_TEST_HAS_SM90
+  return {true, false, "this build has no sm90 kernels (CUDA off, no CUTLASS, or -DMOEKIT_WITH_SM90_KERNELS=OFF)"};
+#else
+  if (!Context::built_with_cuda()) return {false, true, "built with sm90 kernels but without CUDA"};
+  if (Context::cuda_device_count() == 0) return {true, false, "no CUDA device"};
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) return {false, true, "libcudart entry points not found through dlopen"};
+  constexpr int kMajor = 75, kMinor = 76;  // cudaDevAttrComputeCapabilityMajor, Minor
+  int major = 0, minor = 0;
+  if (api.device_attribute(&major, kMajor, 0) != 0 || api.device_attribute(&minor, kMinor, 0) != 0) {
+    return {false, true, "cannot query cuda:0's compute capability"};
+  }
+  if (major != 9 || minor != 0) {
+    return {true, false, "cuda:0 is sm_" + std::to_string(major) + std::to_string(minor) + ", not sm_90"};
+  }
   const Context ctx = Context::cuda(0).with_backend("sm90");
-  // A tiny legal call: the backend either runs it or says why it cannot.
-  Tensor a = Tensor::empty({8, 8}, DType::BF16, ctx);
-  Tensor b = Tensor::empty({1, 8, 8}, DType::BF16, ctx);
-  Tensor out = Tensor::empty({8, 8}, DType::BF16, ctx);
-  fill(ctx, a, 1.0);
-  fill(ctx, b, 1.0);
-  auto e = caught([&] { grouped_gemm_group_m(ctx, a, b, BOp::Transposed, Splits::host({8}), out); });
-  ctx.synchronize();
-  if (!e) return std::nullopt;
-  if (e->kind() == ErrorKind::InvalidArgument) return "this build has no sm90 kernels";
-  return std::string("the sm90 backend cannot run here: ") + e->what();
+  // A tiny legal call: on an sm_90 device the backend must run it.
+  auto e = caught([&] {
+    Tensor a = Tensor::empty({8, 8}, DType::BF16, ctx);
+    Tensor b = Tensor::empty({1, 8, 8}, DType::BF16, ctx);
+    Tensor out = Tensor::empty({8, 8}, DType::BF16, ctx);
+    fill(ctx, a, 1.0);
+    fill(ctx, b, 1.0);
+    grouped_gemm_group_m(ctx, a, b, BOp::Transposed, Splits::host({8}), out);
+    ctx.synchronize();
+  });
+  if (e) return {false, true, std::string("the sm90 backend fails on an sm_90 device: ") + e->what()};
+  return {};
+#endif
 }
 
-#define MOEKIT_REQUIRE_SM90()                                               \
-  do {                                                                      \
-    static const std::optional<std::string> why = sm90_unavailable();       \
-    if (why) GTEST_SKIP() << *why;                                          \
+#define MOEKIT_REQUIRE_SM90()                                                \
+  do {                                                                       \
+    static const Sm90Availability sm90_here = sm90_availability();           \
+    if (sm90_here.fail) FAIL() << sm90_here.why;                             \
+    if (sm90_here.skip) GTEST_SKIP() << sm90_here.why;                       \
   } while (0)
 
 // Every byte of dw[g] (group_bytes each, in `bytes`) is 0: the exact +0 an empty group's weight
@@ -76,7 +100,7 @@ bool group_is_exact_zero(const std::vector<uint8_t>& bytes, int64_t g, size_t gr
 #define MOEKIT_REQUIRE_GRAPH_STREAM()                                                    \
   MOEKIT_REQUIRE_SM90();                                                                 \
   const test::CudaGraphApi& api = test::CudaGraphApi::get();                             \
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";        \
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";             \
   const test::OwnedStream owned(api);                                                    \
   void* const stream = owned.get();                                                      \
   ASSERT_NE(stream, nullptr)
@@ -150,7 +174,7 @@ const Sm90Case kCases[] = {
     {"Bf16DgradSmallGroupsSwappedI64", DType::BF16, true, false, DType::I64, 1200, 1536, 392,
      {90, 0, 0, 200, 1, 127, 64, 0, 300, 17, 0, 5}},
     // Two to three tiles per CTA of the persistent grid, four K blocks each: the second
-    // wave walks K backwards under MOEKIT_SM90_K_ORDER=alternate (ctest sm90_k_alternate;
+    // wave walks K backwards under MOEKIT_SM90_STUDY=k_order=alternate (ctest sm90_study_paths;
     // k_order.cuh). fprop on ping-pong 128x128 (17 x 16 tiles), dgrad on cooperative 128x256.
     {"Bf16FpropBiasSeveralWaves", DType::BF16, false, true, DType::I32, 2100, 256, 2048,
      {1024, 0, 1000, 24}},
@@ -1199,18 +1223,17 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
 
 // The automatic choice (no backend forced) fuses SwiGLU into fc1's epilogue but runs the backward
 // as the plain dgrad and the SwiGLU backward kernel (three kernels), since the fused backward
-// loses in whole steps (sm90_entries.cpp, sm90_gemm_dswiglu_declines);
-// MOEKIT_SM90_FUSED_BACKWARD=1 (ctest sm90_fused_backward_on) puts the fused kernel back (two),
-// MOEKIT_SM90_FUSED_FORWARD=0 (ctest sm90_fused_forward_off) declines the fused forward (three).
-// Both backward paths give dh bit for bit the same.
+// loses in whole steps (src/cuda/sm90/heuristics.h, kFuseBackward); the study override
+// MOEKIT_SM90_STUDY=fused_backward=1 puts the fused kernel back (two), fused_forward=0 declines the
+// fused forward (three). Both backward paths give dh bit for bit the same.
 TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {
   const char* const forced = std::getenv("MOEKIT_BACKEND");
   if (forced && *forced) GTEST_SKIP() << "MOEKIT_BACKEND=" << forced << " forces a backend";
   MOEKIT_REQUIRE_GRAPH_STREAM();
-  const char* const env = std::getenv("MOEKIT_SM90_FUSED_BACKWARD");
-  const bool fused_backward = env && std::string(env) == "1";
-  const char* const env_forward = std::getenv("MOEKIT_SM90_FUSED_FORWARD");
-  const bool fused_forward = !(env_forward && std::string(env_forward) == "0");
+  const char* const env = std::getenv("MOEKIT_SM90_STUDY");
+  const std::string study = std::string(",") + (env ? env : "") + ",";
+  const bool fused_backward = study.find(",fused_backward=1,") != std::string::npos;
+  const bool fused_forward = study.find(",fused_forward=0,") == std::string::npos;
   {
     const Context ctx = Context::cuda(0, stream);
     const SmallGluCalls m(ctx, 61);

@@ -1,8 +1,10 @@
-// The unit arithmetic of the sm90 grouped tile scheduler (src/cuda/sm90/tile_units.h), on the CPU:
+// The unit arithmetic of the sm90 grouped tile scheduler (src/cuda/sm90/scheduler/tile_units.h), on the CPU:
 // every order hands each unit of the sequence to exactly one cluster, CUTLASS's order is the
 // grid-strided one, and every stripe width maps a group's units one to one onto its output tiles,
 // N fastest inside a stripe. Fuzzed sequence lengths, grids and group shapes; the GPU tests run
-// the same code inside the kernels (tests/test_sm90.cpp, ctest sm90_tile_order_*, sm90_swizzle*).
+// the same code inside the kernels (tests/test_sm90.cpp, ctest sm90_study_paths). Also the stripe
+// rule (src/cuda/sm90/heuristics.h) and the study override's parser (study_settings.h).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,8 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm90/group_view.h"
-#include "cuda/sm90/tile_units.h"
+#include "cuda/sm90/heuristics.h"
+#include "cuda/sm90/scheduler/tile_units.h"
+#include "cuda/sm90/study_settings.h"
+#include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {
 namespace {
@@ -361,56 +365,78 @@ TEST(TileUnits, StripeEarlyExitPicksWhatTheEstimatesPick) {
   EXPECT_EQ(choose_stripe(small_e64), 1);
 }
 
-// The group view (group_view.h) under TMA's bounds rule — an element is moved only when every
-// coordinate is inside its dimension — for every box of fuzzed groups: exactly the box's rows
-// before its group's end are in bounds, each at its own address, in order; none at or past the end
-// and none outside the data. Windows of the whole buffer (every box of a group at one offset) and
-// of one box (a group's last box; its others taken as if the group ended with them). The device
-// follows the same rule: moekit_tma_view_probe (ctest bench.tma_view) on the H200.
-TEST(GroupView, EveryBoxClipsAtItsGroupsEnd) {
-  std::mt19937 rng(11);
-  constexpr int64_t kBox = 64, kCols = 24, kElement = 2, kRowBytes = kCols * kElement;
-  std::vector<char> buffer(1);  // the data's address: only computed with, never dereferenced
-  for (int trial = 0; trial < 300; ++trial) {
-    const int64_t groups = 1 + rng() % 40;
-    std::vector<int64_t> counts(groups);
-    int64_t rows = 0;
-    for (auto& m : counts) rows += (m = rng() % 5 == 0 ? 0 : rng() % 300);
-    if (rows == 0) continue;
-    const char* data = buffer.data();
-    for (const bool whole : {true, false}) {
-      const int64_t window = whole ? rows : kBox;
-      const GroupView view = group_view(data, rows, kCols, kElement, window);
-      ASSERT_EQ(view.dims[0], uint64_t(kCols));
-      ASSERT_EQ(view.dims[1], uint64_t(window));
-      ASSERT_EQ(view.dims[2], uint64_t(rows + window));
-      ASSERT_EQ(view.strides[0], uint64_t(kRowBytes));
-      ASSERT_EQ(view.strides[1], uint64_t(kRowBytes));
-      int64_t offset = 0;
-      for (int64_t m : counts) {
-        const int64_t end = offset + m;
-        for (int64_t first = offset; first < end; first += kBox) {
-          SCOPED_TRACE("rows " + std::to_string(rows) + ", group [" + std::to_string(offset) + ", " +
-                       std::to_string(end) + "), box at " + std::to_string(first) + (whole ? ", whole" : ", box"));
-          const bool last = first + kBox >= end;
-          const GroupViewCoord at = group_view_coord(first, whole || last ? end : first + kBox, window);
-          ASSERT_GE(at.window_index, 0);
-          ASSERT_LT(at.window_index, int64_t(view.dims[2]));
-          for (int64_t j = 0; j < kBox; ++j) {
-            const int64_t r = at.row + j;
-            const bool in_bounds = r >= 0 && r < int64_t(view.dims[1]);
-            ASSERT_EQ(in_bounds, first + j < end) << "row " << j << " of the box";
-            if (!in_bounds) continue;
-            const uintptr_t address = reinterpret_cast<uintptr_t>(view.base) + uintptr_t(r) * view.strides[0] +
-                                      uintptr_t(at.window_index) * view.strides[1];
-            ASSERT_EQ(address, reinterpret_cast<uintptr_t>(data) + uintptr_t((first + j) * kRowBytes))
-                << "row " << j << " of the box";
-          }
-        }
-        offset = end;
-      }
+
+// The study override (MOEKIT_SM90_STUDY, study_settings.h): every key and value it lists parses to
+// its index; unset and empty mean automatic; anything else is an error naming the key — a typo
+// never runs the defaults silently.
+TEST(StudySettings, ParsesEveryKeyAndRefusesWhatItCannotTake) {
+  const StudySettings none = parse_study_settings(nullptr);
+  EXPECT_EQ(none.order, -1);
+  EXPECT_EQ(parse_study_settings("").config, -1);
+  const StudySettings s = parse_study_settings("order=balanced,swizzle=m8,pdl=0,fused_backward=1,config=small");
+  EXPECT_EQ(s.order, 6);
+  EXPECT_EQ(s.swizzle, 6);
+  EXPECT_EQ(s.pdl, 0);
+  EXPECT_EQ(s.fused_backward, 1);
+  EXPECT_EQ(s.config, 1);
+  EXPECT_EQ(s.raster, -1);
+  EXPECT_EQ(s.group_k_own, -1);
+  for (const auto& k : study_detail::keys()) {
+    for (int i = 0; i < k.count; ++i) {
+      const std::string spec = std::string(k.name) + "=" + std::string(k.values[i]);
+      EXPECT_EQ(parse_study_settings(spec.c_str()).*k.field, i) << spec;
     }
   }
+  using ::testing::AllOf;
+  using ::testing::HasSubstr;
+  const auto message = [](const char* spec) {
+    try {
+      parse_study_settings(spec);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << spec;
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << spec << " parsed";
+    return std::string();
+  };
+  EXPECT_THAT(message("ordr=blocked"), AllOf(HasSubstr("MOEKIT_SM90_STUDY"), HasSubstr("ordr")));
+  EXPECT_THAT(message("order=blockd"), AllOf(HasSubstr("order"), HasSubstr("blockd"), HasSubstr("blocked")));
+  EXPECT_THAT(message("pdl=2"), AllOf(HasSubstr("pdl"), HasSubstr("'2'")));
+  EXPECT_THAT(message("pdl"), HasSubstr("'pdl'"));
+  EXPECT_THAT(message("=1"), HasSubstr("MOEKIT_SM90_STUDY"));
+  EXPECT_THAT(message("pdl=0,,k_order=alternate"), HasSubstr("MOEKIT_SM90_STUDY"));
+  EXPECT_THAT(message("pdl=0,pdl=1"), AllOf(HasSubstr("pdl"), HasSubstr("twice")));
+  EXPECT_THAT(message("tile=coop"), HasSubstr("tile"));  // a removed study key
+}
+
+// The automatic rules of heuristics.h at their thresholds (the kernels' choice follows them).
+TEST(Heuristics, RulesSwitchAtTheirThresholds) {
+  EXPECT_TRUE(takes_small_m(127 * 8, 8));
+  EXPECT_FALSE(takes_small_m(128 * 8, 8));
+  EXPECT_FALSE(takes_fprop_wide21(4095));
+  EXPECT_TRUE(takes_fprop_wide21(4096));
+  EXPECT_TRUE(takes_small_swap(1024));
+  EXPECT_TRUE(takes_small_swap(2048));
+  EXPECT_FALSE(takes_small_swap(1280));  // 256 columns past n: more than n / 8
+  EXPECT_TRUE(takes_group_k_wide(2048 * 4, 4));
+  EXPECT_FALSE(takes_group_k_wide(2047 * 4, 4));
+  int asked = 0;
+  const auto below = [&] { return ++asked, true; };
+  const auto not_below = [&] { return ++asked, false; };
+  EXPECT_FALSE(takes_group_k_own(1024 * 4, 4, below));
+  EXPECT_TRUE(takes_group_k_own(512 * 4, 4, not_below));
+  EXPECT_EQ(asked, 0);  // the grid is asked about only for groups of one K block
+  EXPECT_TRUE(takes_group_k_own(64 * 4, 4, below));
+  EXPECT_FALSE(takes_group_k_own(64 * 4, 4, not_below));
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(group_k_auto_order(131, 132), kSmallGroupOrder);
+  EXPECT_EQ(group_k_auto_order(132, 132), kSnakeOrder);
+  const std::vector<int64_t> equal(64, 64), skewed{1, 127, 64, 64, 64, 64, 64, 64};
+  EXPECT_NE(declines_for_cublas(&equal, 64, 64 * 64), "");
+  EXPECT_EQ(declines_for_cublas(nullptr, 64, 64 * 64), "");  // device splits: never
+  EXPECT_EQ(declines_for_cublas(&skewed, 8, 512), "");
+  const std::vector<int64_t> large(8, 2048);
+  EXPECT_NE(declines_for_cublas(&large, 8, 8 * 2048), "");
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/env.h"
 #include "cuda/resources.h"
-#include "cuda/sm90/grouped_gemm_sm90.h"
+#include "cuda/sm90/device/grouped_gemm_sm90.h"
+#include "cuda/sm90/heuristics.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda {
@@ -111,41 +111,12 @@ void run_of(const Args& args) {
   sm90::run(p, bytes > 0 ? workspace.data() : nullptr, res.stream);
 }
 
-// The automatic choice's measured exceptions (backend_table.h, declines), both for host splits
-// only: cuBLAS needs the counts on the host, and with device splits it would synchronise.
-// 1. Many equal small groups run faster as cuBLAS strided-batched GEMMs (one call per size).
-//    small_E64 uniform, 64 groups of 64 rows (bench/results/2026-11-29-nvidia-h200-197a15b-gpu-check.md):
-//    cuBLAS 193.9 vs sm90 181.7 TFLOP/s fprop, 207.9 vs 186.7 dgrad, 174.6 vs 83.7 wgrad (the
-//    sm90 group-K kernel is epilogue-bound when each output tile has one K tile). Skewed splits
-//    of the same shape go the other way (sm90 1.2x, 2.3x).
-// 2. Large groups (a mean of kLargeGroupRows rows or more) run faster as cuBLAS GEMMs per group:
-//    under sustained load the H200 holds its clock to the power limit, and cuBLAS's kernels draw
-//    less power per cycle, so they run at a higher clock (per cycle sm90 does as much or more).
-//    With each backend timed alone, every pass of every suite shape of >= 2048 rows per group,
-//    uniform and skewed, is faster on cuBLAS: dsv3_fc1/fc2_E8 and mixtral_fc1_E8, fprop 1.00-1.19x,
-//    dgrad 1.03-1.10x, wgrad 1.07-1.17x, wgrad into f32 1.02-1.13x (both at ~690 W of 700; sm90 at
-//    1155-1455 MHz, cuBLAS at 1455-1620; bench/results/2026-11-30-nvidia-h200-99bc82c-gpu-check.json);
-//    the dsv3 MLP step (E8, 4096 rows per group) with every GEMM on cuBLAS and SwiGLU unfused:
-//    13.58 vs 14.57 ms fused on sm90 (…-99bc82c-tile-study.md; 13.69 vs 14.75, …-d47fa32-pp22-study.md).
-//    At 1024 rows per group (qwen3_E16, dsv3_fc1_E32) the passes split between the two, so sm90
-//    keeps them: it needs no host counts and no sync, and it fuses SwiGLU.
+// The automatic choice's exceptions (backend_table.h, declines): heuristics.h says which and why.
+const std::vector<int64_t>* host_counts_of(const Splits& splits) {
+  return splits.on_host() ? &splits.host_counts() : nullptr;
+}
 std::string declines_for_cublas(const Splits& splits, int64_t groups, int64_t rows) {
-  constexpr int64_t kMinGroups = 8, kSmallGroupRows = 128, kLargeGroupRows = 2048;
-  if (!splits.on_host() || groups <= 0) return "";
-  const std::vector<int64_t>& counts = splits.host_counts();
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  if (total >= kLargeGroupRows * groups) {
-    return str(groups, " groups of ", total / groups, " rows on average (>= ", kLargeGroupRows,
-               "), host splits: cuBLAS per group is faster under the power cap");
-  }
-  if (groups < kMinGroups) return "";
-  const int64_t m = counts.front();
-  if (m <= 0 || m >= kSmallGroupRows || m * groups > rows) return "";
-  for (int64_t c : counts) {
-    if (c != m) return "";
-  }
-  return str(groups, " groups of ", m, " rows each, host splits: cuBLAS strided-batched is faster");
+  return sm90::declines_for_cublas(host_counts_of(splits), groups, rows);
 }
 
 }  // namespace
@@ -158,13 +129,10 @@ std::string sm90_group_k_declines(const detail::GroupKArgs& args) {
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
-// Environment MOEKIT_SM90_FUSED_FORWARD=0 makes the automatic choice decline the fused forward
-// (fc1 + SwiGLU in its epilogue), so grouped_gemm_swiglu runs the plain fc1 GEMM, then the
-// SwiGLU kernel — for A/B runs of whole steps (tools/mlp-bench, MLP_BENCH_AB_ENV). Unset or 1:
-// fused. Anything else is an error.
+// The fused forward (fc1 + SwiGLU in its epilogue): heuristics.h, kFuseForward; declined, the
+// plain fc1 GEMM then the SwiGLU kernel run.
 std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args) {
-  static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_FORWARD", {"0", "1"});
-  if (fused == 0) return "MOEKIT_SM90_FUSED_FORWARD=0";
+  if (std::string why = sm90::declines_fused_forward(); !why.empty()) return why;
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
@@ -189,21 +157,12 @@ std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args) {
   return rejects_of(args);
 }
 void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args) { run_of(args); }
-// The fused backward (dgrad + SwiGLU backward + dprobs in one kernel) loses to the two calls it
-// replaces in whole MLP steps: qwen3 / dsv3 fused-MLP steps, skewed, three pairs in turns
-// (f0255f3, bench/results/2026-12-01-nvidia-h200-f0255f3-fused-backward.md): 1.044 / 1.032 longer
-// with it; ncu, each kernel alone (dsv3): 1596 µs fused vs 1270 + 197 µs. Its epilogue reads h and
-// writes dh, twice the columns of the plain dgrad's output, and the main loop waits on it. So the
-// automatic choice declines it and grouped_gemm_dswiglu runs the plain dgrad, then the SwiGLU
-// backward kernel. Environment MOEKIT_SM90_FUSED_BACKWARD=1 puts it back in the automatic choice
-// (A/B runs: tools/mlp-bench, MLP_BENCH_AB_ENV); unset or 0: declined; anything else is an error.
-// Forcing "sm90" (Context::with_backend) runs it whatever this says, as every forced entry does.
+// The fused backward (dgrad + SwiGLU backward + dprobs in one kernel): heuristics.h,
+// kFuseBackward; declined, grouped_gemm_dswiglu runs the plain dgrad, then the SwiGLU backward
+// kernel. Forcing "sm90" (Context::with_backend) runs it whatever this says, as every forced entry
+// does.
 std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
-  static const int fused = detail::env_choice("MOEKIT_SM90_FUSED_BACKWARD", {"0", "1"});
-  if (fused != 1) {
-    return "the plain dgrad + SwiGLU backward kernel are faster in whole MLP steps (measured: "
-           "sm90_entries.cpp); MOEKIT_SM90_FUSED_BACKWARD=1 runs the fused kernel";
-  }
+  if (std::string why = sm90::declines_fused_backward(); !why.empty()) return why;
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 

@@ -39,38 +39,21 @@ if(NOT _moekit_cutlass_v VERSION_EQUAL 4.2.0)
   message(WARNING "moekit: the sm90 kernels are tested with CUTLASS 4.2.0, found ${_moekit_cutlass_v}")
 endif()
 
+# Layers (design/ARCHITECTURE.md, "The CUDA backend as built"): sm90_entries (the backend table's
+# entries) -> heuristics (every automatic choice) -> device/ (checks, launch) -> instances/ (the
+# compiled kernels) built from kernel/ (the kernel templates), collective/ (mainloop and epilogue
+# parts) and scheduler/ (the tile orders).
+set(_sm90 ${CMAKE_CURRENT_LIST_DIR})
 add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernels_bf16.cu),
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_bf16.cu   # and one for the 4 fused-SwiGLU instances
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_f16.cu
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_swiglu.cu
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_dswiglu.cu  # the 4 fused SwiGLU-backward instances
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_wide.cu  # bf16 group-K of large groups (2 instances)
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_fprop_wide21.cu  # bf16 fprop of large K (2 instances)
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_wide21.cu  # bf16 group-K of large groups, 2x1 (2)
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
-  ${CMAKE_CURRENT_LIST_DIR}/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
+  ${_sm90}/instances/kernels_bf16.cu   # and one for the 4 fused-SwiGLU instances
+  ${_sm90}/instances/kernels_f16.cu
+  ${_sm90}/instances/kernels_swiglu.cu
+  ${_sm90}/instances/kernels_dswiglu.cu  # the 4 fused SwiGLU-backward instances
+  ${_sm90}/instances/kernels_fprop_wide21.cu  # bf16 fprop of large K (2 instances)
+  ${_sm90}/instances/kernels_group_k_wide21.cu  # bf16 group-K of large groups, 2x1 (2)
+  ${_sm90}/instances/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
+  ${_sm90}/instances/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
 )
-# Tile studies (off by default: eight more translation units, ~2-5 minutes of CPU each):
-# cooperative 256x128 instances (MOEKIT_SM90_TILE=coop, kernels_study.cu, with the epi32 group-K),
-# cooperative 128x256 ones (MOEKIT_SM90_TILE=wide, kernels_study_wide.cu), both with the fused
-# SwiGLU epilogues (kernels_study_fused.cu), and ping-pong 64x256 for small groups
-# (MOEKIT_SM90_TILE=small256, kernels_study_small.cu), and cooperative 128x256 with a 2x1 cluster
-# (MOEKIT_SM90_TILE=wide21, kernels_study_wide21.cu: its dgrad; the rest is in every build), and ping-pong
-# 64x256 with a 2x1 cluster (MOEKIT_SM90_TILE=pp64w21, kernels_study_pp64w21.cu,
-# kernels_study_pp64w21_fused.cu), chosen at run time; and the bf16 -> bf16 group-K on the own
-# cooperative 128x256 2x1 kernel (MOEKIT_SM90_GROUP_K_OWN=wide21, kernels_study_group_k_own_wide21.cu).
-option(MOEKIT_SM90_TILE_STUDY "also build the sm90 tile-study instances (MOEKIT_SM90_TILE=coop|wide|pingpong|epi32|small256|wide21|pp64w21, MOEKIT_SM90_GROUP_K_OWN=wide21)" OFF)
-if(MOEKIT_SM90_TILE_STUDY)
-  target_sources(moekit_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_study.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_fused.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_small.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_wide21.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_pp64w21_fused.cu
-                                     ${CMAKE_CURRENT_LIST_DIR}/kernels_study_group_k_own_wide21.cu)
-  target_compile_definitions(moekit PRIVATE MOEKIT_SM90_TILE_STUDY=1)
-endif()
 set_target_properties(moekit_sm90 PROPERTIES
   CUDA_ARCHITECTURES 90a-real     # sm_90a machine code only (wgmma, setmaxnreg); no PTX to JIT
   POSITION_INDEPENDENT_CODE ON    # linked into the shared libmoekit
@@ -87,6 +70,7 @@ target_compile_options(moekit_sm90 PRIVATE
 
 target_sources(moekit PRIVATE
   $<TARGET_OBJECTS:moekit_sm90>
-  ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/sm90_entries.cpp)
+  ${_sm90}/device/grouped_gemm_sm90.cpp
+  ${_sm90}/heuristics.cpp
+  ${_sm90}/sm90_entries.cpp)
 target_compile_definitions(moekit PRIVATE MOEKIT_HAS_SM90=1)
