@@ -15,7 +15,7 @@
 
 #include "moekit/moekit.h"
 #include "core/env.h"
-#include "primitives/backend_table.h"
+#include "backends/contract/backend_table.h"
 #include "support/test_util.h"
 
 namespace moekit {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm90/heuristics.h"
-#include "cuda/sm90/scheduler/tile_units.h"
-#include "cuda/sm90/study_settings.h"
+#include "backends/cuda/sm90/heuristics.h"
+#include "backends/cuda/sm90/scheduler/tile_units.h"
+#include "backends/cuda/sm90/study_settings.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {

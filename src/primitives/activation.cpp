@@ -1,18 +1,18 @@
 // Activation primitives (SwiGLU): the one place their arguments are validated, then dispatch.
 #include "moekit/primitives/activation.h"
 
-#include "cpu/cpu_activation.h"
+#include "backends/cpu/cpu_activation.h"
 #include "core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/primitives/grouped_gemm.h"
-#include "primitives/activation_args.h"
-#include "primitives/backend_table.h"
+#include "backends/contract/activation_args.h"
+#include "backends/contract/backend_table.h"
 #include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
-#include "cuda/cuda_activation.h"
+#include "backends/cuda/cuda_activation.h"
 #endif
 #ifdef MOEKIT_HAS_SM90
-#include "cuda/sm90/sm90_entries.h"
+#include "backends/cuda/sm90/sm90_entries.h"
 #endif
 
 namespace moekit {
@@ -21,15 +21,15 @@ using detail::Backend;
 
 constexpr Backend<detail::SwigluForwardArgs> kSwigluForward[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", cuda::swiglu_forward_rejects, cuda::swiglu_forward_run},
+    cuda::kSwigluForward,
 #endif
-    {"cpu", cpu::swiglu_forward_rejects, cpu::swiglu_forward_run},
+    cpu::kSwigluForward,
 };
 constexpr Backend<detail::SwigluBackwardArgs> kSwigluBackward[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", cuda::swiglu_backward_rejects, cuda::swiglu_backward_run},
+    cuda::kSwigluBackward,
 #endif
-    {"cpu", cpu::swiglu_backward_rejects, cpu::swiglu_backward_run},
+    cpu::kSwigluBackward,
 };
 const detail::RegisterBackendNames kRegisterSwigluForward(kSwigluForward);
 
@@ -111,11 +111,8 @@ detail::Plan detail::bind_gemm_swiglu(const Context& ctx, const Tensor& x, const
   // no decline). Otherwise — another backend forced, or a call the fused kernel cannot take (e.g.
   // the Halves layout) — the two primitives run, each choosing its backend as usual.
 #ifdef MOEKIT_HAS_SM90
-  static constexpr detail::Backend<detail::GemmSwigluArgs> kFused{
-      "sm90", cuda::sm90_gemm_swiglu_rejects, cuda::sm90_gemm_swiglu_run,
-      cuda::sm90_gemm_swiglu_declines};
   detail::Plan fused = detail::bind_first<detail::GemmSwigluArgs>(
-      "grouped_gemm_swiglu", kFused, ctx, {ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F});
+      "grouped_gemm_swiglu", cuda::kSm90GemmSwiglu, ctx, {ctx, x, w, splits, bias, probs, layout, h, z, G, T, K, F});
   if (!fused.empty()) return fused;
 #else
   (void)K;
@@ -161,11 +158,8 @@ detail::Plan detail::bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, con
   }
   // As grouped_gemm_swiglu: the fused kernel where the GEMM would run on sm90 anyway.
 #ifdef MOEKIT_HAS_SM90
-  static constexpr detail::Backend<detail::GemmDSwigluArgs> kFused{
-      "sm90", cuda::sm90_gemm_dswiglu_rejects, cuda::sm90_gemm_dswiglu_run,
-      cuda::sm90_gemm_dswiglu_declines};
   detail::Plan fused = detail::bind_first<detail::GemmDSwigluArgs>(
-      "grouped_gemm_dswiglu", kFused, ctx,
+      "grouped_gemm_dswiglu", cuda::kSm90GemmDSwiglu, ctx,
       {ctx, dy, w, splits, h, probs, layout, dh, dprobs, accumulate_dprobs, G, T, H, F});
   if (!fused.empty()) return fused;
 #else

@@ -8,16 +8,9 @@
 #include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
-#include "primitives/backend_table.h"
+#include "backends/contract/backend_table.h"
 
 namespace moekit::detail {
-
-/// A backend entry's syncs_host: true for device splits (a backend that needs the counts on the
-/// host must copy them there, which synchronises).
-template <class Args>
-bool reads_device_counts_on_host(const Args& args) {
-  return !args.splits.on_host();
-}
 
 Plan bind_group_m(const Context& ctx, const Tensor& a, const Tensor& b, BOp op,
                   const Splits& splits, const Tensor& out, const Tensor& bias = {});

@@ -1,14 +1,14 @@
 // Grouped (optionally prob-scaled) bias primitives: validation in one place, then dispatch.
 #include "moekit/primitives/grouped_bias.h"
 
-#include "cpu/cpu_activation.h"
+#include "backends/cpu/cpu_activation.h"
 #include "core/checks.h"
 #include "moekit/core/error.h"
-#include "primitives/activation_args.h"
-#include "primitives/backend_table.h"
+#include "backends/contract/activation_args.h"
+#include "backends/contract/backend_table.h"
 #include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
-#include "cuda/cuda_activation.h"
+#include "backends/cuda/cuda_activation.h"
 #endif
 
 namespace moekit {
@@ -17,15 +17,15 @@ using detail::Backend;
 
 constexpr Backend<detail::BiasAddArgs> kBiasAdd[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", cuda::bias_add_rejects, cuda::bias_add_run},
+    cuda::kBiasAdd,
 #endif
-    {"cpu", cpu::bias_add_rejects, cpu::bias_add_run},
+    cpu::kBiasAdd,
 };
 constexpr Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", cuda::scaled_bias_grad_rejects, cuda::scaled_bias_grad_run},
+    cuda::kScaledBiasGrad,
 #endif
-    {"cpu", cpu::scaled_bias_grad_rejects, cpu::scaled_bias_grad_run},
+    cpu::kScaledBiasGrad,
 };
 const detail::RegisterBackendNames kRegisterBiasAdd(kBiasAdd);
 const detail::RegisterBackendNames kRegisterScaledBiasGrad(kScaledBiasGrad);

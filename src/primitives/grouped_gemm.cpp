@@ -3,17 +3,17 @@
 
 #include <array>
 
-#include "cpu/cpu_backend.h"
+#include "backends/cpu/cpu_backend.h"
 #include "core/checks.h"
 #include "moekit/core/error.h"
-#include "primitives/args.h"
-#include "primitives/backend_table.h"
+#include "backends/contract/args.h"
+#include "backends/contract/backend_table.h"
 #include "primitives/bind.h"
 #ifdef MOEKIT_HAS_CUDA
-#include "cuda/cuda_backend.h"
+#include "backends/cuda/cuda_backend.h"
 #endif
 #ifdef MOEKIT_HAS_SM90
-#include "cuda/sm90/sm90_entries.h"
+#include "backends/cuda/sm90/sm90_entries.h"
 #endif
 
 namespace moekit {
@@ -26,29 +26,27 @@ void check_compute_dtype(std::string_view argument, DType t) {
 
 constexpr Backend<detail::GroupMArgs> kGroupM[] = {
 #ifdef MOEKIT_HAS_SM90
-    {"sm90", cuda::sm90_group_m_rejects, cuda::sm90_group_m_run, cuda::sm90_group_m_declines},
+    cuda::kSm90GroupM,
 #endif
 #ifdef MOEKIT_HAS_CUDA
-    {"cublas", cuda::group_m_rejects, cuda::group_m_run, nullptr,
-     detail::reads_device_counts_on_host<detail::GroupMArgs>},
+    cuda::kCublasGroupM,
 #endif
-    {"cpu", cpu::group_m_rejects, cpu::group_m_run},
+    cpu::kGroupM,
 };
 constexpr Backend<detail::GroupKArgs> kGroupK[] = {
 #ifdef MOEKIT_HAS_SM90
-    {"sm90", cuda::sm90_group_k_rejects, cuda::sm90_group_k_run, cuda::sm90_group_k_declines},
+    cuda::kSm90GroupK,
 #endif
 #ifdef MOEKIT_HAS_CUDA
-    {"cublas", cuda::group_k_rejects, cuda::group_k_run, nullptr,
-     detail::reads_device_counts_on_host<detail::GroupKArgs>},
+    cuda::kCublasGroupK,
 #endif
-    {"cpu", cpu::group_k_rejects, cpu::group_k_run},
+    cpu::kGroupK,
 };
 constexpr Backend<detail::BiasGradArgs> kBiasGrad[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", cuda::bias_grad_rejects, cuda::bias_grad_run},
+    cuda::kBiasGrad,
 #endif
-    {"cpu", cpu::bias_grad_rejects, cpu::bias_grad_run},
+    cpu::kBiasGrad,
 };
 const detail::RegisterBackendNames kRegisterGroupM(kGroupM);
 const detail::RegisterBackendNames kRegisterGroupK(kGroupK);

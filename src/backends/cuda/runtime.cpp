@@ -1,0 +1,315 @@
+// CUDA runtime hooks of core (src/core/runtime.h): device count, context resources (stream,
+// stream-ordered allocator, cuBLAS/cuBLASLt handles and workspace), copies and synchronisation.
+// The fill kernel is in fill.cu.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core/runtime.h"
+#include "backends/cuda/check.h"
+#include "backends/cuda/device_counts.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/resources.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace cuda {
+namespace {
+
+// cuBLAS recommends 32 MiB of workspace on Hopper; cuBLASLt shares it (same stream).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kPointerBytes = 3 * kMaxBatchedGemms * sizeof(void*);  // grouped-batched GEMMs
+
+// One memory pool per device for every moekit context on it: freed blocks stay cached in the
+// pool (release threshold: never trim at synchronisation), so steady-state allocation costs no
+// cudaMalloc. Created on first use and deliberately never destroyed: contexts may outlive any
+// static destructor, and the driver reclaims the memory at exit.
+cudaMemPool_t device_pool(int device) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pools.size() <= static_cast<size_t>(device)) pools.resize(static_cast<size_t>(device) + 1);
+  cudaMemPool_t& pool = pools[static_cast<size_t>(device)];
+  if (!pool) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    MOEKIT_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+    uint64_t threshold = UINT64_MAX;
+    MOEKIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  return pool;
+}
+
+// Stream-ordered allocator: memory is allocated and freed in the order of the context's stream,
+// so a tensor freed right after the kernels that use it were queued is reused only by work queued
+// after them. Work on other streams must be ordered with the context's stream by the caller.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(std::shared_ptr<CudaResources> res) : res_(std::move(res)) {}
+  Device device() const override { return Device::cuda(res_->device); }
+
+ protected:
+  void* do_allocate(size_t bytes) override {
+    DeviceGuard guard(res_->device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, res_->pool, res_->stream);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw_error(ErrorKind::Runtime,
+                  str("cudaMallocFromPoolAsync of ", bytes, " bytes on cuda:", res_->device,
+                      " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+    }
+    return p;
+  }
+  void do_deallocate(void* p, size_t) noexcept override {
+    DeviceGuard guard(res_->device);
+    if (cudaFreeAsync(p, res_->stream) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+ private:
+  std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
+};
+
+}  // namespace
+
+CudaResources::~CudaResources() {
+  // Errors are ignored: this may run at process exit, after the CUDA runtime has shut down.
+  int previous = -1;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device;
+  if (restore) (void)cudaSetDevice(device);
+  // The side stream's work ends first: it may write our error word. (Tensors it allocated may
+  // keep its resources alive a while longer.)
+  if (side && side->stream) (void)cudaStreamSynchronize(side->stream);
+  side_allocator.reset();
+  side.reset();
+  if (stream) (void)cudaStreamSynchronize(stream);
+  if (order_event) (void)cudaEventDestroy(order_event);
+  if (blas) (void)cublasDestroy(blas);
+  if (lt) (void)cublasLtDestroy(lt);
+  if (workspace) (void)cudaFree(workspace);
+  if (owns_stream && stream) (void)cudaStreamDestroy(stream);
+  if (restore) (void)cudaSetDevice(previous);
+  (void)cudaGetLastError();
+}
+
+namespace {
+
+// A context's resources on `stream` (nullptr: a stream of its own, non-blocking): the device
+// pool, a cuBLAS + cuBLASLt handle bound to the stream, their workspace, the zeroed error word
+// and the ordering event. Partly built resources are released by their destructor on a throw.
+std::shared_ptr<CudaResources> make_resources(int device, cudaStream_t stream) {
+  auto res = std::make_shared<CudaResources>();
+  res->device = device;
+  DeviceGuard guard(device);
+  if (stream) {
+    res->stream = stream;  // borrowed: the caller keeps it alive
+  } else {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&res->stream, cudaStreamNonBlocking));
+    res->owns_stream = true;
+  }
+  MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&res->sm_count, cudaDevAttrMultiProcessorCount, device));
+  res->pool = device_pool(device);
+  MOEKIT_CUDA_CHECK(cudaMalloc(&res->workspace, kWorkspaceBytes + kPointerBytes + sizeof(uint32_t)));
+  res->workspace_bytes = kWorkspaceBytes;
+  res->gemm_pointers = reinterpret_cast<void**>(static_cast<char*>(res->workspace) + kWorkspaceBytes);
+  res->error_word = reinterpret_cast<uint32_t*>(static_cast<char*>(res->workspace) +
+                                                kWorkspaceBytes + kPointerBytes);
+  MOEKIT_CUDA_CHECK(cudaMemset(res->error_word, 0, sizeof(uint32_t)));
+  MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&res->order_event, cudaEventDisableTiming));
+  MOEKIT_CUBLAS_CHECK(cublasCreate(&res->blas));
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
+  MOEKIT_CUBLAS_CHECK(cublasSetStream(res->blas, res->stream));
+  MOEKIT_CUBLAS_CHECK(cublasSetWorkspace(res->blas, res->workspace, res->workspace_bytes));
+  // fp32 compute is exact fp32 (no TF32) and split-K reductions stay in fp32.
+  MOEKIT_CUBLAS_CHECK(cublasSetMathMode(
+      res->blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  MOEKIT_CUBLAS_CHECK(cublasLtCreate(&res->lt));
+  return res;
+}
+
+}  // namespace
+
+CudaResources& resources(const Context& ctx) {
+  if (!ctx.device().is_cuda() || !ctx.impl()->cuda) {
+    throw_invalid("context", "a CUDA context", ctx.device().to_string());
+  }
+  return *static_cast<CudaResources*>(ctx.impl()->cuda.get());
+}
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device_) MOEKIT_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+}
+
+std::string reject_unless_cuda(const Context& ctx) {
+  if (!ctx.device().is_cuda()) return str("the context's device is ", ctx.device().to_string());
+  return "";
+}
+
+
+std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& splits, int64_t rows,
+                                         const char* argument) {
+  std::vector<int64_t> counts = read_counts(ctx, splits);
+  if (splits.on_host()) return counts;  // validated by the primitive before dispatch
+  // Device counts were only read now: the same checks as host counts, before any GEMM runs.
+  check_counts(counts, rows, argument);
+  return counts;
+}
+
+static_assert(kDeviceCountNegative == Context::kNegativeCount &&
+              kDeviceCountsExceedRows == Context::kCountsExceedRows);
+
+CountsOnDevice counts_on_device(const Context& ctx, const Splits& splits, int64_t rows) {
+  CountsOnDevice out;
+  if (splits.on_host() && splits.device_copy().defined() &&
+      splits.device_copy().device() == ctx.device()) {
+    out.holder = splits.device_copy();  // resolved once for the call (resolve_splits)
+  } else if (splits.on_host()) {
+    // Validated by the primitive. Written by kernels from their parameters, not copied from
+    // pageable memory: one stream operation fewer per call before the setup kernel, and a CUDA
+    // graph can capture it (a replay sees the counts of the capture).
+    const std::vector<int64_t>& host = splits.host_counts();
+    out.holder = Tensor::empty({static_cast<int64_t>(host.size())}, DType::I64, ctx);
+    launch_write_counts(host, out.holder.data_as<int64_t>(), resources(ctx).stream);
+  } else {
+    out.holder = splits.device_counts();
+  }
+  out.view.counts = out.holder.data();
+  out.view.i64 = out.holder.dtype() == DType::I64;
+  out.view.groups = out.holder.numel();
+  out.view.rows = rows;
+  out.view.error_word = resources(ctx).error_word;
+  return out;
+}
+
+}  // namespace cuda
+
+namespace detail {
+
+int cuda_device_count() {
+  int n = 0;
+  // No driver, no GPU, or a driver older than the runtime: no usable device, never an error.
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void init_cuda_context(Context::Impl& impl, int device, void* stream) {
+  auto res = cuda::make_resources(device, static_cast<cudaStream_t>(stream));
+  impl.stream = res->stream;
+  impl.allocator = std::make_shared<cuda::CudaAllocator>(res);
+  impl.cuda = std::move(res);
+}
+
+std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  if (!res.side) {
+    cuda::DeviceGuard guard(res.device);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    int priority = 0;  // the side stream's work is as urgent as its owner's
+    MOEKIT_CUDA_CHECK(cudaStreamGetPriority(res.stream, &priority));
+    cudaStream_t side_stream = nullptr;
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream, cudaStreamNonBlocking, priority));
+    std::shared_ptr<cuda::CudaResources> side;
+    try {
+      side = cuda::make_resources(res.device, side_stream);
+    } catch (...) {
+      (void)cudaStreamDestroy(side_stream);
+      throw;
+    }
+    side->owns_stream = true;
+    side->error_word = res.error_word;
+    res.side_allocator = std::make_shared<cuda::CudaAllocator>(side);
+    res.side = std::move(side);
+  }
+  auto impl = std::make_shared<Context::Impl>();
+  impl->device = ctx.device();
+  impl->stream = res.side->stream;
+  impl->allocator = res.side_allocator;
+  impl->threads = 1;
+  impl->backend = ctx.forced_backend();
+  impl->sm_margin = ctx.sm_margin();
+  impl->cuda = res.side;
+  impl->log = ctx.impl()->log;
+  return impl;
+}
+
+Tensor cuda_counts_to_device(const Context& ctx, const std::vector<int64_t>& counts) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  Tensor t = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::I64, ctx);
+  if (!counts.empty()) cuda::launch_write_counts(counts, t.data_as<int64_t>(), res.stream);
+  return t;
+}
+
+bool cuda_stream_capturing(const Context& ctx) {
+  if (!ctx.device().is_cuda()) return false;
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+void cuda_order_after(const Context& to, const Context& from) {
+  auto& f = cuda::resources(from);
+  auto& t = cuda::resources(to);
+  if (f.stream == t.stream) return;
+  cuda::DeviceGuard guard(f.device);
+  MOEKIT_CUDA_CHECK(cudaEventRecord(f.order_event, f.stream));
+  MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(t.stream, f.order_event, 0));
+}
+
+void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,
+               Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (ctx.device().is_cuda()) {
+    auto& res = cuda::resources(ctx);
+    cuda::DeviceGuard guard(res.device);
+    MOEKIT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, res.stream));
+    // The host may read what lands there as soon as we return.
+    if (dst_device.is_cpu()) MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+    return;
+  }
+  // A CPU context moving CUDA memory: no stream of its own, so a synchronous copy.
+  cuda::DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
+  MOEKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+uint32_t cuda_take_error_bits(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  uint32_t bits = 0;
+  MOEKIT_CUDA_CHECK(cudaMemcpyAsync(&bits, res.error_word, sizeof bits, cudaMemcpyDeviceToHost,
+                                    res.stream));
+  MOEKIT_CUDA_CHECK(cudaMemsetAsync(res.error_word, 0, sizeof bits, res.stream));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+  return bits;
+}
+
+int cuda_sm_count(const Context& ctx) {
+  return cuda::resources(ctx).sm_count;
+}
+
+void cuda_synchronize(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+}
+
+}  // namespace detail
+}  // namespace moekit

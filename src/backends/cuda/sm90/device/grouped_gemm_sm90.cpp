@@ -1,0 +1,148 @@
+// Host side of the sm90 grouped GEMMs (grouped_gemm_sm90.h): the checks that decide whether the
+// kernels can run a call, and its launch on the instance heuristics.cpp chooses. No CUTLASS here:
+// the kernels live in instances/.
+#include "backends/cuda/sm90/device/grouped_gemm_sm90.h"
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/sm90/heuristics.h"
+#include "backends/cuda/sm90/instances/group_k_instances.h"
+#include "backends/cuda/sm90/instances/group_m_instances.h"
+#include "backends/cuda/sm90/scheduler/tile_units.h"
+#include "backends/cuda/sm90/study_settings.h"
+#include "moekit/core/error.h"
+
+namespace moekit::cuda::sm90 {
+namespace {
+
+// A problem's automatic settings resolved (heuristics.cpp): what the kernels and their cached
+// Params see.
+template <class Problem>
+Problem resolved(Problem q) {
+  resolve_settings(q);
+  return q;
+}
+
+// The raster, swizzle and K order a problem names: -1 (automatic) or a value the kernels take.
+template <class Problem>
+std::string rejects_schedule(const Problem& p) {
+  if (p.raster < -1 || p.raster > 1) return str("raster -1, 0 or 1, got ", p.raster);
+  if (p.k_order < -1 || p.k_order > 1) return str("k_order -1, 0 or 1, got ", p.k_order);
+  const int m_first = static_cast<int>(kStripeMFirst);
+  const int width = p.swizzle > 0 ? p.swizzle & ~m_first : p.swizzle;
+  if (width != -1 && width != 1 && width != 2 && width != 4 && width != 8 && width != 16) {
+    return str("swizzle -1, 1, 2, 4, 8 or 16, got ", p.swizzle);
+  }
+  if (p.swizzle > 0 && (p.swizzle & m_first) != 0 && (width == 1 || p.raster == 1)) {
+    return str("swizzle ", width,
+               " with M first inside the stripes needs raster 0 and a width > 1");
+  }
+  return {};
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// What both forms check: an sm_90 device, 16-bit inputs, K and N multiples of 8 (TMA rows of 16
+// bytes), 32-bit extents, counts in device memory, 16-byte aligned pointers.
+std::string rejects_common(int device, DType dtype, const DeviceCounts& counts, int64_t k,
+                           int64_t n, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return str("cannot query CUDA device ", device);
+  }
+  if (major != 9 || minor != 0) {
+    return str("needs an sm_90 (Hopper) device; cuda:", device, " is sm_", major, minor);
+  }
+  if (dtype != DType::BF16 && dtype != DType::F16) {
+    return str("dtype bf16 or f16 only, got ", name(dtype));
+  }
+  if (k % 8 != 0) return str("K = ", k, " is not a multiple of 8 (TMA needs 16-byte rows)");
+  if (n % 8 != 0) return str("N = ", n, " is not a multiple of 8 (TMA needs 16-byte rows)");
+  for (const auto& [label, v] : {std::pair{"T (rows)", counts.rows}, std::pair{"K", k},
+                                  std::pair{"N", n}, std::pair{"G (groups)", counts.groups}}) {
+    if (v > INT_MAX) return str(label, " = ", v, " exceeds the kernels' 32-bit extents");
+  }
+  if (!counts.counts) return "the counts must be in device memory (got none)";
+  if (reinterpret_cast<uintptr_t>(counts.counts) % (counts.i64 ? 8 : 4) != 0) {
+    return "the counts are not aligned to their element size";
+  }
+  for (const auto& [label, ptr] : ptrs) {
+    if (ptr && !aligned16(ptr)) return str(label, " is not 16-byte aligned (TMA)");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string rejects(const GroupMProblem& p, int device) {
+  (void)study_settings();  // a wrong MOEKIT_SM90_STUDY throws here, before anything is queued
+  if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
+  if (p.glu_z) {
+    if (!p.b_transposed) return "the SwiGLU epilogue is built for fprop (b transposed) only";
+    if (p.n % 64 != 0) {
+      return str("N = 2F = ", p.n, " is not a multiple of 64 (the SwiGLU epilogue's pairs)");
+    }
+    if (reinterpret_cast<uintptr_t>(p.glu_z) % 4 != 0) return "z is not 4-byte aligned";
+  }
+  if (p.dglu_dh) {
+    if (p.glu_z) return "SwiGLU forward and backward epilogues cannot be combined";
+    if (p.out) return "the SwiGLU backward epilogue stores no product (out must be null)";
+    if (p.b_transposed) return "the SwiGLU backward epilogue is built for dgrad (b plain) only";
+    if (p.n % 32 != 0) return str("N = F = ", p.n, " is not a multiple of 32 (Interleaved32)");
+    for (const void* ptr : {p.dglu_h, static_cast<const void*>(p.dglu_dh)}) {
+      if (!aligned16(ptr)) return "h or dh is not 16-byte aligned (the epilogue's 16-byte accesses)";
+    }
+  }
+  return rejects_common(device, p.dtype, p.counts, p.k, p.n,
+                        {{"a", p.a}, {"b", p.b}, {"out", p.out}, {"bias", p.bias}});
+}
+
+size_t workspace_bytes(const GroupMProblem& p) {
+  if (p.counts.groups <= 0 || p.n == 0) return 0;
+  const GroupMProblem q = resolved(p);
+  return choose_instance(q).workspace_bytes(q);
+}
+
+void run(const GroupMProblem& p, void* workspace, cudaStream_t stream) {
+  if (p.counts.groups <= 0 || p.n == 0) return;  // out [T, 0]: nothing to write
+  const GroupMProblem q = resolved(p);
+  choose_instance(q).run(q, workspace, stream);
+}
+
+std::string config_name(const GroupMProblem& p) { return choose_instance(p).name; }
+
+std::string rejects(const GroupKProblem& p, int device) {
+  (void)study_settings();
+  if (p.dw_dtype != DType::F32 && p.dw_dtype != p.dtype) {
+    return str("dw dtype f32 or ", name(p.dtype), ", got ", name(p.dw_dtype));
+  }
+  if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
+  return rejects_common(device, p.dtype, p.counts, p.k, p.n,
+                        {{"dy", p.dy}, {"x", p.x}, {"dw", p.dw}});
+}
+
+size_t workspace_bytes(const GroupKProblem& p) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return 0;
+  const GroupKProblem q = resolved(p);
+  return choose_instance(q).workspace_bytes(q);
+}
+
+void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;  // dw [G, 0, *] or [G, *, 0]
+  const GroupKProblem q = resolved(p);
+  choose_instance(q).run(q, workspace, stream);
+}
+
+std::string config_name(const GroupKProblem& p) { return choose_instance(p).name; }
+
+}  // namespace moekit::cuda::sm90
