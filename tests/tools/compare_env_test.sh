@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# ctest tools.env_turns: tools/compare env with a stand-in moekit_bench whose time depends on the
+# ctest tools.compare_env: tools/compare env with a stand-in moekit_bench whose time depends on the
 # environment — each variant's settings reach its runs and only its runs (a MOEKIT_SM90_STUDY value
 # with commas as one variable), medians per variant and their ratios to the first, a failing run's
 # exit status — and its table of a fixed log (rows
 # missing for one variant, lines that are not bench rows ignored), a variant on another build
 # (its BUILD_DIR), its refusal of a log without rows, of no variants and of a name given twice.
-# Usage: env_turns_test.sh TOOLS_DIR
+# Usage: compare_env_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/compare" env "$@"; }

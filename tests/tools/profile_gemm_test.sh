@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# ctest tools.gemm_profile: tools/profile gemm's table on fixed ncu CSVs (one sm90 kernel against
+# ctest tools.profile_gemm: tools/profile gemm's table on fixed ncu CSVs (one sm90 kernel against
 # cuBLAS's per-group kernels: summed durations and bytes, duration-weighted clocks and
 # percentages) and its ncu command lines with a stand-in ncu (the cuBLAS variant keeps the timed
 # call's half of the launches), so its parsing and its cuBLAS variant are checked on machines
 # without a GPU; a variant's settings reach ncu's environment (a MOEKIT_SM90_STUDY value with
-# commas as one variable). Usage: gemm_profile_test.sh TOOLS_DIR
+# commas as one variable). Usage: profile_gemm_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/profile" gemm "$@"; }

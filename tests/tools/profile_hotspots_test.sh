@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest tools.gemm_hotspots: tools/profile hotspots' table on a fixed source-page CSV in the form ncu
+# ctest tools.profile_hotspots: tools/profile hotspots' table on a fixed source-page CSV in the form ncu
 # 2025 exports it (a "Kernel Name" line before the header; per-reason stall_* columns and their
 # "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
 # without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
@@ -7,7 +7,7 @@
 # name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING; with
 # HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix;
 # and --diff of two pages (one binary per instruction, two by their mixes); and --around.
-# Usage: gemm_hotspots_test.sh TOOLS_DIR
+# Usage: profile_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/profile" hotspots "$@"; }
