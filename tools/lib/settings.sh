@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the subcommands that take environment settings as one comma-separated list
 # (tools/compare env and orders, tools/profile gemm).
 # split_settings LIST: LIST's VAR=VALUE entries into the array `settings`, split at the commas;
