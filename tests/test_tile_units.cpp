@@ -233,7 +233,9 @@ TEST(TileUnits, StripeChoiceMatchesTheL2ModelOnTheSuite) {
       {"dsv3_fc1_E32 fprop 2x1", 32, 1024, 7168, 4096, 128, 256, 2, 1, 1},
       {"qwen3_fc1_E16 fprop 2x1", 16, 1024, 4096, 3072, 128, 256, 2, 1, 1},
       {"mixtral_fc1_E8 fprop 2x1", 8, 2048, 4096, 28672, 128, 256, 2, 1, 1},
-      // bf16 group-K of >= 2048 rows per group with MOEKIT_SM90_GROUP_K_WIDE21=0 (and f16): 1x2
+      // bf16 group-K of >= 2048 rows per group on cooperative 128x256 1x2 (the wide group-K with
+      // MOEKIT_SM90_GROUP_K_WIDE21=0 until 3baaae0 removed it; no call's tile now): the stripe rule
+      // on the other cluster of the 2x1 wgrad rows above
       {"dsv3_fc1_E8 wgrad 1x2", 8, 4096, 4096, 7168, 128, 256, 1, 2, 4},
       {"dsv3_fc2_E8 wgrad 1x2", 8, 7168, 4096, 2048, 128, 256, 1, 2, 4},
       {"mixtral_fc1_E8 wgrad 1x2", 8, 28672, 2048, 4096, 128, 256, 1, 2, 8},

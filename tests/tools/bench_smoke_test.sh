@@ -2,7 +2,7 @@
 # ctest bench.smoke: moekit_bench end to end on two small shapes outside the suite (custom_E…
 # names, every pass, both routings, the sm90 and cuBLAS backends, --json): exit status 0, every
 # backend that ran passed its check, and the JSON holds every result with its shape — what
-# tools/gpu-check's bench step and tools/compare tiles read. (A result that kept a pointer into the
+# tools/gpu-check's bench step and tools/compare orders read. (A result that kept a pointer into the
 # run loop's list of shapes crashed the --json write after the last row: 5ee7c7a to this test.)
 # Needs a GPU: without one it exits 77, which ctest reports as skipped.
 # Usage: bench_smoke_test.sh MOEKIT_BENCH

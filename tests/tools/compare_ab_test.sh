@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# ctest tools.ab_bench: tools/compare ab's table from a fixed turns log (medians per side, new / base,
+# ctest tools.compare_ab: tools/compare ab's table from a fixed turns log (medians per side, new / base,
 # rows missing on one side, lines that are not bench rows ignored), its refusal of a log without
 # rows, and --prepare's usage and commit checks.
-# Usage: ab_bench_test.sh TOOLS_DIR
+# Usage: compare_ab_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/compare" ab "$@"; }

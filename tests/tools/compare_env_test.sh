@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# ctest tools.env_turns: tools/compare env with a stand-in moekit_bench whose time depends on the
-# environment — each variant's settings reach its runs and only its runs, medians per variant and
-# their ratios to the first, a failing run's exit status — and its table of a fixed log (rows
+# ctest tools.compare_env: tools/compare env with a stand-in moekit_bench whose time depends on the
+# environment — each variant's settings reach its runs and only its runs (a MOEKIT_SM90_STUDY value
+# with commas as one variable), medians per variant and their ratios to the first, a failing run's
+# exit status — and its table of a fixed log (rows
 # missing for one variant, lines that are not bench rows ignored), a variant on another build
 # (its BUILD_DIR), its refusal of a log without rows, of no variants and of a name given twice.
-# Usage: env_turns_test.sh TOOLS_DIR
+# Usage: compare_env_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/compare" env "$@"; }
@@ -12,11 +13,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 mkdir -p "$work/build/bench"
 cat >"$work/build/bench/moekit_bench" <<'SH'
 #!/usr/bin/env bash
-# stand-in: one wgrad row whose time is 0.100 ms, 0.090 with SWZ=8, 0.080 with SWZ=8 and ORD=c
+# stand-in: one wgrad row whose time is 0.100 ms, 0.090 with SWZ=8, 0.080 with SWZ=8 and ORD=c,
+# 0.070 with MOEKIT_SM90_STUDY=swizzle=8,order=chunk4 and ORD=c
 [[ ${FAIL:-} == 1 ]] && exit 4
 ms=0.100
 [[ ${SWZ:-} == 8 ]] && ms=0.090
 [[ ${SWZ:-} == 8 && ${ORD:-} == c ]] && ms=0.080
+[[ ${MOEKIT_SM90_STUDY:-} == swizzle=8,order=chunk4 && ${ORD:-} == c ]] && ms=0.070
 echo "warm-up 5 calls, median of 20"
 echo "small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     $ms   171.0 PASS  1980 | sm90"
 SH
@@ -29,6 +32,12 @@ expect row "$(grep -F '| small_E64 |' <<<"$out")" \
   "| small_E64 | uniform | wgrad | sm90 | 0.1000 | 0.0900 | 0.0800 | 0.900 | 0.800 | 2/2/2 |"
 expect turns "$(grep -c '^== turn ' "$work/out/env-turns.log")" 6
 expect settings-logged "$(grep '^== turn 2 both' "$work/out/env-turns.log")" "== turn 2 both SWZ=8 ORD=c"
+# The study override's value keeps its commas: entries not beginning with VAR= continue the one before.
+out=$(BUILD_DIR="$work/build" OUT="$work/out4" ENV_TURNS=1 tool base st:MOEKIT_SM90_STUDY=swizzle=8,order=chunk4,ORD=c 2>&1)
+expect "study row" "$(grep -F '| small_E64 |' <<<"$out")" \
+  "| small_E64 | uniform | wgrad | sm90 | 0.1000 | 0.0700 | 0.700 | 1/1 |"
+expect "study logged" "$(grep '^== turn 1 st' "$work/out4/env-turns.log")" \
+  "== turn 1 st MOEKIT_SM90_STUDY=swizzle=8,order=chunk4 ORD=c"
 # A variant's BUILD_DIR: that build's moekit_bench, for that variant only.
 mkdir -p "$work/build2/bench"
 sed 's/^ms=0.100$/ms=0.120/' "$work/build/bench/moekit_bench" >"$work/build2/bench/moekit_bench"
@@ -48,12 +57,12 @@ cat >"$work/fixed.log" <<'LOG'
 == turn 1 own
 small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1008   170.5 PASS  1980 | cublas   0.0889   193.2 PASS  1980 | cublas
 small_E64       skewed   wgrad       64   4096   2048   1024 | sm90     0.1021   168.0 PASS  1980 | cublas   0.5000    34.0 PASS  1980 | sm90
-== turn 1 coop MOEKIT_SM90_GROUP_K_OWN=wide21
+== turn 1 cutlass MOEKIT_SM90_STUDY=group_k_own=0
 shape           routing  pass         E      T      K      N | sm90         ms TFLOP/s chk    MHz | best
 small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1024   168.0 PASS  1980 | cublas   0.0885   194.0 PASS  1980 | cublas
 == turn 2 own
 small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1004   171.0 PASS  1980 | cublas   0.0891   192.0 PASS  1980 | cublas
-== turn 2 coop MOEKIT_SM90_GROUP_K_OWN=wide21
+== turn 2 cutlass MOEKIT_SM90_STUDY=group_k_own=0
 small_E64       uniform  wgrad       64   4096   2048   1024 | sm90     0.1000   172.0 PASS  1980 | cublas   0.0893   191.0 PASS  1980 | cublas
 LOG
 out=$(tool --table "$work/fixed.log")

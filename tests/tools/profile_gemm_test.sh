@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# ctest tools.gemm_profile: tools/profile gemm's table on fixed ncu CSVs (one sm90 kernel against
+# ctest tools.profile_gemm: tools/profile gemm's table on fixed ncu CSVs (one sm90 kernel against
 # cuBLAS's per-group kernels: summed durations and bytes, duration-weighted clocks and
 # percentages) and its ncu command lines with a stand-in ncu (the cuBLAS variant keeps the timed
 # call's half of the launches), so its parsing and its cuBLAS variant are checked on machines
-# without a GPU. Usage: gemm_profile_test.sh TOOLS_DIR
+# without a GPU; a variant's settings reach ncu's environment (a MOEKIT_SM90_STUDY value with
+# commas as one variable). Usage: profile_gemm_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/profile" gemm "$@"; }
@@ -63,6 +64,7 @@ expect merged "$(row "read sectors the LRC merged (no L2 lookup), M")" \
 cat >"$work/ncu" <<S
 #!/usr/bin/env bash
 echo "\$*" >>"$work/calls"
+echo "study=\${MOEKIT_SM90_STUDY:-} other=\${OTHER:-}" >>"$work/envs"
 if [[ "\$*" == *"--backends cublas"* ]]; then cat "$work/cublas-both.csv"; else cat "$work/sm90.csv"; fi
 S
 chmod +x "$work/ncu"
@@ -81,4 +83,9 @@ expect all-kept "$(grep -c . "$work/out/gemm-profile/dsv3_fc1_E8-fprop-cublas.cs
 OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" tool small_E64 dgrad skewed -- cublas \
   >"$work/skewed.log" 2>&1
 expect skewed-status "$?" "0"
+# A variant's settings: MOEKIT_SM90_STUDY's value keeps its commas, OTHER=x is a second variable.
+OUT="$work/out" GEMM_PROFILE_NCU="$work/ncu" BUILD_DIR="$work/build" \
+  tool dsv3_fc1_E8 fprop -- b2:MOEKIT_SM90_STUDY=order=blocked,swizzle=2,OTHER=x >"$work/study.log" 2>&1
+expect study-status "$?" "0"
+expect study-env "$(tail -1 "$work/envs")" "study=order=blocked,swizzle=2 other=x"
 exit $fail

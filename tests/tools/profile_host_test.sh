@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# ctest tools.host_profile: tools/profile host's table from a stand-in moekit_host_latency
+# ctest tools.profile_host: tools/profile host's table from a stand-in moekit_host_latency
 # (HOST_PROFILE_BIN) — inclusive and self shares of the samples and their µs per call, frames
 # addr2line cannot name shown by offset — and its exit status when the binary fails or is missing.
-# Usage: host_profile_test.sh TOOLS_DIR
+# Usage: profile_host_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/profile" host "$@"; }

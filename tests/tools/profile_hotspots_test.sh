@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# ctest tools.gemm_hotspots: tools/profile hotspots' table on a fixed source-page CSV in the form ncu
+# ctest tools.profile_hotspots: tools/profile hotspots' table on a fixed source-page CSV in the form ncu
 # 2025 exports it (a "Kernel Name" line before the header; per-reason stall_* columns and their
 # "(Not Issued)" twins, which must be left out) — order by samples, shares, top reasons — and a CSV
 # without the samples column, which must fail; and a run on a stand-in ncu (GEMM_PROFILE_NCU) that
 # records its arguments: the GEMM kernel by default, HOTSPOTS_KERNEL's filter and its own report
 # name otherwise, and ncu's --warp-sampling-interval only with HOTSPOTS_SAMPLING; with
-# HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; and the instruction mix;
+# HOTSPOTS_BACKEND=cublas, cuBLAS's kernels and a report name of their own; a run's VAR=VALUE,...
+# settings in ncu's environment (a MOEKIT_SM90_STUDY value with commas as one); and the instruction mix;
 # and --diff of two pages (one binary per instruction, two by their mixes); and --around.
-# Usage: gemm_hotspots_test.sh TOOLS_DIR
+# Usage: profile_hotspots_test.sh TOOLS_DIR
 set -uo pipefail
 tools_dir=$1
 tool() { "$tools_dir/profile" hotspots "$@"; }
@@ -66,6 +67,7 @@ expect "diff two binaries mix" "$(sed -n 8p <<<"$out")" "| BRA | 0.002 | 0.003 |
 cat >"$work/ncu" <<SH
 #!/usr/bin/env bash
 if [[ \$1 == --import ]]; then cat "$work/source.csv"; exit 0; fi
+echo "study=\${MOEKIT_SM90_STUDY:-} other=\${OTHER:-}" >>"$work/ncu.env"
 while (( \$# )); do
   case \$1 in
     -k) echo "k \$2" >>"$work/ncu.args" ;;
@@ -91,4 +93,11 @@ expect "ncu arguments" "$(tr '\n' ' ' <"$work/ncu.args")" \
   "k regex:device_kernel o small_E64-fprop-uniform k regex:setup o small_E64-fprop-skewed-setup k regex:device_kernel s 0 o small_E64-dgrad-uniform k regex:nvjet|gemm|cutlass|xmma o small_E64-wgrad-uniform-cublas "
 expect "setup title" "$(grep '^#' "$work/run2.log")" \
   "# small_E64 skewed fprop (default), kernel regex:setup: SASS hotspots"
+# The run's settings: MOEKIT_SM90_STUDY's value keeps its commas, OTHER=x is a second variable.
+GEMM_PROFILE_NCU="$work/ncu" OUT="$work/out" BUILD_DIR="$work" \
+  tool small_E64 fprop uniform MOEKIT_SM90_STUDY=order=blocked,swizzle=2,OTHER=x >"$work/run5.log" 2>&1
+expect "study run" "$?" 0
+expect "study env" "$(tail -1 "$work/ncu.env")" "study=order=blocked,swizzle=2 other=x"
+expect "study title" "$(grep '^#' "$work/run5.log")" \
+  "# small_E64 uniform fprop (MOEKIT_SM90_STUDY=order=blocked,swizzle=2 OTHER=x), kernel regex:device_kernel: SASS hotspots"
 exit $fail

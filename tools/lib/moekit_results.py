@@ -200,13 +200,13 @@ def env_table(argv):
 
 def orders_summary(argv):
     """orders-summary STUDY_LOG: per setting, the median over the GEMM suite of default / setting
-    TFLOP/s with its extremes, from a tiles-tables log (tools/compare orders)."""
+    TFLOP/s with its extremes, from a settings-tables log (tools/compare orders)."""
     import statistics, sys
     lines = open(argv[1]).read().splitlines()
     head = next((l for l in lines if l.startswith("| shape | routing | pass |")), None)
     if head is None:
         sys.exit("no GEMM table (| shape | routing | pass | ...) in " + argv[1])
-    cols = [c.strip() for c in head.strip("|").split("|")][3:-1]  # tiles, without best / default
+    cols = [c.strip() for c in head.strip("|").split("|")][3:-1]  # settings, without best / default
     rows = []
     for l in lines:
         c = [x.strip() for x in l.strip("|").split("|")]
@@ -224,15 +224,16 @@ def orders_summary(argv):
               f"max {q[-1][0]:.3f} ({q[-1][1]})")
 
 
-def tiles_tables(argv):
-    """tiles-tables DIR PRESET TURNS GEMM_TURNS TILE...: tools/compare tiles' GEMM-suite and MLP-step
-    tables from its moekit_bench JSON, `moekit run --json` files and clock samples."""
-    import json, statistics, sys
+def settings_tables(argv):
+    """settings-tables DIR PRESET TURNS GEMM_TURNS SETTING...: tools/compare orders' GEMM-suite and
+    MLP-step tables (default and each setting) from its moekit_bench JSON, `moekit run --json` files
+    and clock samples."""
+    import json, re, statistics, sys
     d, preset, turns, gemm_turns = argv[1], argv[2], int(argv[3]), int(argv[4])
-    tiles = argv[5:]
+    settings = argv[5:]
 
-    def stem(tile):  # the tile's name in file names, as file_of writes it
-        return tile.replace('=', '-').replace(',', '-')
+    def stem(setting):  # the setting's name in file names, as file_of writes it
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", setting)
 
     def mhz(run):  # the run's median busy SM clock, or None without samples
         try:
@@ -251,11 +252,11 @@ def tiles_tables(argv):
         except (OSError, ValueError):
             return None
 
-    print("# sm90 tile study (tools/tile-study)\n")
-    # Per configuration and tile: the median over the turns of each run's median TFLOP/s; a check
+    print("# sm90 settings against the default (tools/compare orders)\n")
+    # Per configuration and setting: the median over the turns of each run's median TFLOP/s; a check
     # that failed in any turn marks the cell.
     runs = {}
-    for t in tiles:
+    for t in settings:
         for turn in range(1, gemm_turns + 1):
             for r in (load(f"{d}/gemm-{stem(t)}-{turn}.json") or {}).get("results", []):
                 b = r.get("backends", {}).get("sm90")
@@ -265,11 +266,11 @@ def tiles_tables(argv):
                       "check": {"pass": all(b.get("check", {}).get("pass", False) for b in bs)}}
                   for t, bs in per.items()} for key, per in runs.items()}
     print(f"## GEMM suite, sm90 backend, TFLOP/s (median of {gemm_turns} run(s) in turns; every run checked)\n")
-    print("| shape | routing | pass | " + " | ".join(tiles) + " | best / default |")
-    print("|---|---|---|" + "---|" * (len(tiles) + 1))
+    print("| shape | routing | pass | " + " | ".join(settings) + " | best / default |")
+    print("|---|---|---|" + "---|" * (len(settings) + 1))
     for key in sorted(rows):
         cells, best = [], 0.0
-        for t in tiles:
+        for t in settings:
             b = rows[key].get(t)
             if b is None:
                 cells.append("-")
@@ -283,14 +284,14 @@ def tiles_tables(argv):
         print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {ratio} |")
     print("| SM clock, MHz | | (median of the runs' busy samples) | " +
           " | ".join(median_mhz([f"gemm-{stem(t)}-{k}" for k in range(1, gemm_turns + 1)])
-                     for t in tiles) + " | |")
+                     for t in settings) + " | |")
 
     if turns:
       print(f"\n## {preset} MLP step (fused; cuBLAS: GEMMs + SwiGLU kernels), skewed, 20 steps, ms (median per run, in turns)\n")
-      print("| tile | " + " | ".join(f"turn {k}" for k in range(1, turns + 1)) +
+      print("| setting | " + " | ".join(f"turn {k}" for k in range(1, turns + 1)) +
             " | mean | SM MHz | mean x GHz (M cycles) | fp64 check |")
       print("|---|" + "---|" * (turns + 4))
-      for t in tiles + ["cublas"]:
+      for t in settings + ["cublas"]:
           ms, checks = [], []
           for turn in range(1, turns + 1):
               doc = load(f"{d}/step-{stem(t)}-{turn}.json")
@@ -770,7 +771,7 @@ COMMANDS = {
     "ab-table": ab_table,
     "env-table": env_table,
     "orders-summary": orders_summary,
-    "tiles-tables": tiles_tables,
+    "settings-tables": settings_tables,
     "mlp-run-line": mlp_run_line,
     "mlp-ab-table": mlp_ab_table,
     "step-kernels": step_kernels,
