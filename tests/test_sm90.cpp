@@ -1,4 +1,4 @@
-// test_sm90 — the Hopper grouped GEMM backend ("sm90", src/cuda/sm90/) through the public API.
+// test_sm90 — the Hopper grouped GEMM backend ("sm90", src/backends/cuda/sm90/) through the public API.
 //
 // Every case forces the backend (Context::with_backend("sm90")) so that a silent fallback to
 // cuBLAS cannot pass for it, and skips with the reason only when this build has no sm90 kernels,
@@ -1223,7 +1223,7 @@ TEST(CudaSm90, FusedSwiGluForwardAndBackwardAreOneGemmLaunchEach) {
 
 // The automatic choice (no backend forced) fuses SwiGLU into fc1's epilogue but runs the backward
 // as the plain dgrad and the SwiGLU backward kernel (three kernels), since the fused backward
-// loses in whole steps (src/cuda/sm90/heuristics.h, kFuseBackward); the study override
+// loses in whole steps (src/backends/cuda/sm90/heuristics.h, kFuseBackward); the study override
 // MOEKIT_SM90_STUDY=fused_backward=1 puts the fused kernel back (two), fused_forward=0 declines the
 // fused forward (three). Both backward paths give dh bit for bit the same.
 TEST(CudaSm90, AutomaticChoiceRunsTheFusedBackwardOnlyWhenAskedFor) {

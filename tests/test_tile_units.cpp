@@ -1,9 +1,9 @@
-// The unit arithmetic of the sm90 grouped tile scheduler (src/cuda/sm90/scheduler/tile_units.h), on the CPU:
+// The unit arithmetic of the sm90 grouped tile scheduler (src/backends/cuda/sm90/scheduler/tile_units.h), on the CPU:
 // every order hands each unit of the sequence to exactly one cluster, CUTLASS's order is the
 // grid-strided one, and every stripe width maps a group's units one to one onto its output tiles,
 // N fastest inside a stripe. Fuzzed sequence lengths, grids and group shapes; the GPU tests run
 // the same code inside the kernels (tests/test_sm90.cpp, ctest sm90_study_paths). Also the stripe
-// rule (src/cuda/sm90/heuristics.h) and the study override's parser (study_settings.h).
+// rule (src/backends/cuda/sm90/heuristics.h) and the study override's parser (study_settings.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Built instead of src/cuda/ when moekit has no CUDA backend.
+// Built instead of src/backends/cuda/ when moekit has no CUDA backend.
 #include "core/runtime.h"
 #include "moekit/core/error.h"
 

@@ -1,5 +1,5 @@
 // Internal: the hooks through which core reaches a device runtime. Implemented by
-// src/cuda/runtime.cu when CUDA is built, and by core/no_cuda.cpp otherwise (every call throws
+// src/backends/cuda/runtime.cu when CUDA is built, and by core/no_cuda.cpp otherwise (every call throws
 // ErrorKind::Unsupported and cuda_device_count() returns 0). Core never includes CUDA headers.
 #pragma once
 

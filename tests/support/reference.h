@@ -37,7 +37,7 @@
 // truncating step) against the bound's λ·u·L^1.5·(2/π)·σ ≈ 5·u·L^1.5·σ — about 9·B standard
 // deviations of margin. (Data whose terms all share one sign would need the worst-case bound
 // there; no suite uses such data in a GEMM.) fp32 GEMMs on cuBLAS run without TF32
-// (src/cuda/runtime.cpp), so the same rule holds for them.
+// (src/backends/cuda/runtime.cpp), so the same rule holds for them.
 //
 // What it catches: at K = 4096 with unit-normal data (Σ ≈ 4096 · 2/π ≈ 2600), A ≈ 0.08 — an
 // eighth of a typical product (2/π) — where the worst-case rule's u_acc·L·Σ ≈ 1.3 let a dropped

@@ -9,7 +9,7 @@
 // 16 bytes (8 bf16/f16 or 4 f32 columns; scalars for unaligned views); dp_t is a fixed-order
 // block sum, so results are bit-reproducible run to run. The elementwise products
 // are rounded one by one in the CPU oracle's order (no FMA contraction), so they differ from
-// src/cpu/cpu_activation.cpp only through expf. Rows [S, T) are never touched.
+// src/backends/cpu/cpu_activation.cpp only through expf. Rows [S, T) are never touched.
 //
 // Splits: the kernels read the counts on the device (device_counts.cuh) and find S themselves,
 // so they never synchronise with the host and can be captured in a CUDA graph and replayed with

@@ -5,7 +5,7 @@
 //   MOEKIT_CUDA_CHECK_LAUNCH();   // after a <<<...>>> launch
 // The message names the call, the status name and its description, and where it happened:
 //   moekit: runtime error: cudaMallocFromPoolAsync(&p, bytes, pool, stream) failed:
-//   cudaErrorMemoryAllocation (out of memory) [src/cuda/runtime.cu:123]
+//   cudaErrorMemoryAllocation (out of memory) [src/backends/cuda/runtime.cu:123]
 #pragma once
 
 #include <cublasLt.h>

@@ -1,7 +1,7 @@
 // Internal: the CUDA backend's entries ("cuda") in the activation and grouped-bias primitive
 // tables (src/primitives/activation.cpp, grouped_bias.cpp). Kernels: activation.cu (SwiGLU) and
 // bias.cu (grouped bias add, prob-scaled bias gradient). Math as the CPU oracle
-// (src/cpu/cpu_activation.cpp): fp32, one rounding into the output dtype; row sums in a fixed
+// (src/backends/cpu/cpu_activation.cpp): fp32, one rounding into the output dtype; row sums in a fixed
 // order per backend (a block-wide tree, so bit-reproducible run to run, not bit-equal to the CPU).
 //
 // Splits: the kernels read the counts on the device (device_counts.cuh; host splits are copied

@@ -12,7 +12,7 @@
 // of 64 rows) are not looped: when they form a few evenly spaced runs of one size each (uniform
 // routing) each run is one cublasGemmStridedBatchedEx call; otherwise all of them are one
 // cublasGemmGroupedBatchedEx call.
-// CPU oracle: src/cpu/cpu_gemm.cpp.
+// CPU oracle: src/backends/cpu/cpu_gemm.cpp.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

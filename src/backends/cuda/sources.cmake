@@ -21,7 +21,7 @@ endif()
 target_compile_options(moekit PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<CONFIG:Release>>:-DNDEBUG>)
-# The Hopper grouped GEMM kernels (CUTLASS): src/cuda/sm90/.
+# The Hopper grouped GEMM kernels (CUTLASS): src/backends/cuda/sm90/.
 if(MOEKIT_WITH_SM90_KERNELS)
   include(${CMAKE_CURRENT_LIST_DIR}/sm90/sources.cmake)
 endif()

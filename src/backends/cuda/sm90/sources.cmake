@@ -1,4 +1,4 @@
-# The Hopper (sm_90a) grouped GEMM kernels (CUTLASS 3.x / CuTe), included by src/cuda/sources.cmake
+# The Hopper (sm_90a) grouped GEMM kernels (CUTLASS 3.x / CuTe), included by src/backends/cuda/sources.cmake
 # when MOEKIT_WITH_SM90_KERNELS is ON. Headers only from CUTLASS, never vendored: found through
 #   1. -DMOEKIT_CUTLASS_DIR=<dir> (or the environment variable of that name): <dir>/include/cutlass
 #      and <dir>/tools/util/include,

@@ -18,7 +18,7 @@
 // GPU tests (test_sm90, FusedSwiGlu*) compare z bit for bit with the unfused path.
 //
 // Numerics: z is computed from the bf16/f16-rounded h with the operations, order and rounding of
-// swiglu_forward_kernel (src/cuda/activation.cu): a·(1/(1+e^-a)), ·b, ·p, each rounded to nearest,
+// swiglu_forward_kernel (src/backends/cuda/activation.cu): a·(1/(1+e^-a)), ·b, ·p, each rounded to nearest,
 // then one rounding to the element type. So z is bit-identical to the unfused path's.
 // Rows past the group's m_g are never written (residue check); the tail [S, T) gets no tiles.
 #pragma once
@@ -152,7 +152,7 @@ struct Sm90SwiGluZStore : StoreOnlyNode<SwiGluZArgs<ElementZ>> {
 //     a warp's access then covers whole 32-byte sectors (with 4-byte accesses it covered halves,
 //     and the epilogue cost several times more over the plain dgrad on the dsv3 step);
 //   - writes dh[t, gate(j)] = p·dz·b·silu'(a) and dh[t, lin(j)] = p·dz·silu(a) with the SwiGLU
-//     backward kernel's operations in its order (src/cuda/activation.cu), so dh is bit-identical;
+//     backward kernel's operations in its order (src/backends/cuda/activation.cu), so dh is bit-identical;
 //   - sums dz·silu(a)·b over its chunks' columns per row; at the end of the tile the four threads of a
 //     quad (which share rows) add their sums in a fixed order and lane 0 of the quad writes the
 //     row's partial for this N tile: partial_g[row · n_tiles + n] (not for the N tile a 1x2
