@@ -54,6 +54,13 @@ void check_caller_buffer(std::string_view argument, const Tensor& buffer, const 
   }
 }
 
+void check_backward_once(const BackwardOnce& used) {
+  if (used && *used) {
+    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
+                  "a context already used by a backward");
+  }
+}
+
 void check_sm_margin(std::string_view argument, int sms, const Context& ctx) {
   if (sms < 0) throw_invalid(argument, "an SM margin >= 0", std::to_string(sms));
   if (!ctx.device().is_cuda()) return;

@@ -9,6 +9,7 @@
 
 #include "moekit/core/context.h"
 #include "moekit/core/tensor.h"
+#include "moekit/ops/bound.h"
 
 namespace moekit {
 
@@ -31,6 +32,10 @@ void check_caller_buffer(std::string_view argument, const Tensor& buffer, const 
 /// that needs no grad): InvalidArgument "expected no buffer (<why>)". Nothing when `written`.
 void check_buffer_written(std::string_view argument, const Tensor& buffer, bool written,
                           std::string_view why);
+
+/// One backward per forward (SPEC §1a): InvalidArgument naming `saved` when the context's
+/// backward already ran (and was not retained).
+void check_backward_once(const BackwardOnce& used);
 
 /// An SM margin (Context::with_sm_margin; a backward's deferred_sm_margin): 0 <= sms < the SM
 /// count of ctx's device; on a CPU context any sms >= 0.

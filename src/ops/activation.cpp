@@ -38,14 +38,6 @@ const Saved& saved_of(const OpContext& saved, std::string_view op) {
   return *s;
 }
 
-// One backward per forward: refuses a used context; marks it used once the call is bound.
-void check_unused(const BackwardOnce& used) {
-  if (used && *used) {
-    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
-                  "a context already used by a backward");
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- SwiGLU
@@ -77,7 +69,7 @@ BoundBackward SwiGLU::bind_backward(const OpContext& saved, const Tensor& dz, co
   if (!s.input.defined()) {
     throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
   }
-  check_unused(s.used);
+  check_backward_once(s.used);
   Tensor dh = Tensor::empty(s.input.shape(), s.input.dtype(), ctx_);
   detail::Plan plan = detail::bind_swiglu_backward(ctx_, s.input, Tensor(), dz, s.splits,
                                                    config_.layout, dh, Tensor(), false);
@@ -135,7 +127,7 @@ BoundBackward ScaledSwiGLU::bind_backward(const OpContext& saved, const Tensor& 
   if (!s.valid) {
     throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
   }
-  check_unused(s.used);
+  check_backward_once(s.used);
   const int64_t T = s.input.size(0);
   Tensor dh = Tensor::empty(s.input.shape(), s.input.dtype(), ctx_);
   const bool accumulate = dprobs.defined();

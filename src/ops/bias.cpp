@@ -59,10 +59,7 @@ BoundBackward Bias::bind_backward(const OpContext& saved, const Tensor& dy, cons
                                   Tensor& dprobs, const Deferral& defer) const {
   const auto* s = dynamic_cast<const Saved*>(&saved);
   if (!s) throw_invalid("saved", "a context recorded by Bias", "another op's context");
-  if (s->used && *s->used) {
-    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
-                  "a context already used by a backward");
-  }
+  check_backward_once(s->used);
   check_input("grad_output", dy, {s->rows, config_.features}, config_.dtype, ctx_.device());
   ParamGrads params;
   detail::Plan plan;

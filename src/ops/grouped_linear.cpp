@@ -89,10 +89,7 @@ struct LinearBackwardWork {
 BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
                                            const BackwardOptions& options) const {
   if (!saved.valid) throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
-  if (saved.used && *saved.used) {
-    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
-                  "a context already used by a backward");
-  }
+  check_backward_once(saved.used);
   const Device dev = ctx_.device();
   const int64_t T = saved.input.size(0);
   check_input("grad_output", dy, {T, config_.out}, config_.dtype, dev);

@@ -180,10 +180,7 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
                                         const BackwardOptions& options) const {
   if (!s.valid)
     throw_invalid("saved", "the context filled by forward(..., &saved)", "an empty context");
-  if (s.used && *s.used) {
-    throw_invalid("saved", "a context whose backward has not run yet (one backward per forward)",
-                  "a context already used by a backward");
-  }
+  check_backward_once(s.used);
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
   const Device dev = context().device();
   const DType dt = dtype();
