@@ -19,13 +19,13 @@ namespace moekit {
 namespace {
 using detail::Backend;
 
-constexpr Backend<detail::SwigluForwardArgs> kSwigluForward[] = {
+const Backend<detail::SwigluForwardArgs> kSwigluForward[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kSwigluForward,
 #endif
     cpu::kSwigluForward,
 };
-constexpr Backend<detail::SwigluBackwardArgs> kSwigluBackward[] = {
+const Backend<detail::SwigluBackwardArgs> kSwigluBackward[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kSwigluBackward,
 #endif

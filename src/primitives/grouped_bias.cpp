@@ -15,13 +15,13 @@ namespace moekit {
 namespace {
 using detail::Backend;
 
-constexpr Backend<detail::BiasAddArgs> kBiasAdd[] = {
+const Backend<detail::BiasAddArgs> kBiasAdd[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kBiasAdd,
 #endif
     cpu::kBiasAdd,
 };
-constexpr Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad[] = {
+const Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kScaledBiasGrad,
 #endif

@@ -24,7 +24,7 @@ void check_compute_dtype(std::string_view argument, DType t) {
   if (!is_compute_dtype(t)) throw_invalid(argument, "dtype f32, f16 or bf16", name(t));
 }
 
-constexpr Backend<detail::GroupMArgs> kGroupM[] = {
+const Backend<detail::GroupMArgs> kGroupM[] = {
 #ifdef MOEKIT_HAS_SM90
     cuda::kSm90GroupM,
 #endif
@@ -33,7 +33,7 @@ constexpr Backend<detail::GroupMArgs> kGroupM[] = {
 #endif
     cpu::kGroupM,
 };
-constexpr Backend<detail::GroupKArgs> kGroupK[] = {
+const Backend<detail::GroupKArgs> kGroupK[] = {
 #ifdef MOEKIT_HAS_SM90
     cuda::kSm90GroupK,
 #endif
@@ -42,7 +42,7 @@ constexpr Backend<detail::GroupKArgs> kGroupK[] = {
 #endif
     cpu::kGroupK,
 };
-constexpr Backend<detail::BiasGradArgs> kBiasGrad[] = {
+const Backend<detail::BiasGradArgs> kBiasGrad[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kBiasGrad,
 #endif

@@ -9,20 +9,11 @@
 
 namespace moekit::cpu {
 
-std::string swiglu_forward_rejects(const detail::SwigluForwardArgs& args);
-void swiglu_forward_run(const detail::SwigluForwardArgs& args);
-std::string swiglu_backward_rejects(const detail::SwigluBackwardArgs& args);
-void swiglu_backward_run(const detail::SwigluBackwardArgs& args);
-std::string bias_add_rejects(const detail::BiasAddArgs& args);
-void bias_add_run(const detail::BiasAddArgs& args);
-std::string scaled_bias_grad_rejects(const detail::ScaledBiasGradArgs& args);
-void scaled_bias_grad_run(const detail::ScaledBiasGradArgs& args);
-
-
-// The entries this backend exports to the primitives' tables (one per primitive).
-inline constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{"cpu", swiglu_forward_rejects, swiglu_forward_run};
-inline constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{"cpu", swiglu_backward_rejects, swiglu_backward_run};
-inline constexpr detail::Backend<detail::BiasAddArgs> kBiasAdd{"cpu", bias_add_rejects, bias_add_run};
-inline constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{"cpu", scaled_bias_grad_rejects, scaled_bias_grad_run};
+// The entries this backend exports to the primitives' tables, one per primitive (defined
+// beside the functions they name).
+extern const detail::Backend<detail::SwigluForwardArgs> kSwigluForward;
+extern const detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward;
+extern const detail::Backend<detail::BiasAddArgs> kBiasAdd;
+extern const detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad;
 
 }  // namespace moekit::cpu

@@ -9,17 +9,10 @@
 
 namespace moekit::cpu {
 
-std::string group_m_rejects(const detail::GroupMArgs& args);
-void group_m_run(const detail::GroupMArgs& args);
-std::string group_k_rejects(const detail::GroupKArgs& args);
-void group_k_run(const detail::GroupKArgs& args);
-std::string bias_grad_rejects(const detail::BiasGradArgs& args);
-void bias_grad_run(const detail::BiasGradArgs& args);
-
-
-// The entries this backend exports to the primitives' tables (one per primitive).
-inline constexpr detail::Backend<detail::GroupMArgs> kGroupM{"cpu", group_m_rejects, group_m_run};
-inline constexpr detail::Backend<detail::GroupKArgs> kGroupK{"cpu", group_k_rejects, group_k_run};
-inline constexpr detail::Backend<detail::BiasGradArgs> kBiasGrad{"cpu", bias_grad_rejects, bias_grad_run};
+// The entries this backend exports to the primitives' tables, one per primitive (defined
+// beside the functions they name).
+extern const detail::Backend<detail::GroupMArgs> kGroupM;
+extern const detail::Backend<detail::GroupKArgs> kGroupK;
+extern const detail::Backend<detail::BiasGradArgs> kBiasGrad;
 
 }  // namespace moekit::cpu

@@ -277,3 +277,11 @@ void swiglu_backward_run(const detail::SwigluBackwardArgs& args) {
 }
 
 }  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{"cuda", swiglu_forward_rejects, swiglu_forward_run};
+}  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{"cuda", swiglu_backward_rejects, swiglu_backward_run};
+}  // namespace moekit::cuda

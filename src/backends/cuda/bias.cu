@@ -411,3 +411,15 @@ void scaled_bias_grad_run(const detail::ScaledBiasGradArgs& args) {
 }
 
 }  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::BiasGradArgs> kBiasGrad{"cuda", bias_grad_rejects, bias_grad_run};
+}  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::BiasAddArgs> kBiasAdd{"cuda", bias_add_rejects, bias_add_run};
+}  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{"cuda", scaled_bias_grad_rejects, scaled_bias_grad_run};
+}  // namespace moekit::cuda

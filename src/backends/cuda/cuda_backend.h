@@ -33,20 +33,10 @@
 
 namespace moekit::cuda {
 
-std::string group_m_rejects(const detail::GroupMArgs& args);
-void group_m_run(const detail::GroupMArgs& args);
-std::string group_k_rejects(const detail::GroupKArgs& args);
-void group_k_run(const detail::GroupKArgs& args);
-std::string bias_grad_rejects(const detail::BiasGradArgs& args);
-void bias_grad_run(const detail::BiasGradArgs& args);
-
-
-// The entries this backend exports to the primitives' tables (one per primitive).
-// cuBLAS reads device counts on the host: syncs_host (never the automatic choice then).
-inline constexpr detail::Backend<detail::GroupMArgs> kCublasGroupM{
-    "cublas", group_m_rejects, group_m_run, nullptr, detail::reads_device_counts_on_host<detail::GroupMArgs>};
-inline constexpr detail::Backend<detail::GroupKArgs> kCublasGroupK{
-    "cublas", group_k_rejects, group_k_run, nullptr, detail::reads_device_counts_on_host<detail::GroupKArgs>};
-inline constexpr detail::Backend<detail::BiasGradArgs> kBiasGrad{"cuda", bias_grad_rejects, bias_grad_run};
+// The entries this backend exports to the primitives' tables, one per primitive (defined
+// beside the functions they name; cuBLAS's syncs_host: it reads device counts on the host).
+extern const detail::Backend<detail::GroupMArgs> kCublasGroupM;
+extern const detail::Backend<detail::GroupKArgs> kCublasGroupK;
+extern const detail::Backend<detail::BiasGradArgs> kBiasGrad;
 
 }  // namespace moekit::cuda

@@ -498,3 +498,11 @@ void group_k_run(const detail::GroupKArgs& args) {
 }
 
 }  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::GroupMArgs> kCublasGroupM{"cublas", group_m_rejects, group_m_run, nullptr, detail::reads_device_counts_on_host<detail::GroupMArgs>};
+}  // namespace moekit::cuda
+
+namespace moekit::cuda {
+constexpr detail::Backend<detail::GroupKArgs> kCublasGroupK{"cublas", group_k_rejects, group_k_run, nullptr, detail::reads_device_counts_on_host<detail::GroupKArgs>};
+}  // namespace moekit::cuda

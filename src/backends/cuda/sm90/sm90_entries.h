@@ -18,27 +18,11 @@
 
 namespace moekit::cuda {
 
-std::string sm90_group_m_rejects(const detail::GroupMArgs& args);
-void sm90_group_m_run(const detail::GroupMArgs& args);
-std::string sm90_group_k_rejects(const detail::GroupKArgs& args);
-void sm90_group_k_run(const detail::GroupKArgs& args);
-// grouped_gemm_swiglu with SwiGLU in the group-M kernel's epilogue (GluLayout::Interleaved32).
-std::string sm90_gemm_swiglu_rejects(const detail::GemmSwigluArgs& args);
-void sm90_gemm_swiglu_run(const detail::GemmSwigluArgs& args);
-// grouped_gemm_dswiglu with the SwiGLU backward in the group-M dgrad kernel's epilogue.
-std::string sm90_gemm_dswiglu_rejects(const detail::GemmDSwigluArgs& args);
-void sm90_gemm_dswiglu_run(const detail::GemmDSwigluArgs& args);
-// Automatic choice only: uniform host splits of small groups go to cuBLAS's batched GEMMs.
-std::string sm90_group_m_declines(const detail::GroupMArgs& args);
-std::string sm90_group_k_declines(const detail::GroupKArgs& args);
-std::string sm90_gemm_swiglu_declines(const detail::GemmSwigluArgs& args);
-std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args);
-
-
-// The entries this backend exports to the primitives' tables (one per primitive).
-inline constexpr detail::Backend<detail::GroupMArgs> kSm90GroupM{"sm90", sm90_group_m_rejects, sm90_group_m_run, sm90_group_m_declines};
-inline constexpr detail::Backend<detail::GroupKArgs> kSm90GroupK{"sm90", sm90_group_k_rejects, sm90_group_k_run, sm90_group_k_declines};
-inline constexpr detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu{"sm90", sm90_gemm_swiglu_rejects, sm90_gemm_swiglu_run, sm90_gemm_swiglu_declines};
-inline constexpr detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu{"sm90", sm90_gemm_dswiglu_rejects, sm90_gemm_dswiglu_run, sm90_gemm_dswiglu_declines};
+// The entries this backend exports to the primitives' tables, one per primitive (defined
+// beside the functions they name).
+extern const detail::Backend<detail::GroupMArgs> kSm90GroupM;
+extern const detail::Backend<detail::GroupKArgs> kSm90GroupK;
+extern const detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu;
+extern const detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu;
 
 }  // namespace moekit::cuda
