@@ -114,8 +114,8 @@ TEST(CudaRuntime, DeviceCountIsNonNegativeWithoutGpu) {
   } else if (n == 0) {
     auto e = caught([] { Context::cuda(0); });
     ASSERT_TRUE(e.has_value());
-    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
-    EXPECT_THAT(e->what(), HasSubstr("device"));
+    EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
+    EXPECT_THAT(e->what(), HasSubstr("no CUDA device"));
   }
 }
 
