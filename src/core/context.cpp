@@ -106,7 +106,7 @@ int Context::sm_margin() const {
 }
 
 std::string last_backend(const Context& ctx, std::string_view primitive) {
-  auto& log = *ctx.impl()->log;
+  auto& log = *detail::ContextAccess::impl(ctx)->log;
   std::lock_guard lock(log.mutex);
   auto it = log.last.find(primitive);
   return it == log.last.end() ? std::string() : it->second;

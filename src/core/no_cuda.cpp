@@ -11,13 +11,13 @@ namespace {
 }  // namespace
 
 int cuda_device_count() { return 0; }
-void init_cuda_context(Context::Impl&, int, void*) { no_cuda(); }
+void init_cuda_context(ContextImpl&, int, void*) { no_cuda(); }
 void cuda_copy(const Context&, void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_fill(const Context&, const Tensor&, double) { no_cuda(); }
 void cuda_synchronize(const Context&) { no_cuda(); }
 uint32_t cuda_take_error_bits(const Context&) { no_cuda(); }
 int cuda_sm_count(const Context&) { no_cuda(); }
-std::shared_ptr<Context::Impl> cuda_side_context(const Context&) { no_cuda(); }
+std::shared_ptr<ContextImpl> cuda_side_context(const Context&) { no_cuda(); }
 void cuda_order_after(const Context&, const Context&) { no_cuda(); }
 bool cuda_stream_capturing(const Context&) { return false; }
 Tensor cuda_counts_to_device(const Context&, const std::vector<int64_t>&) { no_cuda(); }

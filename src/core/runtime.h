@@ -35,9 +35,17 @@ struct Context::Impl {
 
 namespace detail {
 
+/// The library's access to a context's state (Context::Impl is private to users).
+struct ContextAccess {
+  using Impl = Context::Impl;
+  static const std::shared_ptr<Impl>& impl(const Context& ctx) { return ctx.impl_; }
+  static Context make(std::shared_ptr<Impl> impl) { return Context(std::move(impl)); }
+};
+using ContextImpl = ContextAccess::Impl;
+
 int cuda_device_count();
 /// Fills impl->stream, impl->allocator and impl->cuda for a CUDA context.
-void init_cuda_context(Context::Impl& impl, int device, void* stream);
+void init_cuda_context(ContextImpl& impl, int device, void* stream);
 /// Copies `bytes` between any two devices, ordered on ctx's stream; a copy that ends on the host
 /// waits for it.
 void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,
@@ -53,7 +61,7 @@ int cuda_sm_count(const Context& ctx);
 /// backend and error word and its own stream-ordered allocator and library handles. Null when
 /// it does not exist yet and cannot be made now: ctx's stream is capturing a CUDA graph
 /// (creating it allocates).
-std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx);
+std::shared_ptr<ContextImpl> cuda_side_context(const Context& ctx);
 /// `to`'s stream waits for everything queued so far on `from`'s stream (an event record and a
 /// stream wait: capturable). Nothing when both are the same stream.
 void cuda_order_after(const Context& to, const Context& from);

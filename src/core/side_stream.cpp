@@ -16,7 +16,7 @@ bool side_stream_enabled() {
 
 SideStream::SideStream(const Context& ctx, bool wanted) : ctx_(ctx) {
   if (!wanted || !ctx.device().is_cuda() || !side_stream_enabled()) return;
-  if (auto impl = cuda_side_context(ctx)) side_.emplace(Context(std::move(impl)));
+  if (auto impl = cuda_side_context(ctx)) side_.emplace(ContextAccess::make(std::move(impl)));
 }
 
 SideStream::~SideStream() {

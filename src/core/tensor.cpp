@@ -120,7 +120,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Context& ctx) {
   Shape strides = contiguous_strides(shape);  // before allocating: it may refuse the shape
   Tensor t;
   auto storage = std::make_shared<Storage>();
-  storage->allocator = ctx.impl()->allocator;
+  storage->allocator = detail::ContextAccess::impl(ctx)->allocator;
   storage->bytes = static_cast<size_t>(moekit::numel(shape)) * size_of(dtype);
   storage->ptr = storage->allocator->allocate(storage->bytes);  // throws rather than return null
   t.storage_ = std::move(storage);

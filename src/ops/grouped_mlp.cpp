@@ -139,7 +139,7 @@ BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
   Tensor h = Tensor::empty({T, 2 * F}, dt, l1.context());
   Tensor z = Tensor::empty({T, F}, dt, act_->context());
   detail::Plan plan;
-  if (l1.context().impl() == act_->context().impl()) {
+  if (l1.context().same_context(act_->context())) {
     plan = detail::bind_gemm_swiglu(l1.context(), x, l1.weight(), splits, l1.bias(), probs,
                                     layout(), h, z);
   } else {
@@ -265,7 +265,7 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
   //      fc2's input gradient and the activation's backward are one primitive
   //      (grouped_gemm_dswiglu), which runs after the bias gradient so that dprobs gets the
   //      bias part first, as in the unfused order.
-  const bool one_call = l2.context().impl() == act_->context().impl();
+  const bool one_call = l2.context().same_context(act_->context());
   Tensor dz;
   if (!one_call) {
     dz = Tensor::empty({T, ffn()}, dt, l2.context());

@@ -16,7 +16,7 @@
 namespace moekit {
 
 namespace detail {
-class SideStream;  // internal (src/core/side_stream.h): builds contexts on a second stream
+struct ContextAccess;  // internal (src/core/runtime.h): the library's view of a context's state
 }
 
 class Context {
@@ -67,11 +67,12 @@ class Context {
   uint32_t device_error_bits() const;
   void check_device_errors() const;
 
-  struct Impl;
-  const std::shared_ptr<Impl>& impl() const { return impl_; }
+  /// Whether `other` is this context or a copy of it (shares its state); with_* make new ones.
+  bool same_context(const Context& other) const { return impl_ == other.impl_; }
 
  private:
-  friend class detail::SideStream;
+  friend struct detail::ContextAccess;
+  struct Impl;
   explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

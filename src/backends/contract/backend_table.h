@@ -74,7 +74,7 @@ class Plan {
 
 /// Records that `backend` ran `primitive` on ctx (moekit::last_backend).
 inline void record_backend(const Context& ctx, std::string_view primitive, std::string_view backend) {
-  auto& log = *ctx.impl()->log;
+  auto& log = *detail::ContextAccess::impl(ctx)->log;
   std::lock_guard lock(log.mutex);
   auto it = log.last.find(primitive);
   if (it == log.last.end()) {

@@ -136,10 +136,10 @@ std::shared_ptr<CudaResources> make_resources(int device, cudaStream_t stream) {
 }  // namespace
 
 CudaResources& resources(const Context& ctx) {
-  if (!ctx.device().is_cuda() || !ctx.impl()->cuda) {
+  if (!ctx.device().is_cuda() || !detail::ContextAccess::impl(ctx)->cuda) {
     throw_invalid("context", "a CUDA context", ctx.device().to_string());
   }
-  return *static_cast<CudaResources*>(ctx.impl()->cuda.get());
+  return *static_cast<CudaResources*>(detail::ContextAccess::impl(ctx)->cuda.get());
 }
 
 DeviceGuard::DeviceGuard(int device) : device_(device) {
@@ -206,14 +206,14 @@ int cuda_device_count() {
   return n;
 }
 
-void init_cuda_context(Context::Impl& impl, int device, void* stream) {
+void init_cuda_context(ContextImpl& impl, int device, void* stream) {
   auto res = cuda::make_resources(device, static_cast<cudaStream_t>(stream));
   impl.stream = res->stream;
   impl.allocator = std::make_shared<cuda::CudaAllocator>(res);
   impl.cuda = std::move(res);
 }
 
-std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
+std::shared_ptr<ContextImpl> cuda_side_context(const Context& ctx) {
   auto& res = cuda::resources(ctx);
   if (!res.side) {
     cuda::DeviceGuard guard(res.device);
@@ -236,7 +236,7 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
     res.side_allocator = std::make_shared<cuda::CudaAllocator>(side);
     res.side = std::move(side);
   }
-  auto impl = std::make_shared<Context::Impl>();
+  auto impl = std::make_shared<ContextImpl>();
   impl->device = ctx.device();
   impl->stream = res.side->stream;
   impl->allocator = res.side_allocator;
@@ -244,7 +244,7 @@ std::shared_ptr<Context::Impl> cuda_side_context(const Context& ctx) {
   impl->backend = ctx.forced_backend();
   impl->sm_margin = ctx.sm_margin();
   impl->cuda = res.side;
-  impl->log = ctx.impl()->log;
+  impl->log = detail::ContextAccess::impl(ctx)->log;
   return impl;
 }
 
