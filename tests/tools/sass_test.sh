@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# ctest tools.sass: tools/sass check on a stand-in cuobjdump's fixed output — a GEMM kernel as the
+# ctest tools.sass: tools/profile sass check on a stand-in cuobjdump's fixed output — a GEMM kernel as the
 # sm90 build makes it passes; one serialised (as nvcc's C7510 leaves it with CUTLASS's asserts on),
 # one spilling and one without wgmma fail, naming why; a file with no GEMM kernel fails; no
 # cuobjdump at all is a skip (77), never a pass. Then list, mix, dump and diff on the same output.
 # Usage: sass_test.sh TOOLS_DIR
 set -uo pipefail
-tool="$1/sass"
+tool="$1/lib/profile/sass"
 source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 # The stand-in prints, for "-sass FILE" or "-res-usage FILE", the text of $work/FILE.sass or .res-usage.
 cat >"$work/cuobjdump" <<'SH'

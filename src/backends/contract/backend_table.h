@@ -176,11 +176,9 @@ const Backend<Args>& choose(std::string_view primitive, std::span<const Backend<
   throw_error(ErrorKind::Unsupported, str(primitive, ": no backend accepts this call:", reasons));
 }
 
-/// Chooses the backend (all checks, before any work) and returns the call bound to it.
+/// The call of `b` on `args`, bound: run() records the backend (moekit::last_backend) and runs it.
 template <class Args>
-Plan bind(std::string_view primitive, std::span<const Backend<Args>> table, const Context& ctx,
-          Args args) {
-  const Backend<Args>& b = choose<Args>(primitive, table, ctx, args);
+Plan bound_call(std::string_view primitive, const Backend<Args>& b, const Context& ctx, Args args) {
   Plan plan;
   plan.add([&b, primitive, ctx, args = std::move(args)] {
     record_backend(ctx, primitive, b.name);
@@ -189,17 +187,20 @@ Plan bind(std::string_view primitive, std::span<const Backend<Args>> table, cons
   return plan;
 }
 
+/// Chooses the backend (all checks, before any work) and returns the call bound to it.
+template <class Args>
+Plan bind(std::string_view primitive, std::span<const Backend<Args>> table, const Context& ctx,
+          Args args) {
+  const Backend<Args>& b = choose<Args>(primitive, table, ctx, args);
+  return bound_call(primitive, b, ctx, std::move(args));
+}
+
 /// bind() for a primitive that tries one specialised entry (a fused kernel) before composing
 /// other primitives: the entry's bound call when takes_first(), else nothing.
 template <class Args>
 Plan bind_first(std::string_view primitive, const Backend<Args>& b, const Context& ctx, Args args) {
-  Plan plan;
-  if (!takes_first(b, ctx, args)) return plan;
-  plan.add([&b, primitive, ctx, args = std::move(args)] {
-    record_backend(ctx, primitive, b.name);
-    b.run(args);
-  });
-  return plan;
+  if (!takes_first(b, ctx, args)) return Plan();
+  return bound_call(primitive, b, ctx, std::move(args));
 }
 
 /// bind() then run(): the primitive called on its own.

@@ -173,20 +173,13 @@ void scaled_bias_grad_run(const detail::ScaledBiasGradArgs& args) {
   }
 }
 
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
-constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{"cpu", swiglu_forward_rejects, swiglu_forward_run};
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
-constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{"cpu", swiglu_backward_rejects, swiglu_backward_run};
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
+// This backend's entries in the primitives' tables (declared in its header).
+constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{
+    "cpu", swiglu_forward_rejects, swiglu_forward_run};
+constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{
+    "cpu", swiglu_backward_rejects, swiglu_backward_run};
 constexpr detail::Backend<detail::BiasAddArgs> kBiasAdd{"cpu", bias_add_rejects, bias_add_run};
-}  // namespace moekit::cpu
+constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{
+    "cpu", scaled_bias_grad_rejects, scaled_bias_grad_run};
 
-namespace moekit::cpu {
-constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{"cpu", scaled_bias_grad_rejects, scaled_bias_grad_run};
 }  // namespace moekit::cpu

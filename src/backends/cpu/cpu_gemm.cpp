@@ -211,16 +211,9 @@ void bias_grad_run(const detail::BiasGradArgs& args) {
   }
 }
 
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
+// This backend's entries in the primitives' tables (declared in its header).
 constexpr detail::Backend<detail::GroupMArgs> kGroupM{"cpu", group_m_rejects, group_m_run};
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
 constexpr detail::Backend<detail::GroupKArgs> kGroupK{"cpu", group_k_rejects, group_k_run};
-}  // namespace moekit::cpu
-
-namespace moekit::cpu {
 constexpr detail::Backend<detail::BiasGradArgs> kBiasGrad{"cpu", bias_grad_rejects, bias_grad_run};
+
 }  // namespace moekit::cpu

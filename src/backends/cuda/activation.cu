@@ -276,12 +276,10 @@ void swiglu_backward_run(const detail::SwigluBackwardArgs& args) {
   }
 }
 
-}  // namespace moekit::cuda
+// This backend's entries in the primitives' tables (declared in its header).
+constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{
+    "cuda", swiglu_forward_rejects, swiglu_forward_run};
+constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{
+    "cuda", swiglu_backward_rejects, swiglu_backward_run};
 
-namespace moekit::cuda {
-constexpr detail::Backend<detail::SwigluForwardArgs> kSwigluForward{"cuda", swiglu_forward_rejects, swiglu_forward_run};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
-constexpr detail::Backend<detail::SwigluBackwardArgs> kSwigluBackward{"cuda", swiglu_backward_rejects, swiglu_backward_run};
 }  // namespace moekit::cuda

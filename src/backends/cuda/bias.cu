@@ -410,16 +410,10 @@ void scaled_bias_grad_run(const detail::ScaledBiasGradArgs& args) {
   }
 }
 
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
+// This backend's entries in the primitives' tables (declared in its header).
 constexpr detail::Backend<detail::BiasGradArgs> kBiasGrad{"cuda", bias_grad_rejects, bias_grad_run};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
 constexpr detail::Backend<detail::BiasAddArgs> kBiasAdd{"cuda", bias_add_rejects, bias_add_run};
-}  // namespace moekit::cuda
+constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{
+    "cuda", scaled_bias_grad_rejects, scaled_bias_grad_run};
 
-namespace moekit::cuda {
-constexpr detail::Backend<detail::ScaledBiasGradArgs> kScaledBiasGrad{"cuda", scaled_bias_grad_rejects, scaled_bias_grad_run};
 }  // namespace moekit::cuda

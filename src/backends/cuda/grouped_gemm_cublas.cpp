@@ -497,12 +497,10 @@ void group_k_run(const detail::GroupKArgs& args) {
   run_gemms(res, batch);
 }
 
-}  // namespace moekit::cuda
+// This backend's entries in the primitives' tables (declared in its header).
+constexpr detail::Backend<detail::GroupMArgs> kCublasGroupM{
+    "cublas", group_m_rejects, group_m_run, nullptr, detail::reads_device_counts_on_host<detail::GroupMArgs>};
+constexpr detail::Backend<detail::GroupKArgs> kCublasGroupK{
+    "cublas", group_k_rejects, group_k_run, nullptr, detail::reads_device_counts_on_host<detail::GroupKArgs>};
 
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GroupMArgs> kCublasGroupM{"cublas", group_m_rejects, group_m_run, nullptr, detail::reads_device_counts_on_host<detail::GroupMArgs>};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GroupKArgs> kCublasGroupK{"cublas", group_k_rejects, group_k_run, nullptr, detail::reads_device_counts_on_host<detail::GroupKArgs>};
 }  // namespace moekit::cuda

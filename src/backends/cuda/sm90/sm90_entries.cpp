@@ -166,20 +166,14 @@ std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
-}  // namespace moekit::cuda
+// This backend's entries in the primitives' tables (declared in its header).
+constexpr detail::Backend<detail::GroupMArgs> kSm90GroupM{
+    "sm90", sm90_group_m_rejects, sm90_group_m_run, sm90_group_m_declines};
+constexpr detail::Backend<detail::GroupKArgs> kSm90GroupK{
+    "sm90", sm90_group_k_rejects, sm90_group_k_run, sm90_group_k_declines};
+constexpr detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu{
+    "sm90", sm90_gemm_swiglu_rejects, sm90_gemm_swiglu_run, sm90_gemm_swiglu_declines};
+constexpr detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu{
+    "sm90", sm90_gemm_dswiglu_rejects, sm90_gemm_dswiglu_run, sm90_gemm_dswiglu_declines};
 
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GroupMArgs> kSm90GroupM{"sm90", sm90_group_m_rejects, sm90_group_m_run, sm90_group_m_declines};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GroupKArgs> kSm90GroupK{"sm90", sm90_group_k_rejects, sm90_group_k_run, sm90_group_k_declines};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu{"sm90", sm90_gemm_swiglu_rejects, sm90_gemm_swiglu_run, sm90_gemm_swiglu_declines};
-}  // namespace moekit::cuda
-
-namespace moekit::cuda {
-constexpr detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu{"sm90", sm90_gemm_dswiglu_rejects, sm90_gemm_dswiglu_run, sm90_gemm_dswiglu_declines};
 }  // namespace moekit::cuda
