@@ -18,19 +18,30 @@
 namespace moekit::cuda::sm90 {
 
 namespace {
-// A MOEKIT_SM90_* variable other than MOEKIT_SM90_STUDY (a typo, or one of the variables the
-// study override replaced) is an error, not silently ignored.
+// The study override is read only by a study build (-DMOEKIT_SM90_STUDY_OVERRIDE=ON): the product
+// reads no study setting. Either way a MOEKIT_SM90_* variable this build does not read (a typo,
+// one of the variables the study override replaced, or the override in a product build) is an
+// error, not silently ignored.
 StudySettings read_study_settings() {
   constexpr std::string_view kPrefix = "MOEKIT_SM90_", kStudy = "MOEKIT_SM90_STUDY";
+#if MOEKIT_SM90_STUDY_OVERRIDE
+  constexpr bool kStudyBuild = true;
+#else
+  constexpr bool kStudyBuild = false;
+#endif
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string_view entry(*e);
     const std::string_view name = entry.substr(0, entry.find('='));
-    if (name.substr(0, kPrefix.size()) == kPrefix && name != kStudy) {
-      throw_invalid(name, "unset (the sm90 kernels read MOEKIT_SM90_STUDY=key=value,... only: design/ARCHITECTURE.md, \"Environment variables\")",
+    if (name.substr(0, kPrefix.size()) == kPrefix && (name != kStudy || !kStudyBuild)) {
+      throw_invalid(name,
+                    kStudyBuild ? "unset (the sm90 kernels read MOEKIT_SM90_STUDY=key=value,... only: "
+                                  "design/ARCHITECTURE.md, \"Environment variables\")"
+                                : "unset (this build reads no sm90 study setting: a study build is "
+                                  "configured with -DMOEKIT_SM90_STUDY_OVERRIDE=ON)",
                     str("'", entry.substr(name.size() + (name.size() < entry.size() ? 1 : 0)), "'"));
     }
   }
-  return parse_study_settings(std::getenv("MOEKIT_SM90_STUDY"));
+  return parse_study_settings(kStudyBuild ? std::getenv("MOEKIT_SM90_STUDY") : nullptr);
 }
 }  // namespace
 
