@@ -8,6 +8,8 @@
 #include "moekit/core/pending.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
+#include "moekit/ep/communicator.h"
+#include "moekit/ep/expert_parallel.h"
 #include "moekit/ops/activation.h"
 #include "moekit/ops/bias.h"
 #include "moekit/ops/grouped_linear.h"
