@@ -236,8 +236,10 @@ struct RankResult {
   bool zero_copy = false;
 };
 
+// Every rank's context allocates poisoned memory (0xFF bytes: NaN), so a row the library should
+// have written and did not fails the bitwise comparison, and rows it must not write stay 0xFF.
 std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) {
-  CpuRanks ranks(c.W);
+  CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });
   std::vector<RankResult> res(static_cast<size_t>(c.W));
   const int64_t R = c.R;
   ranks.run([&](Communicator& comm) {
@@ -257,6 +259,9 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     out.rows = d.rows;
     out.dropped = d.dropped;
     auto recv = bytes_of(ctx, d.recv);
+    EXPECT_TRUE(std::all_of(recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)), recv.end(),
+                            [](uint8_t b) { return b == 0xFF; }))
+        << "rank " << r << ": recv rows [S, R) were written";
     out.recv.assign(recv.begin(), recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
     auto wb = bytes_of(ctx, d.weights);
     out.weights.assign(wb.begin(), wb.begin() + d.rows * 4);
@@ -285,6 +290,9 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     // input, their weight gradient per row; then dispatch_backward.
     Tensor dY = ep.combine_backward(d.handle, to_device(ctx, ri.dy));
     auto gr = bytes_of(ctx, dY);
+    EXPECT_TRUE(std::all_of(gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)), gr.end(),
+                            [](uint8_t b) { return b == 0xFF; }))
+        << "rank " << r << ": combine_backward rows [S, R) were written";
     out.grad_recv.assign(gr.begin(), gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
     const Tensor& dX = ep.dispatch_backward_input();
     Tensor dw = Tensor::empty({R}, DType::F32, ctx);
@@ -508,6 +516,58 @@ TEST(EpTraffic, DispatchSendsEachTokenOncePerDestinationRank) {
     EXPECT_EQ(tr.per_slot_bytes, slots_other * row);
     EXPECT_LT(to_other * row * 3, tr.per_slot_bytes) << "top-8 over 2 ranks: ~4x fewer row bytes";
   }
+}
+
+// ---------------------------------------------------------------- zero copy
+
+// combine and dispatch_backward read the EP-owned buffers in place: the only allocations are their
+// outputs ([T, H]; and [T, k] f32), nothing of the input's [R, H] size; the buffers are the
+// engine's symmetric memory, allocated once by the constructor.
+TEST(EpZeroCopy, CombineAndDispatchBackwardReadTheirInputBuffersInPlace) {
+  Case c;
+  c.W = 2;
+  auto in = make_inputs(c, default_tokens(c));
+  c.R = max_rows_needed(c, in) + 7;
+  CpuRanks ranks(c.W);
+  ranks.run([&](Communicator& comm) {
+    const RankInput& ri = in[static_cast<size_t>(comm.rank())];
+    const Context& ctx = comm.context();
+    ctx.allocator().reset_stats();
+    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
+                             .max_tokens = c.Tm, .receive_capacity = c.R});
+    const int64_t es = 2, buffer_bytes = c.R * c.H * es;
+    // Both buffers are part of what the constructor allocated (the engine's memory), not later.
+    EXPECT_GE(ctx.allocator().stats().bytes, 2 * buffer_bytes);
+    EXPECT_EQ(ep.combine_input().shape(), (Shape{c.R, c.H}));
+    EXPECT_EQ(ep.dispatch_backward_input().shape(), (Shape{c.R, c.H}));
+    EXPECT_FALSE(overlaps(ep.combine_input(), ep.dispatch_backward_input()));
+    std::vector<int64_t> idx = ri.idx;
+    std::vector<float> w = ri.w;
+    auto d = ep.dispatch(to_device(ctx, ri.x), Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
+                         Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
+    copy(ctx, d.recv, ep.combine_input());  // the "experts": identity, written into the buffer
+    ctx.allocator().reset_stats();
+    Tensor o = ep.combine(d.handle, ep.combine_input());
+    Allocator::Stats st = ctx.allocator().stats();
+    EXPECT_EQ(st.count, 1);
+    EXPECT_EQ(st.bytes, ri.T * c.H * es);
+    EXPECT_LT(st.largest, buffer_bytes);
+    // Identity experts: out[t] = the k = 3 copies of x[t] summed in fp32 (3x, exact for a bf16
+    // x in any order), rounded once: what combine read is what the buffer held.
+    ASSERT_EQ(c.k, 3);
+    for (int64_t i = 0; i < ri.T * c.H; ++i) {
+      ASSERT_EQ(value_of(o, i), round_to(3.0f * value_of(ri.x, i), c.dtype)) << "element " << i;
+    }
+    copy(ctx, d.recv, ep.dispatch_backward_input());
+    Tensor dw = Tensor::empty({c.R}, DType::F32, ctx);
+    fill(ctx, dw, 0.5);
+    ctx.allocator().reset_stats();
+    auto g = ep.dispatch_backward(d.handle, ep.dispatch_backward_input(), dw);
+    st = ctx.allocator().stats();
+    EXPECT_EQ(st.count, 2);
+    EXPECT_EQ(st.bytes, ri.T * c.H * es + ri.T * c.k * 4);
+    EXPECT_EQ(bytes_of(ctx, g.tokens), bytes_of(ctx, o)) << "the same sum of the same rows";
+  });
 }
 
 // ---------------------------------------------------------------- capacity

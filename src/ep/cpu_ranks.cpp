@@ -65,8 +65,8 @@ namespace {
 
 class CpuRankCommunicator final : public Communicator {
  public:
-  CpuRankCommunicator(std::shared_ptr<CpuRanks::Group> group, int rank, int threads)
-      : group_(std::move(group)), rank_(rank), ctx_(Context::cpu(threads)) {}
+  CpuRankCommunicator(std::shared_ptr<CpuRanks::Group> group, int rank, Context ctx)
+      : group_(std::move(group)), rank_(rank), ctx_(std::move(ctx)) {}
   int rank() const override { return rank_; }
   int world_size() const override { return group_->world; }
   const Context& context() const override { return ctx_; }
@@ -125,16 +125,26 @@ class CpuRankCommunicator final : public Communicator {
 
 }  // namespace
 
-CpuRanks::CpuRanks(int world_size, int threads_per_rank) : group_(std::make_shared<Group>()) {
+CpuRanks::CpuRanks(int world_size, int threads_per_rank)
+    : CpuRanks(world_size, [threads_per_rank](int) {
+        if (threads_per_rank < 1) {
+          throw_invalid("threads_per_rank", "at least 1", std::to_string(threads_per_rank));
+        }
+        return Context::cpu(threads_per_rank);
+      }) {}
+
+CpuRanks::CpuRanks(int world_size, const std::function<Context(int rank)>& make_context)
+    : group_(std::make_shared<Group>()) {
   if (world_size < 1) throw_invalid("world_size", "at least 1 rank", std::to_string(world_size));
-  if (threads_per_rank < 1) {
-    throw_invalid("threads_per_rank", "at least 1", std::to_string(threads_per_rank));
-  }
   group_->world = world_size;
   group_->gathered.resize(static_cast<size_t>(world_size));
   group_->bases.resize(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    comms_.push_back(std::make_unique<CpuRankCommunicator>(group_, r, threads_per_rank));
+    Context ctx = make_context(r);
+    if (!ctx.device().is_cpu()) {
+      throw_invalid("make_context", "a CPU context for every rank", ctx.device().to_string());
+    }
+    comms_.push_back(std::make_unique<CpuRankCommunicator>(group_, r, std::move(ctx)));
   }
 }
 

@@ -66,6 +66,8 @@ class CpuRanks {
   /// world_size >= 1 ranks; each rank's context is Context::cpu(threads_per_rank) with its own
   /// allocator (so its allocation counts are the rank's own).
   explicit CpuRanks(int world_size, int threads_per_rank = 1);
+  /// Each rank's context from make_context(rank) (a CPU context; e.g. one with a test allocator).
+  CpuRanks(int world_size, const std::function<Context(int rank)>& make_context);
   ~CpuRanks();
   CpuRanks(const CpuRanks&) = delete;
   CpuRanks& operator=(const CpuRanks&) = delete;
