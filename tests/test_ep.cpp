@@ -570,6 +570,72 @@ TEST(EpZeroCopy, CombineAndDispatchBackwardReadTheirInputBuffersInPlace) {
   });
 }
 
+// Combine: one entry per (token, other rank holding ≥ 1 of its rows) — the row itself in the dtype
+// when that rank holds one, else an fp32 sum — plus a 4-byte flag per slot.
+TEST(EpTraffic, CombineReturnsOneEntryPerTokenAndRank) {
+  Case c;
+  c.W = 4;
+  c.L = 2;
+  c.k = 4;
+  c.H = 32;
+  auto in = make_inputs(c, default_tokens(c));
+  c.R = max_rows_needed(c, in);
+  auto res = run_ep(c, in);
+  check_against_reference(c, in, res);
+  // Bytes a destination d stores into other ranks' memory.
+  for (int d = 0; d < c.W; ++d) {
+    int64_t want = 0, want_rows = 0, per_slot = 0;
+    for (int s = 0; s < c.W; ++s) {
+      const RankInput& ri = in[static_cast<size_t>(s)];
+      for (int64_t t = 0; t < ri.T; ++t) {
+        int64_t here = 0;
+        for (int64_t j = 0; j < c.k; ++j) here += ri.idx[static_cast<size_t>(t * c.k + j)] / c.L == d;
+        if (s == d || here == 0) continue;
+        want += 4 + (here == 1 ? c.H * 2 : c.H * 4);
+        want_rows += here == 1 ? c.H * 2 : c.H * 4;
+        per_slot += here * c.H * 2;
+      }
+    }
+    EXPECT_EQ(res[static_cast<size_t>(d)].combine_traffic.remote_bytes, want) << "rank " << d;
+    EXPECT_LE(want_rows, per_slot) << "never more row bytes than a per-slot bf16 all-to-all";
+  }
+}
+
+// A rank with no tokens at all, int32 indices, and the same call repeated: bit-identical results
+// every time (the threads' timing never shows).
+TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
+  Case c;
+  c.W = 4;
+  auto in = make_inputs(c, {c.Tm, 0, 17, c.Tm});
+  c.R = max_rows_needed(c, in) + 1;
+  auto first = run_ep(c, in);
+  check_against_reference(c, in, first);
+  for (int rep = 0; rep < 5; ++rep) {
+    auto again = run_ep(c, in);
+    for (int r = 0; r < c.W; ++r) {
+      EXPECT_EQ(again[static_cast<size_t>(r)].out, first[static_cast<size_t>(r)].out) << "rep " << rep;
+      EXPECT_EQ(again[static_cast<size_t>(r)].grad_tokens, first[static_cast<size_t>(r)].grad_tokens);
+      EXPECT_EQ(again[static_cast<size_t>(r)].recv, first[static_cast<size_t>(r)].recv);
+    }
+  }
+  // int32 topk_idx routes exactly like int64.
+  CpuRanks ranks(c.W);
+  std::vector<std::vector<uint8_t>> recv32(static_cast<size_t>(c.W));
+  ranks.run([&](Communicator& comm) {
+    const RankInput& ri = in[static_cast<size_t>(comm.rank())];
+    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
+                             .max_tokens = c.Tm, .receive_capacity = c.R});
+    std::vector<int32_t> idx(ri.idx.begin(), ri.idx.end());
+    std::vector<float> w = ri.w;
+    auto d = ep.dispatch(to_device(comm.context(), ri.x),
+                         Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I32, Device::cpu()),
+                         Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
+    auto b = bytes_of(comm.context(), d.recv);
+    recv32[static_cast<size_t>(comm.rank())].assign(b.begin(), b.begin() + d.rows * c.H * 2);
+  });
+  for (int r = 0; r < c.W; ++r) EXPECT_EQ(recv32[static_cast<size_t>(r)], first[static_cast<size_t>(r)].recv);
+}
+
 // ---------------------------------------------------------------- capacity
 
 TEST(EpCapacity, OverflowIsAnErrorOnEveryRankNamingRankNeededAndCapacity) {

@@ -13,7 +13,7 @@
 //   meta     [W src][Tm][k] i32 ×2 + f32: local expert (-1: none), topk column j, weight
 //   counts   [W src][L + 1] i64     rows per local expert from each source, + slots sent
 //   ret      [W dst][Tm][H] f32     partial sums a destination returned for this rank's tokens
-//   ret_flag [W dst][Tm] i32        1 when that partial holds at least one row
+//   ret_flag [W dst][Tm] i32        what that entry holds: nothing, one row in the dtype, an fp32 sum
 //   ret_w    [W dst][Tm][k] f32     d(topk_weights) per column j, written by j's owner
 //   combine_input, dispatch_backward_input [R][H] dtype (zero-copy buffers, read only locally)
 #include "moekit/ep/expert_parallel.h"
@@ -136,6 +136,17 @@ void check_handle(const ExpertParallel::Handle& h, const ExpertParallel::State* 
   }
 }
 
+// What a destination returned for a (token, rank): nothing (every row dropped), the one row in
+// the dtype, or the fp32 tree sum of several.
+constexpr int32_t kNothing = 0, kRowInDtype = 1, kPartialF32 = 2;
+// Index (from b) of the first entry of [b, e) that kept its row.
+size_t first_kept(const std::vector<EpRouting::Entry>& ents, size_t b, size_t e) {
+  for (size_t i = b; i < e; ++i) {
+    if (ents[i].row >= 0) return i - b;
+  }
+  return e - b;
+}
+
 // Destination side of combine / dispatch_backward: for every source slot the fp32 tree sum of its
 // rows of `in` [R, H] over local expert ids, stored into the source's ret (and, with dw_rows, each
 // column's d(weight) into its ret_w).
@@ -173,14 +184,25 @@ void reduce_and_return(ExpertParallel::State& s, const EpRouting& rt, const Tens
       const size_t flag = static_cast<size_t>(s.r * s.c.max_tokens + slot);
       float* out = s.ret_row(src, s.r, slot);
       if (rows.empty()) {
-        flags[flag] = 0;
+        flags[flag] = kNothing;
+        (src != s.r ? s.traffic.remote_bytes : s.traffic.local_bytes) += 4;
         continue;
       }
-      tree_reduce(keys, rows, H);
-      std::memcpy(out, rows[0], static_cast<size_t>(H) * sizeof(float));
-      flags[flag] = 1;
-      if (src != s.r) s.traffic.remote_bytes += H * 4 + 4;
-      else s.traffic.local_bytes += H * 4 + 4;
+      int64_t stored = 4;  // the flag
+      if (rows.size() == 1) {
+        // One row: it travels as it is, in the dtype (its fp32 value is exact, so the sum on the
+        // source is the same): half the bytes of an fp32 partial for 16-bit dtypes.
+        std::memcpy(out, base + static_cast<size_t>(ents[b + first_kept(ents, b, e)].row) * s.row_bytes(),
+                    s.row_bytes());
+        flags[flag] = kRowInDtype;
+        stored += static_cast<int64_t>(s.row_bytes());
+      } else {
+        tree_reduce(keys, rows, H);
+        std::memcpy(out, rows[0], static_cast<size_t>(H) * sizeof(float));
+        flags[flag] = kPartialF32;
+        stored += H * 4;
+      }
+      (src != s.r ? s.traffic.remote_bytes : s.traffic.local_bytes) += stored;
     }
     if (dw_rows) {
       (src != s.r ? s.traffic.remote_bytes : s.traffic.local_bytes) +=
@@ -203,9 +225,15 @@ Tensor sum_returned(ExpertParallel::State& s, const EpRouting& rt) {
     rows.clear();
     for (int d = 0; d < s.W; ++d) {
       const int64_t slot = rt.pos[static_cast<size_t>(t * s.W + d)];
-      if (slot < 0 || !flags[static_cast<size_t>(d * s.c.max_tokens + slot)]) continue;
+      if (slot < 0) continue;
+      const int32_t flag = flags[static_cast<size_t>(d * s.c.max_tokens + slot)];
+      if (flag == kNothing) continue;
       float* row = scratch.data() + rows.size() * static_cast<size_t>(H);
-      std::memcpy(row, s.ret_row(s.r, d, slot), static_cast<size_t>(H) * sizeof(float));
+      if (flag == kRowInDtype) {
+        to_f32(s.ret_row(s.r, d, slot), s.c.dtype, row, static_cast<size_t>(H));
+      } else {
+        std::memcpy(row, s.ret_row(s.r, d, slot), static_cast<size_t>(H) * sizeof(float));
+      }
       keys.push_back(d);
       rows.push_back(row);
     }

@@ -23,7 +23,8 @@
 //   out_s[t] = round( Σ_{d} Σ_{e} y_d[row(s, t, e)] )   in fp32, rounded once to the dtype,
 //   summed as a binary tree: on rank d a pairwise tree over its local expert ids (leaves of a
 //   tree over [0, 2^⌈log2 L⌉), absent leaves skipped, no addition of zeros), sent back once per
-//   (token, rank) as fp32; on the source the same tree over ranks. When L is a power of two this
+//   (token, rank) — as fp32, or as the row itself in the dtype when the rank holds one row of the
+//   token (exact either way); on the source the same tree over ranks. When L is a power of two this
 //   is the pairwise tree over global expert ids, so the result is bit-identical for every world
 //   size. The routing weights are not applied (the MLP applied them, SPEC §5). A token whose rows
 //   were all dropped gets a zero row.
