@@ -28,11 +28,16 @@ using ::testing::HasSubstr;
 enum class Routing { Uniform, Skewed, EmptyExpert, LastRankNothing, AllToRankZero };
 const char* routing_name(Routing r) {
   switch (r) {
-    case Routing::Uniform: return "uniform";
-    case Routing::Skewed: return "skewed";
-    case Routing::EmptyExpert: return "empty_expert";
-    case Routing::LastRankNothing: return "last_rank_nothing";
-    case Routing::AllToRankZero: return "all_to_rank_zero";
+    case Routing::Uniform:
+      return "uniform";
+    case Routing::Skewed:
+      return "skewed";
+    case Routing::EmptyExpert:
+      return "empty_expert";
+    case Routing::LastRankNothing:
+      return "last_rank_nothing";
+    case Routing::AllToRankZero:
+      return "all_to_rank_zero";
   }
   return "?";
 }
@@ -51,10 +56,10 @@ struct Case {
 // One rank's inputs, on the host.
 struct RankInput {
   int64_t T = 0;
-  Tensor x;                   // [T, H] dtype
-  std::vector<int64_t> idx;   // [T, k]
-  std::vector<float> w;       // [T, k]
-  Tensor dy;                  // [T, H] dtype (the combine's output gradient)
+  Tensor x;                  // [T, H] dtype
+  std::vector<int64_t> idx;  // [T, k]
+  std::vector<float> w;      // [T, k]
+  Tensor dy;                 // [T, H] dtype (the combine's output gradient)
 };
 
 std::vector<int64_t> route_token(const Case& c, std::mt19937_64& rng) {
@@ -109,25 +114,34 @@ std::vector<int64_t> default_tokens(const Case& c) {
 
 float value_of(const Tensor& t, int64_t i) {
   float v;
-  to_f32(static_cast<const char*>(t.data()) + static_cast<size_t>(i) * size_of(t.dtype()), t.dtype(), &v, 1);
+  to_f32(static_cast<const char*>(t.data()) + static_cast<size_t>(i) * size_of(t.dtype()),
+         t.dtype(), &v, 1);
   return v;
 }
 
 float round_to(float y, DType dt) {
   switch (dt) {
-    case DType::BF16: return bf16_to_f32(f32_to_bf16(y));
-    case DType::F16: return f16_to_f32(f32_to_f16(y));
-    default: return y;
+    case DType::BF16:
+      return bf16_to_f32(f32_to_bf16(y));
+    case DType::F16:
+      return f16_to_f32(f32_to_f16(y));
+    default:
+      return y;
   }
 }
 // The test's experts: y = x·(1 + g/4) + (g + 1)/8 in fp32, one rounding to dtype, per element.
 float expert_fn(float x, int64_t g, DType dt) {
-  return round_to(x * (1.0f + 0.25f * static_cast<float>(g)) + 0.125f * static_cast<float>(g + 1), dt);
+  return round_to(x * (1.0f + 0.25f * static_cast<float>(g)) + 0.125f * static_cast<float>(g + 1),
+                  dt);
 }
 // The test's input gradient of the experts: dx = dY·(0.5 + g) (fp32, one rounding).
-float grad_fn(float dy, int64_t g, DType dt) { return round_to(dy * (0.5f + static_cast<float>(g)), dt); }
+float grad_fn(float dy, int64_t g, DType dt) {
+  return round_to(dy * (0.5f + static_cast<float>(g)), dt);
+}
 // The test's routing-weight gradient of a row: 3·w + g (fp32).
-float dw_fn(float w, int64_t g) { return 3.0f * w + static_cast<float>(g); }
+float dw_fn(float w, int64_t g) {
+  return 3.0f * w + static_cast<float>(g);
+}
 
 // One received row, as the reference lays them out.
 struct RefRow {
@@ -135,9 +149,9 @@ struct RefRow {
   int64_t t = 0, g = 0, j = 0;
 };
 struct RefRank {
-  std::vector<RefRow> rows;       // in recv order; padding rows have src = -1
-  std::vector<int64_t> padded;    // [L]
-  std::vector<int64_t> kept;      // [L]
+  std::vector<RefRow> rows;     // in recv order; padding rows have src = -1
+  std::vector<int64_t> padded;  // [L]
+  std::vector<int64_t> kept;    // [L]
   int64_t dropped = 0;
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> row_of;  // (src, t, g) → row
 };
@@ -231,7 +245,7 @@ std::vector<uint8_t> rounded(const std::vector<float>& v, DType dt) {
 struct RankResult {
   std::vector<uint8_t> recv, weights, splits, tokens_per_expert;  // recv rows [0, S)
   int64_t rows = 0, dropped = 0;
-  std::vector<uint8_t> out, grad_recv, grad_tokens, grad_topk;   // grad_recv rows [0, S)
+  std::vector<uint8_t> out, grad_recv, grad_tokens, grad_topk;  // grad_recv rows [0, S)
   EpTraffic dispatch_traffic, combine_traffic;
   bool zero_copy = false;
 };
@@ -246,8 +260,13 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     const int r = comm.rank();
     const Context& ctx = comm.context();
     const RankInput& ri = in[static_cast<size_t>(r)];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
-                             .max_tokens = c.Tm, .receive_capacity = R, .alignment = c.A,
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = R,
+                             .alignment = c.A,
                              .overflow = c.overflow});
     std::vector<int64_t> idx = ri.idx;
     std::vector<float> w = ri.w;
@@ -259,10 +278,11 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     out.rows = d.rows;
     out.dropped = d.dropped;
     auto recv = bytes_of(ctx, d.recv);
-    EXPECT_TRUE(std::all_of(recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)), recv.end(),
-                            [](uint8_t b) { return b == 0xFF; }))
+    EXPECT_TRUE(std::all_of(recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)),
+                            recv.end(), [](uint8_t b) { return b == 0xFF; }))
         << "rank " << r << ": recv rows [S, R) were written";
-    out.recv.assign(recv.begin(), recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
+    out.recv.assign(recv.begin(),
+                    recv.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
     auto wb = bytes_of(ctx, d.weights);
     out.weights.assign(wb.begin(), wb.begin() + d.rows * 4);
     out.splits = bytes_of(ctx, d.splits.device_counts());
@@ -279,7 +299,10 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
       for (int64_t i = 0; i < padded[static_cast<size_t>(e)]; ++i, ++row) {
         for (int64_t h = 0; h < c.H; ++h) {
           const float v = expert_fn(value_of(d.recv, row * c.H + h), r * c.L + e, c.dtype);
-          from_f32(&v, static_cast<char*>(y.data()) + static_cast<size_t>(row * c.H + h) * size_of(c.dtype), c.dtype, 1);
+          from_f32(
+              &v,
+              static_cast<char*>(y.data()) + static_cast<size_t>(row * c.H + h) * size_of(c.dtype),
+              c.dtype, 1);
         }
       }
     }
@@ -290,10 +313,11 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     // input, their weight gradient per row; then dispatch_backward.
     Tensor dY = ep.combine_backward(d.handle, to_device(ctx, ri.dy));
     auto gr = bytes_of(ctx, dY);
-    EXPECT_TRUE(std::all_of(gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)), gr.end(),
-                            [](uint8_t b) { return b == 0xFF; }))
+    EXPECT_TRUE(std::all_of(gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)),
+                            gr.end(), [](uint8_t b) { return b == 0xFF; }))
         << "rank " << r << ": combine_backward rows [S, R) were written";
-    out.grad_recv.assign(gr.begin(), gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
+    out.grad_recv.assign(gr.begin(),
+                         gr.begin() + d.rows * c.H * static_cast<int64_t>(size_of(c.dtype)));
     const Tensor& dX = ep.dispatch_backward_input();
     Tensor dw = Tensor::empty({R}, DType::F32, ctx);
     row = 0;
@@ -301,7 +325,10 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
       for (int64_t i = 0; i < padded[static_cast<size_t>(e)]; ++i, ++row) {
         for (int64_t h = 0; h < c.H; ++h) {
           const float v = grad_fn(value_of(dY, row * c.H + h), r * c.L + e, c.dtype);
-          from_f32(&v, static_cast<char*>(dX.data()) + static_cast<size_t>(row * c.H + h) * size_of(c.dtype), c.dtype, 1);
+          from_f32(
+              &v,
+              static_cast<char*>(dX.data()) + static_cast<size_t>(row * c.H + h) * size_of(c.dtype),
+              c.dtype, 1);
         }
         dw.data_as<float>()[row] = dw_fn(d.weights.data_as<float>()[row], r * c.L + e);
       }
@@ -341,11 +368,14 @@ void check_against_reference(const Case& c, const std::vector<RankInput>& in,
         continue;
       }
       const RankInput& ri = in[static_cast<size_t>(row.src)];
-      const auto* x = static_cast<const uint8_t*>(ri.x.data()) + static_cast<size_t>(row.t * c.H) * es;
+      const auto* x =
+          static_cast<const uint8_t*>(ri.x.data()) + static_cast<size_t>(row.t * c.H) * es;
       want_recv.insert(want_recv.end(), x, x + static_cast<size_t>(c.H) * es);
-      const auto* dy = static_cast<const uint8_t*>(ri.dy.data()) + static_cast<size_t>(row.t * c.H) * es;
+      const auto* dy =
+          static_cast<const uint8_t*>(ri.dy.data()) + static_cast<size_t>(row.t * c.H) * es;
       want_grad_recv.insert(want_grad_recv.end(), dy, dy + static_cast<size_t>(c.H) * es);
-      const auto* wb = reinterpret_cast<const uint8_t*>(&ri.w[static_cast<size_t>(row.t * c.k + row.j)]);
+      const auto* wb =
+          reinterpret_cast<const uint8_t*>(&ri.w[static_cast<size_t>(row.t * c.k + row.j)]);
       want_w.insert(want_w.end(), wb, wb + 4);
     }
     EXPECT_TRUE(bit_identical(got.recv, want_recv, c.dtype)) << "recv";
@@ -360,14 +390,16 @@ void check_against_reference(const Case& c, const std::vector<RankInput>& in,
       std::vector<int64_t> experts(ri.idx.begin() + t * c.k, ri.idx.begin() + (t + 1) * c.k);
       auto y = reference_sum(c, ref, s, t, experts, [&](int64_t g) {
         std::vector<float> v(static_cast<size_t>(c.H));
-        for (int64_t h = 0; h < c.H; ++h) v[static_cast<size_t>(h)] = expert_fn(value_of(ri.x, t * c.H + h), g, c.dtype);
+        for (int64_t h = 0; h < c.H; ++h)
+          v[static_cast<size_t>(h)] = expert_fn(value_of(ri.x, t * c.H + h), g, c.dtype);
         return v;
       });
       auto b = rounded(y, c.dtype);
       want_out.insert(want_out.end(), b.begin(), b.end());
       auto gx = reference_sum(c, ref, s, t, experts, [&](int64_t g) {
         std::vector<float> v(static_cast<size_t>(c.H));
-        for (int64_t h = 0; h < c.H; ++h) v[static_cast<size_t>(h)] = grad_fn(value_of(ri.dy, t * c.H + h), g, c.dtype);
+        for (int64_t h = 0; h < c.H; ++h)
+          v[static_cast<size_t>(h)] = grad_fn(value_of(ri.dy, t * c.H + h), g, c.dtype);
         return v;
       });
       b = rounded(gx, c.dtype);
@@ -383,7 +415,8 @@ void check_against_reference(const Case& c, const std::vector<RankInput>& in,
     const RankResult& got = res[static_cast<size_t>(s)];
     EXPECT_TRUE(bit_identical(got.out, want_out, c.dtype)) << "combine";
     EXPECT_TRUE(bit_identical(got.grad_tokens, want_gx, c.dtype)) << "dispatch_backward tokens";
-    EXPECT_TRUE(bit_identical(got.grad_topk, want_gw, DType::F32)) << "dispatch_backward topk_weights";
+    EXPECT_TRUE(bit_identical(got.grad_topk, want_gw, DType::F32))
+        << "dispatch_backward topk_weights";
   }
 }
 
@@ -416,7 +449,7 @@ TEST_P(EpFuzz, DispatchCombineAndBackwardMatchTheDenseReferenceBitForBit) {
     c.L = (seed == 3 ? 3 : 2) * (p.W == 1 ? 4 : 1);  // a non-power-of-two L too (two-level tree)
     c.k = std::min<int64_t>(3, p.routing == Routing::AllToRankZero ? c.L : c.L * c.W - 1);
     if (p.routing == Routing::LastRankNothing && c.W > 1) c.k = std::min(c.k, c.L * (c.W - 1));
-    c.A = seed == 2 ? 4 : 1;            // alignment padding
+    c.A = seed == 2 ? 4 : 1;  // alignment padding
     c.dtype = seed == 3 ? DType::F32 : DType::BF16;
     auto in = make_inputs(c, default_tokens(c));
     c.R = max_rows_needed(c, in) + 5;  // a tail that is never written
@@ -463,9 +496,12 @@ TEST(EpWorldSizes, CombineIsBitIdenticalOnEveryWorldSizeWhenExpertsPerRankIsAPow
       ri.T = per;
       ri.x = Tensor::empty({per, c.H}, c.dtype, host());
       ri.dy = Tensor::empty({per, c.H}, c.dtype, host());
-      std::memcpy(ri.x.data(), static_cast<char*>(global[0].x.data()) + r * per * c.H * es, ri.x.nbytes());
-      std::memcpy(ri.dy.data(), static_cast<char*>(global[0].dy.data()) + r * per * c.H * es, ri.dy.nbytes());
-      ri.idx.assign(global[0].idx.begin() + r * per * c.k, global[0].idx.begin() + (r + 1) * per * c.k);
+      std::memcpy(ri.x.data(), static_cast<char*>(global[0].x.data()) + r * per * c.H * es,
+                  ri.x.nbytes());
+      std::memcpy(ri.dy.data(), static_cast<char*>(global[0].dy.data()) + r * per * c.H * es,
+                  ri.dy.nbytes());
+      ri.idx.assign(global[0].idx.begin() + r * per * c.k,
+                    global[0].idx.begin() + (r + 1) * per * c.k);
       ri.w.assign(global[0].w.begin() + r * per * c.k, global[0].w.begin() + (r + 1) * per * c.k);
     }
     c.R = max_rows_needed(c, in);
@@ -533,8 +569,12 @@ TEST(EpZeroCopy, CombineAndDispatchBackwardReadTheirInputBuffersInPlace) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
     const Context& ctx = comm.context();
     ctx.allocator().reset_stats();
-    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
-                             .max_tokens = c.Tm, .receive_capacity = c.R});
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = c.R});
     const int64_t es = 2, buffer_bytes = c.R * c.H * es;
     // Both buffers are part of what the constructor allocated (the engine's memory), not later.
     EXPECT_GE(ctx.allocator().stats().bytes, 2 * buffer_bytes);
@@ -543,7 +583,8 @@ TEST(EpZeroCopy, CombineAndDispatchBackwardReadTheirInputBuffersInPlace) {
     EXPECT_FALSE(overlaps(ep.combine_input(), ep.dispatch_backward_input()));
     std::vector<int64_t> idx = ri.idx;
     std::vector<float> w = ri.w;
-    auto d = ep.dispatch(to_device(ctx, ri.x), Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
+    auto d = ep.dispatch(to_device(ctx, ri.x),
+                         Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
                          Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
     copy(ctx, d.recv, ep.combine_input());  // the "experts": identity, written into the buffer
     ctx.allocator().reset_stats();
@@ -589,7 +630,8 @@ TEST(EpTraffic, CombineReturnsOneEntryPerTokenAndRank) {
       const RankInput& ri = in[static_cast<size_t>(s)];
       for (int64_t t = 0; t < ri.T; ++t) {
         int64_t here = 0;
-        for (int64_t j = 0; j < c.k; ++j) here += ri.idx[static_cast<size_t>(t * c.k + j)] / c.L == d;
+        for (int64_t j = 0; j < c.k; ++j)
+          here += ri.idx[static_cast<size_t>(t * c.k + j)] / c.L == d;
         if (s == d || here == 0) continue;
         want += 4 + (here == 1 ? c.H * 2 : c.H * 4);
         want_rows += here == 1 ? c.H * 2 : c.H * 4;
@@ -613,8 +655,10 @@ TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
   for (int rep = 0; rep < 5; ++rep) {
     auto again = run_ep(c, in);
     for (int r = 0; r < c.W; ++r) {
-      EXPECT_EQ(again[static_cast<size_t>(r)].out, first[static_cast<size_t>(r)].out) << "rep " << rep;
-      EXPECT_EQ(again[static_cast<size_t>(r)].grad_tokens, first[static_cast<size_t>(r)].grad_tokens);
+      EXPECT_EQ(again[static_cast<size_t>(r)].out, first[static_cast<size_t>(r)].out)
+          << "rep " << rep;
+      EXPECT_EQ(again[static_cast<size_t>(r)].grad_tokens,
+                first[static_cast<size_t>(r)].grad_tokens);
       EXPECT_EQ(again[static_cast<size_t>(r)].recv, first[static_cast<size_t>(r)].recv);
     }
   }
@@ -623,8 +667,12 @@ TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
   std::vector<std::vector<uint8_t>> recv32(static_cast<size_t>(c.W));
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
-                             .max_tokens = c.Tm, .receive_capacity = c.R});
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = c.R});
     std::vector<int32_t> idx(ri.idx.begin(), ri.idx.end());
     std::vector<float> w = ri.w;
     auto d = ep.dispatch(to_device(comm.context(), ri.x),
@@ -633,7 +681,8 @@ TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
     auto b = bytes_of(comm.context(), d.recv);
     recv32[static_cast<size_t>(comm.rank())].assign(b.begin(), b.begin() + d.rows * c.H * 2);
   });
-  for (int r = 0; r < c.W; ++r) EXPECT_EQ(recv32[static_cast<size_t>(r)], first[static_cast<size_t>(r)].recv);
+  for (int r = 0; r < c.W; ++r)
+    EXPECT_EQ(recv32[static_cast<size_t>(r)], first[static_cast<size_t>(r)].recv);
 }
 
 // ---------------------------------------------------------------- capacity
@@ -650,8 +699,12 @@ TEST(EpCapacity, OverflowIsAnErrorOnEveryRankNamingRankNeededAndCapacity) {
   std::vector<int64_t> allocations(static_cast<size_t>(c.W), -1);
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
-                             .max_tokens = c.Tm, .receive_capacity = needed - 1});
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = needed - 1});
     std::vector<int64_t> idx = ri.idx;
     std::vector<float> w = ri.w;
     Tensor x = to_device(comm.context(), ri.x);
@@ -667,10 +720,11 @@ TEST(EpCapacity, OverflowIsAnErrorOnEveryRankNamingRankNeededAndCapacity) {
     }
   });
   for (int r = 0; r < c.W; ++r) {
-    EXPECT_THAT(messages[static_cast<size_t>(r)],
-                HasSubstr(str("receive capacity exceeded on rank 0: needs ", needed,
-                              " rows (each expert's rows padded to a multiple of 1), receive_capacity is ",
-                              needed - 1)));
+    EXPECT_THAT(
+        messages[static_cast<size_t>(r)],
+        HasSubstr(str("receive capacity exceeded on rank 0: needs ", needed,
+                      " rows (each expert's rows padded to a multiple of 1), receive_capacity is ",
+                      needed - 1)));
     EXPECT_EQ(allocations[static_cast<size_t>(r)], 0) << "rank " << r << " allocated an output";
   }
 }
@@ -707,8 +761,12 @@ std::vector<std::string> dispatch_errors(const Case& c, std::vector<RankInput> i
   std::mutex m;
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L, .hidden = c.H, .dtype = c.dtype, .topk = c.k,
-                             .max_tokens = c.Tm, .receive_capacity = 1000});
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = 1000});
     fill(comm.context(), ep.combine_input(), kSentinel);
     const auto before = bytes_of(comm.context(), ep.combine_input());
     std::vector<int64_t> idx = ri.idx;
@@ -735,10 +793,12 @@ TEST(EpMalformed, OutOfRangeExpertIsRefusedOnEveryRankBeforeAnythingIsSent) {
   for (int64_t bad_value : {c.E(), int64_t{-1}, int64_t{1} << 40}) {
     std::vector<int64_t> allocs;
     std::vector<bool> intact;
-    auto msgs = dispatch_errors(c, in, 2, [&](std::vector<int64_t>& idx) { idx[5 * c.k + 1] = bad_value; },
-                                &allocs, &intact);
-    EXPECT_THAT(msgs[2], HasSubstr(str("invalid argument 'topk_idx[5, 1]': expected an expert in [0, ",
-                                       c.E(), "), got ", bad_value)));
+    auto msgs = dispatch_errors(
+        c, in, 2, [&](std::vector<int64_t>& idx) { idx[5 * c.k + 1] = bad_value; }, &allocs,
+        &intact);
+    EXPECT_THAT(msgs[2],
+                HasSubstr(str("invalid argument 'topk_idx[5, 1]': expected an expert in [0, ",
+                              c.E(), "), got ", bad_value)));
     for (int r : {0, 1, 3}) {
       EXPECT_THAT(msgs[static_cast<size_t>(r)],
                   HasSubstr("dispatch: rank 2 refused its arguments, nothing was sent"));
@@ -757,10 +817,14 @@ TEST(EpMalformed, DuplicateExpertOfOneTokenIsRefused) {
   auto in = make_inputs(c, default_tokens(c));
   std::vector<int64_t> allocs;
   std::vector<bool> intact;
-  auto msgs = dispatch_errors(c, in, 1, [&](std::vector<int64_t>& idx) { idx[7 * c.k + 2] = idx[7 * c.k]; },
-                              &allocs, &intact);
-  EXPECT_THAT(msgs[1], HasSubstr(str("invalid argument 'topk_idx[7]': expected k distinct experts per token, got expert ",
-                                     in[1].idx[7 * c.k], " in columns 0 and 2")));
+  auto msgs = dispatch_errors(
+      c, in, 1, [&](std::vector<int64_t>& idx) { idx[7 * c.k + 2] = idx[7 * c.k]; }, &allocs,
+      &intact);
+  EXPECT_THAT(
+      msgs[1],
+      HasSubstr(
+          str("invalid argument 'topk_idx[7]': expected k distinct experts per token, got expert ",
+              in[1].idx[7 * c.k], " in columns 0 and 2")));
   EXPECT_THAT(msgs[0], HasSubstr("rank 1 refused its arguments"));
   EXPECT_EQ(allocs, (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(intact, (std::vector<bool>{true, true}));
@@ -770,33 +834,61 @@ TEST(EpMalformed, ShapeAndDtypeMismatchesNameTheArgument) {
   CpuRanks ranks(1);
   ranks.run([&](Communicator& comm) {
     const Context& ctx = comm.context();
-    ExpertParallel ep(comm, {.experts_per_rank = 4, .hidden = 8, .dtype = DType::BF16, .topk = 2,
-                             .max_tokens = 16, .receive_capacity = 64});
+    ExpertParallel ep(comm, {.experts_per_rank = 4,
+                             .hidden = 8,
+                             .dtype = DType::BF16,
+                             .topk = 2,
+                             .max_tokens = 16,
+                             .receive_capacity = 64});
     Tensor x = random_normal({6, 8}, DType::BF16, 1);
     std::vector<int64_t> idx(12);
-    for (int t = 0; t < 6; ++t) { idx[static_cast<size_t>(2 * t)] = t % 4; idx[static_cast<size_t>(2 * t + 1)] = (t + 1) % 4; }
+    for (int t = 0; t < 6; ++t) {
+      idx[static_cast<size_t>(2 * t)] = t % 4;
+      idx[static_cast<size_t>(2 * t + 1)] = (t + 1) % 4;
+    }
     std::vector<float> w(12, 0.5f);
     Tensor idx_t = Tensor::wrap(idx.data(), {6, 2}, DType::I64, Device::cpu());
     Tensor w_t = Tensor::wrap(w.data(), {6, 2}, DType::F32, Device::cpu());
-    auto msg = [](auto f) { auto e = caught(f); return e ? std::string(e->what()) : std::string("no error"); };
-    EXPECT_THAT(msg([&] { ep.dispatch(random_normal({6, 9}, DType::BF16, 1), idx_t, w_t); }),
+    auto msg = [](auto f) {
+      auto e = caught(f);
+      return e ? std::string(e->what()) : std::string("no error");
+    };
+    EXPECT_THAT(msg([&] {
+                  ep.dispatch(random_normal({6, 9}, DType::BF16, 1), idx_t, w_t);
+                }),
                 HasSubstr("invalid argument 'tokens': expected shape [*, 8], got [6, 9]"));
-    EXPECT_THAT(msg([&] { ep.dispatch(random_normal({6, 8}, DType::F32, 1), idx_t, w_t); }),
+    EXPECT_THAT(msg([&] {
+                  ep.dispatch(random_normal({6, 8}, DType::F32, 1), idx_t, w_t);
+                }),
                 HasSubstr("invalid argument 'tokens': expected dtype bf16, got f32"));
-    EXPECT_THAT(msg([&] { ep.dispatch(random_normal({17, 8}, DType::BF16, 1), idx_t, w_t); }),
-                HasSubstr("invalid argument 'tokens': expected at most max_tokens = 16 rows, got [17, 8]"));
-    EXPECT_THAT(msg([&] { ep.dispatch(x, Tensor::wrap(idx.data(), {6, 1}, DType::I64, Device::cpu()), w_t); }),
+    EXPECT_THAT(
+        msg([&] {
+          ep.dispatch(random_normal({17, 8}, DType::BF16, 1), idx_t, w_t);
+        }),
+        HasSubstr("invalid argument 'tokens': expected at most max_tokens = 16 rows, got [17, 8]"));
+    EXPECT_THAT(msg([&] {
+                  ep.dispatch(x, Tensor::wrap(idx.data(), {6, 1}, DType::I64, Device::cpu()), w_t);
+                }),
                 HasSubstr("invalid argument 'topk_idx': expected shape [6, 2], got [6, 1]"));
-    EXPECT_THAT(msg([&] { ep.dispatch(x, idx_t, Tensor::wrap(w.data(), {6, 2}, DType::BF16, Device::cpu())); }),
+    EXPECT_THAT(msg([&] {
+                  ep.dispatch(x, idx_t, Tensor::wrap(w.data(), {6, 2}, DType::BF16, Device::cpu()));
+                }),
                 HasSubstr("invalid argument 'topk_weights': expected dtype f32, got bf16"));
     auto d = ep.dispatch(x, idx_t, w_t);
-    EXPECT_THAT(msg([&] { ep.combine(d.handle, random_normal({63, 8}, DType::BF16, 1)); }),
+    EXPECT_THAT(msg([&] {
+                  ep.combine(d.handle, random_normal({63, 8}, DType::BF16, 1));
+                }),
                 HasSubstr("invalid argument 'expert_out': expected shape [64, 8], got [63, 8]"));
     EXPECT_THAT(msg([&] { ep.combine({}, ep.combine_input()); }),
                 HasSubstr("invalid argument 'handle': expected the handle of a dispatch"));
-    EXPECT_THAT(msg([&] { ep.combine_backward(d.handle, random_normal({5, 8}, DType::BF16, 1)); }),
+    EXPECT_THAT(msg([&] {
+                  ep.combine_backward(d.handle, random_normal({5, 8}, DType::BF16, 1));
+                }),
                 HasSubstr("invalid argument 'grad_output': expected shape [6, 8], got [5, 8]"));
-    EXPECT_THAT(msg([&] { ep.dispatch_backward(d.handle, ep.dispatch_backward_input(), Tensor::empty({64}, DType::BF16, ctx)); }),
+    EXPECT_THAT(msg([&] {
+                  ep.dispatch_backward(d.handle, ep.dispatch_backward_input(),
+                                       Tensor::empty({64}, DType::BF16, ctx));
+                }),
                 HasSubstr("invalid argument 'grad_weights': expected dtype f32, got bf16"));
     ExpertParallel other(comm, ep.config());
     EXPECT_THAT(msg([&] { other.combine(d.handle, other.combine_input()); }),
@@ -809,8 +901,11 @@ TEST(EpConfig, InconsistentConfigIsRefusedOnEveryRank) {
   std::vector<std::string> msgs(2);
   ranks.run([&](Communicator& comm) {
     auto e = caught([&] {
-      ExpertParallel ep(comm, {.experts_per_rank = 2, .hidden = 8, .topk = comm.rank() == 1 ? 5 : 2,
-                               .max_tokens = 4, .receive_capacity = 8});
+      ExpertParallel ep(comm, {.experts_per_rank = 2,
+                               .hidden = 8,
+                               .topk = comm.rank() == 1 ? 5 : 2,
+                               .max_tokens = 4,
+                               .receive_capacity = 8});
     });
     msgs[static_cast<size_t>(comm.rank())] = e ? e->what() : "no error";
   });

@@ -28,9 +28,8 @@ struct CpuRanks::Group {
   std::vector<void*> bases;
 
   [[noreturn]] void throw_aborted() const {
-    throw_error(ErrorKind::Communication,
-                str("the CPU ranks group was aborted: rank ", aborted_by, " failed (", abort_reason,
-                    ")"));
+    throw_error(ErrorKind::Communication, str("the CPU ranks group was aborted: rank ", aborted_by,
+                                              " failed (", abort_reason, ")"));
   }
   void barrier() {
     std::unique_lock lock(mutex);
@@ -94,7 +93,8 @@ class CpuRankCommunicator final : public Communicator {
     for (const std::string& s : sizes) {
       if (s != sizes[0]) {
         std::string all;
-        for (size_t r = 0; r < sizes.size(); ++r) all += str(r ? ", " : "", "rank ", r, ": ", sizes[r]);
+        for (size_t r = 0; r < sizes.size(); ++r)
+          all += str(r ? ", " : "", "rank ", r, ": ", sizes[r]);
         throw_invalid("bytes", "the same size on every rank (a collective allocation)", all);
       }
     }
@@ -150,7 +150,9 @@ CpuRanks::CpuRanks(int world_size, const std::function<Context(int rank)>& make_
 
 CpuRanks::~CpuRanks() = default;
 
-int CpuRanks::world_size() const { return group_->world; }
+int CpuRanks::world_size() const {
+  return group_->world;
+}
 
 Communicator& CpuRanks::communicator(int rank) {
   if (rank < 0 || rank >= group_->world) {

@@ -9,13 +9,13 @@
 // parallelism").
 //
 // Symmetric layout on every rank (W ranks, Tm = max_tokens, k = topk, L experts per rank):
-//   stage_x  [W src][Tm][H] dtype   rows a source sent here (dispatch: tokens; combine_backward: dy)
-//   meta     [W src][Tm][k] i32 ×2 + f32: local expert (-1: none), topk column j, weight
-//   counts   [W src][L + 1] i64     rows per local expert from each source, + slots sent
-//   ret      [W dst][Tm][H] f32     partial sums a destination returned for this rank's tokens
-//   ret_flag [W dst][Tm] i32        what that entry holds: nothing, one row in the dtype, an fp32 sum
-//   ret_w    [W dst][Tm][k] f32     d(topk_weights) per column j, written by j's owner
-//   combine_input, dispatch_backward_input [R][H] dtype (zero-copy buffers, read only locally)
+//   stage_x  [W src][Tm][H] dtype   rows a source sent here (dispatch: tokens; combine_backward:
+//   dy) meta     [W src][Tm][k] i32 ×2 + f32: local expert (-1: none), topk column j, weight counts
+//   [W src][L + 1] i64     rows per local expert from each source, + slots sent ret      [W
+//   dst][Tm][H] f32     partial sums a destination returned for this rank's tokens ret_flag [W
+//   dst][Tm] i32        what that entry holds: nothing, one row in the dtype, an fp32 sum ret_w [W
+//   dst][Tm][k] f32     d(topk_weights) per column j, written by j's owner combine_input,
+//   dispatch_backward_input [R][H] dtype (zero-copy buffers, read only locally)
 #include "moekit/ep/expert_parallel.h"
 
 #include <algorithm>
@@ -86,8 +86,8 @@ void agree(Communicator& comm, Call call, const std::optional<Error>& local) {
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty()) {
       throw_error(ErrorKind::InvalidArgument,
-                  str(kCall[call], ": rank ", r, " refused its arguments, nothing was sent (", all[r],
-                      ")"));
+                  str(kCall[call], ": rank ", r, " refused its arguments, nothing was sent (",
+                      all[r], ")"));
     }
   }
 }
@@ -102,7 +102,9 @@ std::optional<Error> validated(F&& f) {
   return std::nullopt;
 }
 
-int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+int64_t round_up(int64_t n, int64_t a) {
+  return (n + a - 1) / a * a;
+}
 
 // Sums fp32 rows keyed by ascending distinct leaf ids up a perfect binary tree, absent leaves
 // skipped (no addition of zeros): siblings 2m, 2m + 1 are added (left += right) and become m,
@@ -192,8 +194,9 @@ void reduce_and_return(ExpertParallel::State& s, const EpRouting& rt, const Tens
       if (rows.size() == 1) {
         // One row: it travels as it is, in the dtype (its fp32 value is exact, so the sum on the
         // source is the same): half the bytes of an fp32 partial for 16-bit dtypes.
-        std::memcpy(out, base + static_cast<size_t>(ents[b + first_kept(ents, b, e)].row) * s.row_bytes(),
-                    s.row_bytes());
+        std::memcpy(
+            out, base + static_cast<size_t>(ents[b + first_kept(ents, b, e)].row) * s.row_bytes(),
+            s.row_bytes());
         flags[flag] = kRowInDtype;
         stored += static_cast<int64_t>(s.row_bytes());
       } else {
@@ -274,11 +277,13 @@ void expand_rows(const ExpertParallel::State& s, const EpRouting& rt, const Tens
       const char* row = s.stage_row(s.r, src, static_cast<int64_t>(slot));
       for (auto i = begin[slot]; i < begin[slot + 1]; ++i) {
         const EpRouting::Entry& en = ents[static_cast<size_t>(i)];
-        if (en.row >= 0) std::memcpy(o + static_cast<size_t>(en.row) * s.row_bytes(), row, s.row_bytes());
+        if (en.row >= 0)
+          std::memcpy(o + static_cast<size_t>(en.row) * s.row_bytes(), row, s.row_bytes());
       }
     }
   }
-  for (int64_t p : rt.pad_rows) std::memset(o + static_cast<size_t>(p) * s.row_bytes(), 0, s.row_bytes());
+  for (int64_t p : rt.pad_rows)
+    std::memset(o + static_cast<size_t>(p) * s.row_bytes(), 0, s.row_bytes());
 }
 
 // Per-slot all-to-all comparison: one row per (token, expert on another rank), in the dtype.
@@ -327,12 +332,14 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
   if (bad) throw *bad;
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty()) {
-      throw_error(ErrorKind::InvalidArgument, str("ExpertParallel: rank ", r, " refused its config (", all[r], ")"));
+      throw_error(ErrorKind::InvalidArgument,
+                  str("ExpertParallel: rank ", r, " refused its config (", all[r], ")"));
     }
   }
   const auto W = static_cast<size_t>(s.W), Tm = static_cast<size_t>(c.max_tokens),
              H = static_cast<size_t>(c.hidden), k = static_cast<size_t>(c.topk),
-             L = static_cast<size_t>(c.experts_per_rank), R = static_cast<size_t>(c.receive_capacity);
+             L = static_cast<size_t>(c.experts_per_rank),
+             R = static_cast<size_t>(c.receive_capacity);
   s.stage_x = comm.allocate(W * Tm * s.row_bytes());
   s.meta_e = comm.allocate(W * Tm * k * 4);
   s.meta_j = comm.allocate(W * Tm * k * 4);
@@ -344,20 +351,37 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
   s.combine_mem = comm.allocate(R * s.row_bytes());
   s.dbw_mem = comm.allocate(R * s.row_bytes());
   const Device dev = comm.context().device();
-  s.combine_input = Tensor::wrap(s.combine_mem.local.data(), {c.receive_capacity, c.hidden}, c.dtype, dev);
+  s.combine_input =
+      Tensor::wrap(s.combine_mem.local.data(), {c.receive_capacity, c.hidden}, c.dtype, dev);
   s.dbw_input = Tensor::wrap(s.dbw_mem.local.data(), {c.receive_capacity, c.hidden}, c.dtype, dev);
 }
 
 ExpertParallel::~ExpertParallel() = default;
 
-const ExpertParallelConfig& ExpertParallel::config() const { return s_->c; }
-int ExpertParallel::rank() const { return s_->r; }
-int ExpertParallel::world_size() const { return s_->W; }
-int64_t ExpertParallel::experts() const { return s_->E(); }
-const Context& ExpertParallel::context() const { return s_->comm->context(); }
-const Tensor& ExpertParallel::combine_input() const { return s_->combine_input; }
-const Tensor& ExpertParallel::dispatch_backward_input() const { return s_->dbw_input; }
-EpTraffic ExpertParallel::last_traffic() const { return s_->traffic; }
+const ExpertParallelConfig& ExpertParallel::config() const {
+  return s_->c;
+}
+int ExpertParallel::rank() const {
+  return s_->r;
+}
+int ExpertParallel::world_size() const {
+  return s_->W;
+}
+int64_t ExpertParallel::experts() const {
+  return s_->E();
+}
+const Context& ExpertParallel::context() const {
+  return s_->comm->context();
+}
+const Tensor& ExpertParallel::combine_input() const {
+  return s_->combine_input;
+}
+const Tensor& ExpertParallel::dispatch_backward_input() const {
+  return s_->dbw_input;
+}
+EpTraffic ExpertParallel::last_traffic() const {
+  return s_->traffic;
+}
 
 ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const Tensor& topk_idx,
                                                     const Tensor& topk_weights) {
@@ -373,7 +397,8 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
     check_input("tokens", tokens, {-1, H}, c.dtype, dev);
     const int64_t T = tokens.size(0);
     if (T > c.max_tokens) {
-      throw_invalid("tokens", str("at most max_tokens = ", c.max_tokens, " rows"), to_string(tokens.shape()));
+      throw_invalid("tokens", str("at most max_tokens = ", c.max_tokens, " rows"),
+                    to_string(tokens.shape()));
     }
     if (topk_idx.defined() && topk_idx.dtype() == DType::I32) {
       check_input("topk_idx", topk_idx, {T, k}, DType::I32, dev);
@@ -453,11 +478,12 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
   std::vector<int64_t> kept(static_cast<size_t>(L)), off(static_cast<size_t>(L) + 1, 0);
   rt->padded.resize(static_cast<size_t>(L));
   for (int64_t e = 0; e < L; ++e) {
-    const int64_t room = std::max<int64_t>(0, (c.receive_capacity - off[static_cast<size_t>(e)]) /
-                                                  c.alignment * c.alignment);
+    const int64_t room = std::max<int64_t>(
+        0, (c.receive_capacity - off[static_cast<size_t>(e)]) / c.alignment * c.alignment);
     kept[static_cast<size_t>(e)] = std::min(c_e[static_cast<size_t>(e)], room);
     rt->padded[static_cast<size_t>(e)] = round_up(kept[static_cast<size_t>(e)], c.alignment);
-    off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + rt->padded[static_cast<size_t>(e)];
+    off[static_cast<size_t>(e) + 1] =
+        off[static_cast<size_t>(e)] + rt->padded[static_cast<size_t>(e)];
   }
   rt->rows = off[static_cast<size_t>(L)];
 
@@ -541,7 +567,8 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
     for (size_t slot = 0; slot + 1 < begin.size(); ++slot) {
       for (auto i = begin[slot]; i < begin[slot + 1]; ++i) {
         const auto& en = ents[static_cast<size_t>(i)];
-        if (en.row >= 0) rw[en.row] = mw[s.meta_index(src, static_cast<int64_t>(slot), i - begin[slot])];
+        if (en.row >= 0)
+          rw[en.row] = mw[s.meta_index(src, static_cast<int64_t>(slot), i - begin[slot])];
       }
     }
   }
@@ -601,13 +628,15 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(const Handle& ha
     check_input("grad_recv", grad_recv, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
                 context().device());
     if (grad_weights.defined()) {
-      check_input("grad_weights", grad_weights, {s.c.receive_capacity}, DType::F32, context().device());
+      check_input("grad_weights", grad_weights, {s.c.receive_capacity}, DType::F32,
+                  context().device());
     }
   });
   agree(*s.comm, kDispatchBackward, bad);
   s.traffic = {};
   const EpRouting& rt = *handle.routing;
-  reduce_and_return(s, rt, grad_recv, grad_weights.defined() ? grad_weights.data_as<float>() : nullptr);
+  reduce_and_return(s, rt, grad_recv,
+                    grad_weights.defined() ? grad_weights.data_as<float>() : nullptr);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
   DispatchGrads g;

@@ -32,11 +32,14 @@ MoELayer::MoELayer(Communicator& comm, const MoELayerConfig& config)
   if (config.ffn < 1) throw_invalid("ffn", "a value >= 1", std::to_string(config.ffn));
   ep_ = std::make_unique<ExpertParallel>(comm, config.ep);
   const ExpertParallelConfig& c = config.ep;
-  mlp_ = std::make_unique<GroupedMLP>(
-      GroupedMLPConfig{.groups = c.experts_per_rank, .hidden = c.hidden, .ffn = config.ffn,
-                       .dtype = c.dtype, .fc1_bias = config.fc1_bias, .fc2_bias = config.fc2_bias,
-                       .layout = config.layout},
-      comm.context());
+  mlp_ = std::make_unique<GroupedMLP>(GroupedMLPConfig{.groups = c.experts_per_rank,
+                                                       .hidden = c.hidden,
+                                                       .ffn = config.ffn,
+                                                       .dtype = c.dtype,
+                                                       .fc1_bias = config.fc1_bias,
+                                                       .fc2_bias = config.fc2_bias,
+                                                       .layout = config.layout},
+                                      comm.context());
   gate_ = Tensor::empty({ep_->experts(), c.hidden}, c.dtype, comm.context());  // [E, H]
 }
 
@@ -53,14 +56,15 @@ Tensor MoELayer::forward(const Tensor& x, Saved* saved) {
   const int64_t T = x.size(0);
   const std::vector<double> xv = as_f64(x), gv = as_f64(gate_);
   auto scores = std::make_shared<std::vector<double>>(static_cast<size_t>(T * E));
-  Tensor idx = Tensor::empty({T, k}, DType::I64, ctx);    // [T, k]
-  Tensor w = Tensor::empty({T, k}, DType::F32, ctx);      // [T, k]
+  Tensor idx = Tensor::empty({T, k}, DType::I64, ctx);  // [T, k]
+  Tensor w = Tensor::empty({T, k}, DType::F32, ctx);    // [T, k]
   std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     double* s = scores->data() + t * E;
     for (int64_t e = 0; e < E; ++e) {
       double l = 0;
-      for (int64_t h = 0; h < H; ++h) l += xv[static_cast<size_t>(t * H + h)] * gv[static_cast<size_t>(e * H + h)];
+      for (int64_t h = 0; h < H; ++h)
+        l += xv[static_cast<size_t>(t * H + h)] * gv[static_cast<size_t>(e * H + h)];
       s[e] = l;
     }
     if (config_.score == RouterScore::Softmax) {
@@ -79,7 +83,8 @@ Tensor MoELayer::forward(const Tensor& x, Saved* saved) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[static_cast<size_t>(j)];
       idx.data_as<int64_t>()[t * k + j] = e;
-      w.data_as<float>()[t * k + j] = static_cast<float>(config_.normalize_topk ? s[e] / sum : s[e]);
+      w.data_as<float>()[t * k + j] =
+          static_cast<float>(config_.normalize_topk ? s[e] / sum : s[e]);
     }
   }
   forward_phases_.router_ms = ms_since(t0);
@@ -112,7 +117,8 @@ Tensor MoELayer::forward(const Tensor& x, Saved* saved) {
 }
 
 MoELayer::Grads MoELayer::backward(Saved& s, const Tensor& dy, const BackwardOptions& options) {
-  if (!s.valid) throw_invalid("saved", "the context filled by forward(x, &saved)", "an empty context");
+  if (!s.valid)
+    throw_invalid("saved", "the context filled by forward(x, &saved)", "an empty context");
   check_backward_once(s.used);
   const ExpertParallelConfig& c = config_.ep;
   const Context& ctx = comm_->context();
@@ -125,11 +131,13 @@ MoELayer::Grads MoELayer::backward(Saved& s, const Tensor& dy, const BackwardOpt
   backward_phases_.combine_traffic = ep_->last_traffic();
   t0 = Clock::now();
   Grads g;
-  g.experts = mlp_->backward(s.mlp, dY, {.grad_input = ep_->dispatch_backward_input(),
-                                         .retain_saved = options.retain_saved});
+  g.experts = mlp_->backward(
+      s.mlp, dY,
+      {.grad_input = ep_->dispatch_backward_input(), .retain_saved = options.retain_saved});
   backward_phases_.mlp_ms = ms_since(t0);
   t0 = Clock::now();
-  ExpertParallel::DispatchGrads dg = ep_->dispatch_backward(s.handle, g.experts.input, g.experts.probs);
+  ExpertParallel::DispatchGrads dg =
+      ep_->dispatch_backward(s.handle, g.experts.input, g.experts.probs);
   backward_phases_.dispatch_ms = ms_since(t0);
   backward_phases_.dispatch_traffic = ep_->last_traffic();
   // ---- router backward (fp64): d(weights) → d(scores) → d(logits) → dWg, dx_r
@@ -146,16 +154,19 @@ MoELayer::Grads MoELayer::backward(Saved& s, const Tensor& dy, const BackwardOpt
       double z = 0, gdotw = 0;
       for (int64_t j = 0; j < k; ++j) z += sc[idx[t * k + j]];
       for (int64_t j = 0; j < k; ++j) gdotw += gw[t * k + j] * sc[idx[t * k + j]] / z;
-      for (int64_t j = 0; j < k; ++j) ds[static_cast<size_t>(idx[t * k + j])] = (gw[t * k + j] - gdotw) / z;
+      for (int64_t j = 0; j < k; ++j)
+        ds[static_cast<size_t>(idx[t * k + j])] = (gw[t * k + j] - gdotw) / z;
     } else {
       for (int64_t j = 0; j < k; ++j) ds[static_cast<size_t>(idx[t * k + j])] = gw[t * k + j];
     }
     if (config_.score == RouterScore::Softmax) {
       double dot = 0;
       for (int64_t e = 0; e < E; ++e) dot += ds[static_cast<size_t>(e)] * sc[e];
-      for (int64_t e = 0; e < E; ++e) dl[static_cast<size_t>(e)] = sc[e] * (ds[static_cast<size_t>(e)] - dot);
+      for (int64_t e = 0; e < E; ++e)
+        dl[static_cast<size_t>(e)] = sc[e] * (ds[static_cast<size_t>(e)] - dot);
     } else {
-      for (int64_t e = 0; e < E; ++e) dl[static_cast<size_t>(e)] = ds[static_cast<size_t>(e)] * sc[e] * (1 - sc[e]);
+      for (int64_t e = 0; e < E; ++e)
+        dl[static_cast<size_t>(e)] = ds[static_cast<size_t>(e)] * sc[e] * (1 - sc[e]);
     }
     for (int64_t e = 0; e < E; ++e) {
       const double d = dl[static_cast<size_t>(e)];

@@ -28,7 +28,9 @@ std::vector<double> f64(const Tensor& t) {
   to_f64(t.data(), t.dtype(), v.data(), v.size());
   return v;
 }
-Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) { return t.rows(begin, end); }
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) {
+  return t.rows(begin, end);
+}
 
 struct Results {  // one rank's (or the reference's) last step
   std::vector<double> y, dx, dgate, dw1, dw2;
@@ -45,7 +47,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
   const int N = cfg.ranks;
   const int64_t E = cfg.experts, H = cfg.hidden, F = cfg.ffn, T = cfg.tokens, k = cfg.topk;
   if (E % N != 0) {
-    throw_invalid("--experts", str("a multiple of --ep (", N, ") so that every rank owns E/N experts"),
+    throw_invalid("--experts",
+                  str("a multiple of --ep (", N, ") so that every rank owns E/N experts"),
                   std::to_string(E));
   }
   if (k > E) throw_invalid("--topk", str("at most --experts (", E, ")"), std::to_string(k));
@@ -53,7 +56,7 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
   const Tensor gate = random_tensor({E, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
   const Tensor w1 = random_tensor({E, 2 * F, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
   const Tensor w2 = random_tensor({E, H, F}, cfg.dtype, 1.0 / std::sqrt(double(F)), rng);
-  const Tensor x = random_tensor({N * T, H}, cfg.dtype, 1.0, rng);   // rank r: rows [rT, (r+1)T)
+  const Tensor x = random_tensor({N * T, H}, cfg.dtype, 1.0, rng);  // rank r: rows [rT, (r+1)T)
   const Tensor dy = random_tensor({N * T, H}, cfg.dtype, 1.0, rng);
 
   // One layer on `ranks` ranks over rows [rT', (r+1)T') each (T' = N·T / ranks); steps times.
@@ -78,8 +81,12 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
     group.run([&](Communicator& comm) {
       const int r = comm.rank();
       const Context& ctx = comm.context();
-      MoELayer moe(comm, {.ep = {.experts_per_rank = L, .hidden = H, .dtype = cfg.dtype, .topk = k,
-                                 .max_tokens = Tr, .receive_capacity = Tr * ranks * std::min(k, L)},
+      MoELayer moe(comm, {.ep = {.experts_per_rank = L,
+                                 .hidden = H,
+                                 .dtype = cfg.dtype,
+                                 .topk = k,
+                                 .max_tokens = Tr,
+                                 .receive_capacity = Tr * ranks * std::min(k, L)},
                           .ffn = F});
       copy(ctx, gate, moe.gate_weight());
       copy(ctx, w1.rows(r * L, (r + 1) * L), moe.experts().fc1()->linear().weight());
@@ -95,7 +102,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
         y = moe.forward(xr, &saved);
         g = moe.backward(saved, dyr);
         const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         zc = zc && saved.expert_out.data() == moe.ep().combine_input().data() &&
              g.experts.input.data() == moe.ep().dispatch_backward_input().data();
         if (timing && s >= 0) {
@@ -106,7 +114,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
         }
       }
       Results& out = res[static_cast<size_t>(r)];
-      out = {f64(y), f64(g.input), f64(g.gate), f64(g.experts.fc1.weight), f64(g.experts.fc2.weight)};
+      out = {f64(y), f64(g.input), f64(g.gate), f64(g.experts.fc1.weight),
+             f64(g.experts.fc2.weight)};
       std::lock_guard lock(m);
       all_zero_copy = all_zero_copy && zc;
     });
@@ -155,7 +164,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
   rep.checked = true;
   rep.tolerance = std::max(4 * epsilon(cfg.dtype), 1e-5);
   rep.bit_identical = true;
-  auto meter = [&](const char* what, const std::vector<double>& got, const std::vector<double>& want) {
+  auto meter = [&](const char* what, const std::vector<double>& got,
+                   const std::vector<double>& want) {
     double err = 0, mag = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       err = std::max(err, std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) : INFINITY);
@@ -196,11 +206,14 @@ std::string EpStepReport::table() const {
     << " experts, " << cfg.experts / cfg.ranks << " per rank, top-" << cfg.topk << ", "
     << name(cfg.dtype) << ") on " << cfg.ranks << " CPU ranks (cpu-ranks engine, threads over "
     << "shared memory)\n";
-  std::snprintf(b, sizeof b, "  shapes      x [%lld, %lld] per rank, fc1 [%lld, %lld, %lld], fc2 [%lld, %lld, %lld] per rank\n",
+  std::snprintf(b, sizeof b,
+                "  shapes      x [%lld, %lld] per rank, fc1 [%lld, %lld, %lld], fc2 [%lld, %lld, "
+                "%lld] per rank\n",
                 static_cast<long long>(cfg.tokens), static_cast<long long>(cfg.hidden),
-                static_cast<long long>(cfg.experts / cfg.ranks), static_cast<long long>(2 * cfg.ffn),
-                static_cast<long long>(cfg.hidden), static_cast<long long>(cfg.experts / cfg.ranks),
-                static_cast<long long>(cfg.hidden), static_cast<long long>(cfg.ffn));
+                static_cast<long long>(cfg.experts / cfg.ranks),
+                static_cast<long long>(2 * cfg.ffn), static_cast<long long>(cfg.hidden),
+                static_cast<long long>(cfg.experts / cfg.ranks), static_cast<long long>(cfg.hidden),
+                static_cast<long long>(cfg.ffn));
   o << b;
   o << "  phase (ms, slowest rank, median)   forward   backward\n";
   auto line = [&](const char* n, double f, double bw) {
@@ -220,7 +233,8 @@ std::string EpStepReport::table() const {
                 mb(dispatch_remote), mb(dispatch_local), mb(dispatch_per_slot));
   o << b;
   std::snprintf(b, sizeof b,
-                "              combine  %.3f MB to other ranks + %.3f MB to self (fp32 partials; "
+                "              combine  %.3f MB to other ranks + %.3f MB to self (a row in the "
+                "dtype or an fp32 sum per (token, rank); "
                 "per-slot: %.3f MB)\n",
                 mb(combine_remote), mb(combine_local), mb(combine_per_slot));
   o << b;
@@ -253,16 +267,31 @@ std::string EpStepReport::json() const {
       {"ffn", cfg.ffn},
       {"dtype", std::string(name(cfg.dtype))},
       {"step_ms", step_ms},
-      {"forward_ms", {{"router", fwd_router}, {"dispatch", fwd_dispatch}, {"mlp", fwd_mlp}, {"combine", fwd_combine}}},
-      {"backward_ms", {{"combine", bwd_combine}, {"mlp", bwd_mlp}, {"dispatch", bwd_dispatch}, {"router", bwd_router}}},
-      {"bytes_per_rank", {{"dispatch_remote", dispatch_remote}, {"dispatch_local", dispatch_local},
-                          {"dispatch_per_slot", dispatch_per_slot}, {"combine_remote", combine_remote},
-                          {"combine_local", combine_local}, {"combine_per_slot", combine_per_slot}}},
+      {"forward_ms",
+       {{"router", fwd_router},
+        {"dispatch", fwd_dispatch},
+        {"mlp", fwd_mlp},
+        {"combine", fwd_combine}}},
+      {"backward_ms",
+       {{"combine", bwd_combine},
+        {"mlp", bwd_mlp},
+        {"dispatch", bwd_dispatch},
+        {"router", bwd_router}}},
+      {"bytes_per_rank",
+       {{"dispatch_remote", dispatch_remote},
+        {"dispatch_local", dispatch_local},
+        {"dispatch_per_slot", dispatch_per_slot},
+        {"combine_remote", combine_remote},
+        {"combine_local", combine_local},
+        {"combine_per_slot", combine_per_slot}}},
       {"zero_copy", zero_copy},
   };
   if (checked) {
-    j["check"] = {{"passed", passed}, {"max_error", max_error}, {"worst", worst},
-                  {"tolerance", tolerance}, {"bit_identical", bit_identical}};
+    j["check"] = {{"passed", passed},
+                  {"max_error", max_error},
+                  {"worst", worst},
+                  {"tolerance", tolerance},
+                  {"bit_identical", bit_identical}};
   }
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }

@@ -12,7 +12,8 @@ namespace moekit::tools {
 
 struct EpStepConfig {
   int ranks = 1;
-  int64_t hidden = 0, ffn = 0, experts = 0, tokens = 0, topk = 2;  // experts: E in all; tokens per rank
+  int64_t hidden = 0, ffn = 0, experts = 0, tokens = 0,
+          topk = 2;  // experts: E in all; tokens per rank
   DType dtype = DType::BF16;
   uint64_t seed = 1;
   int64_t steps = 3;

@@ -36,10 +36,12 @@ namespace moekit {
 /// One collective allocation: this rank's block and every rank's base address (peers[rank()] is
 /// local.data()). The block stays allocated while any copy of this object lives.
 struct SymmetricMemory {
-  Tensor local;               // u8 [bytes] on the rank's device
-  std::vector<void*> peers;   // [world_size] base of each rank's block of the same call
+  Tensor local;              // u8 [bytes] on the rank's device
+  std::vector<void*> peers;  // [world_size] base of each rank's block of the same call
   template <class T>
-  T* peer_as(int rank) const { return static_cast<T*>(peers[static_cast<size_t>(rank)]); }
+  T* peer_as(int rank) const {
+    return static_cast<T*>(peers[static_cast<size_t>(rank)]);
+  }
 };
 
 class Communicator {

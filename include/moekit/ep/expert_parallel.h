@@ -43,10 +43,11 @@
 // every rank agrees on it: the rank at fault throws InvalidArgument naming the argument, expected
 // and seen values, the others InvalidArgument naming that rank. Nothing is written then.
 //
-// Zero copy: combine_input() [R, H] and dispatch_backward_input() [R, H] are buffers of the engine's
-// memory (symmetric) that the EP object owns; give them to the grouped MLP as fc2's `output` and
-// fc1's `grad_input` (SPEC §3) and pass them back to combine / dispatch_backward, which read them
-// in place. One layer step in flight per ExpertParallel: the next dispatch reuses the buffers.
+// Zero copy: combine_input() [R, H] and dispatch_backward_input() [R, H] are buffers of the
+// engine's memory (symmetric) that the EP object owns; give them to the grouped MLP as fc2's
+// `output` and fc1's `grad_input` (SPEC §3) and pass them back to combine / dispatch_backward,
+// which read them in place. One layer step in flight per ExpertParallel: the next dispatch reuses
+// the buffers.
 #pragma once
 
 #include <cstdint>
@@ -76,10 +77,10 @@ struct ExpertParallelConfig {
 
 /// Bytes the last call stored (what the transport moved), per rank.
 struct EpTraffic {
-  int64_t remote_bytes = 0;        // into other ranks' memory (cross-rank links)
-  int64_t local_bytes = 0;         // into this rank's own staging (self)
-  int64_t per_slot_bytes = 0;      // what a per-slot (one row per (token, expert)) all-to-all in
-                                   // the dtype would store into other ranks (the comparison)
+  int64_t remote_bytes = 0;    // into other ranks' memory (cross-rank links)
+  int64_t local_bytes = 0;     // into this rank's own staging (self)
+  int64_t per_slot_bytes = 0;  // what a per-slot (one row per (token, expert)) all-to-all in
+                               // the dtype would store into other ranks (the comparison)
 };
 
 class ExpertParallel {

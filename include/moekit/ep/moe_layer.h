@@ -76,7 +76,7 @@ class MoELayer {
     Tensor topk_weights;  // [T, k] f32
     ExpertParallel::Handle handle;
     GroupedMLP::Saved mlp;
-    Tensor expert_out;    // the MLP's output: combine_input() itself (zero copy)
+    Tensor expert_out;  // the MLP's output: combine_input() itself (zero copy)
     std::shared_ptr<std::vector<double>> scores;  // [T, E] fp64, for the router's backward
     bool valid = false;
     std::shared_ptr<bool> used;
@@ -85,10 +85,10 @@ class MoELayer {
   Tensor forward(const Tensor& x, Saved* saved = nullptr);
 
   struct Grads {
-    Tensor input;              // dx [T, H]
-    Tensor gate;               // dWg [E, H] (this rank's tokens)
-    GroupedMLP::Grads experts; // the local experts' gradients; experts.input is
-                               // dispatch_backward_input() itself (zero copy)
+    Tensor input;               // dx [T, H]
+    Tensor gate;                // dWg [E, H] (this rank's tokens)
+    GroupedMLP::Grads experts;  // the local experts' gradients; experts.input is
+                                // dispatch_backward_input() itself (zero copy)
   };
   using BackwardOptions = MoELayerBackwardOptions;
   Grads backward(Saved& saved, const Tensor& dy, const BackwardOptions& options = {});
