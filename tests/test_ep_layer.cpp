@@ -248,7 +248,7 @@ TEST_P(MoELayerRanks, ForwardAndBackwardMatchTheDenseFp64Reference) {
     std::vector<RankRef> ref;
     for (int r = 0; r < c.W; ++r) ref.push_back(reference(d, r, dw1, dw2));
     const double rtol = dtype == DType::F32 ? 1e-4 : 4e-2;
-    CpuRanks ranks(c.W);
+    CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });  // unwritten memory is NaN
     ranks.run([&](Communicator& comm) {
       const int r = comm.rank();
       const Context& ctx = comm.context();
@@ -283,7 +283,7 @@ TEST(MoELayerZeroCopy, TheMlpWritesTheEpBuffersInPlace) {
   LayerCase c;
   c.W = 2;
   const LayerData d = make_layer_data(c);
-  CpuRanks ranks(c.W);
+  CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });  // unwritten memory is NaN
   ranks.run([&](Communicator& comm) {
     const int r = comm.rank();
     const Context& ctx = comm.context();
@@ -316,7 +316,7 @@ TEST(MoELayerOnce, ASecondBackwardOfOneForwardIsRefused) {
   LayerCase c;
   c.W = 1;
   const LayerData d = make_layer_data(c);
-  CpuRanks ranks(1);
+  CpuRanks ranks(1, [](int) { return poisoned(Context::cpu(1)); });
   ranks.run([&](Communicator& comm) {
     const Context& ctx = comm.context();
     MoELayer moe(comm, layer_config(c));
