@@ -30,6 +30,7 @@ struct EpStepReport {
   double dispatch_remote = 0, dispatch_local = 0, dispatch_per_slot = 0;
   double combine_remote = 0, combine_local = 0, combine_per_slot = 0;
   bool zero_copy = false;
+  double staged_copy_ms = 0, staged_copy_bytes = 0;  // one copy of [R, H] the zero copy avoids
   bool checked = false, passed = false, bit_identical = false;
   double max_error = 0, tolerance = 0;
   std::string worst;
