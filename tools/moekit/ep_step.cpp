@@ -235,7 +235,8 @@ std::string EpStepReport::table() const {
                 static_cast<long long>(cfg.experts / cfg.ranks), static_cast<long long>(cfg.hidden),
                 static_cast<long long>(cfg.ffn));
   o << b;
-  o << "  phase (ms, slowest rank, median)   forward   backward\n";
+  o << "  phase (ms, slowest rank, median; an EP phase includes waiting for the other ranks)\n"
+       "                                       forward   backward\n";
   auto line = [&](const char* n, double f, double bw) {
     std::snprintf(b, sizeof b, "    %-32s %8.3f  %9.3f\n", n, f, bw);
     o << b;
