@@ -38,10 +38,11 @@
 // InvalidArgument on every rank naming the overflowing rank, the rows needed and the capacity;
 // nothing is sent. Drop: rows are kept in expert-major order while they fit (expert e keeps
 // min(c_e, ⌊(R − off_e)/A⌋·A) rows, first sources/tokens first); the rest are dropped — they get
-// no row, add nothing to the combine, get zero weight gradients — and counted (dropped()).
-// Validation (host metadata and, on CPU ranks, the index values) happens before anything is sent;
-// every rank agrees on it: the rank at fault throws InvalidArgument naming the argument, expected
-// and seen values, the others InvalidArgument naming that rank. Nothing is written then.
+// no row, add nothing to the combine, get zero weight gradients — and counted
+// (Dispatched::dropped). Validation (host metadata and, on CPU ranks, the index values) happens
+// before anything is sent; every rank agrees on it: the rank at fault throws InvalidArgument naming
+// the argument, expected and seen values, the others InvalidArgument naming that rank. Nothing is
+// written then.
 //
 // Zero copy: combine_input() [R, H] and dispatch_backward_input() [R, H] are buffers of the
 // engine's memory (symmetric) that the EP object owns; give them to the grouped MLP as fc2's
