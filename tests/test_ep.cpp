@@ -685,6 +685,88 @@ TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
     EXPECT_EQ(recv32[static_cast<size_t>(r)], first[static_cast<size_t>(r)].recv);
 }
 
+// ---------------------------------------------------------------- caller buffers
+
+// Every EP output may be a caller buffer: written in place (returned aliased), bit-identical to the
+// internally allocated result, rows [S, R) of recv, weights and combine_backward's output keep the
+// sentinel; a wrong buffer on one rank is refused on every rank and nothing is written.
+TEST(EpCallerBuffers, EveryOutputIsWrittenInPlaceAndAWrongOneWritesNothing) {
+  Case c;
+  c.W = 2;
+  c.A = 4;
+  auto in = make_inputs(c, default_tokens(c));
+  c.R = max_rows_needed(c, in) + 9;
+  CpuRanks ranks(c.W);
+  std::vector<std::string> msgs(static_cast<size_t>(c.W));
+  ranks.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    const Context& ctx = comm.context();
+    const RankInput& ri = in[static_cast<size_t>(r)];
+    ExpertParallel ep(comm, {.experts_per_rank = c.L,
+                             .hidden = c.H,
+                             .dtype = c.dtype,
+                             .topk = c.k,
+                             .max_tokens = c.Tm,
+                             .receive_capacity = c.R,
+                             .alignment = c.A});
+    std::vector<int64_t> idx = ri.idx;
+    std::vector<float> w = ri.w;
+    const Tensor x = to_device(ctx, ri.x), dy = to_device(ctx, ri.dy);
+    const Tensor idx_t = Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu());
+    const Tensor w_t = Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu());
+    const auto internal = ep.dispatch(x, idx_t, w_t);
+    const Tensor recv = filled(ctx, {c.R, c.H}, c.dtype, kSentinel);
+    const Tensor weights = filled(ctx, {c.R}, DType::F32, kSentinel);
+    const auto d = ep.dispatch(x, idx_t, w_t, {.recv = recv, .weights = weights});
+    EXPECT_EQ(d.recv.data(), recv.data());
+    EXPECT_EQ(d.weights.data(), weights.data());
+    const size_t es = size_of(c.dtype);
+    const auto rb = bytes_of(ctx, recv), wb = bytes_of(ctx, weights);
+    const auto ib = bytes_of(ctx, internal.recv), iw = bytes_of(ctx, internal.weights);
+    const auto S = static_cast<size_t>(d.rows);
+    EXPECT_TRUE(bit_identical({rb.begin(), rb.begin() + S * c.H * es},
+                              {ib.begin(), ib.begin() + S * c.H * es}, c.dtype));
+    EXPECT_TRUE(bit_identical({wb.begin(), wb.begin() + S * 4}, {iw.begin(), iw.begin() + S * 4},
+                              DType::F32));
+    EXPECT_TRUE(rows_hold_sentinel(rb, d.rows, c.R, c.H, c.dtype));
+    EXPECT_TRUE(rows_hold_sentinel(wb, d.rows, c.R, 1, DType::F32));
+    copy(ctx, d.recv, ep.combine_input());
+    const Tensor out = filled(ctx, {ri.T, c.H}, c.dtype, kSentinel);
+    EXPECT_EQ(ep.combine(d.handle, ep.combine_input(), out).data(), out.data());
+    EXPECT_EQ(bytes_of(ctx, out), bytes_of(ctx, ep.combine(d.handle, ep.combine_input())));
+    const Tensor dY = filled(ctx, {c.R, c.H}, c.dtype, kSentinel);
+    EXPECT_EQ(ep.combine_backward(d.handle, dy, dY).data(), dY.data());
+    const auto db = bytes_of(ctx, dY), dbi = bytes_of(ctx, ep.combine_backward(d.handle, dy));
+    EXPECT_TRUE(bit_identical({db.begin(), db.begin() + S * c.H * es},
+                              {dbi.begin(), dbi.begin() + S * c.H * es}, c.dtype));
+    EXPECT_TRUE(rows_hold_sentinel(db, d.rows, c.R, c.H, c.dtype));
+    copy(ctx, dY, ep.dispatch_backward_input());
+    const Tensor gx = filled(ctx, {ri.T, c.H}, c.dtype, kSentinel);
+    const Tensor gw = filled(ctx, {ri.T, c.k}, DType::F32, kSentinel);
+    const auto g = ep.dispatch_backward(d.handle, ep.dispatch_backward_input(), d.weights,
+                                        {.tokens = gx, .topk_weights = gw});
+    EXPECT_EQ(g.tokens.data(), gx.data());
+    EXPECT_EQ(g.topk_weights.data(), gw.data());
+    const auto gi = ep.dispatch_backward(d.handle, ep.dispatch_backward_input(), d.weights);
+    EXPECT_EQ(bytes_of(ctx, gx), bytes_of(ctx, gi.tokens));
+    EXPECT_EQ(bytes_of(ctx, gw), bytes_of(ctx, gi.topk_weights));
+    // A wrong buffer on rank 1: refused on both ranks, nothing written into either's buffer.
+    const Tensor bad = filled(ctx, {r == 1 ? ri.T + 1 : ri.T, c.H}, c.dtype, kSentinel);
+    const auto before = bytes_of(ctx, bad);
+    auto e = caught([&] { ep.combine(d.handle, ep.combine_input(), bad); });
+    msgs[static_cast<size_t>(r)] = e ? e->what() : "no error";
+    EXPECT_EQ(bytes_of(ctx, bad), before) << "rank " << r;
+    // Overlap with the call's input is refused too.
+    auto o =
+        caught([&] { ep.combine(d.handle, ep.combine_input(), ep.combine_input().rows(0, ri.T)); });
+    EXPECT_TRUE(o && std::string(o->what()).find("overlaps no input") != std::string::npos)
+        << (o ? o->what() : "no error");
+  });
+  EXPECT_THAT(msgs[1], HasSubstr(str("invalid argument 'output': expected shape [", in[1].T, ", ",
+                                     c.H, "], got [", in[1].T + 1, ", ", c.H, "]")));
+  EXPECT_THAT(msgs[0], HasSubstr("combine: rank 1 refused its arguments, nothing was sent"));
+}
+
 // ---------------------------------------------------------------- capacity
 
 TEST(EpCapacity, OverflowIsAnErrorOnEveryRankNamingRankNeededAndCapacity) {

@@ -215,9 +215,9 @@ void reduce_and_return(ExpertParallel::State& s, const EpRouting& rt, const Tens
 }
 
 // Source side: out[t] = the tree over ranks of the partials returned for t, rounded once.
-Tensor sum_returned(ExpertParallel::State& s, const EpRouting& rt) {
+Tensor sum_returned(ExpertParallel::State& s, const EpRouting& rt, const Tensor& given) {
   const int64_t H = s.c.hidden, T = rt.T;
-  Tensor out = Tensor::empty({T, H}, s.c.dtype, s.comm->context());  // [T, H]
+  Tensor out = given.defined() ? given : Tensor::empty({T, H}, s.c.dtype, s.comm->context());
   const int32_t* flags = s.ret_flag.peer_as<int32_t>(s.r);
   std::vector<float> scratch(static_cast<size_t>(s.W * H));
   std::vector<int64_t> keys;
@@ -384,7 +384,8 @@ EpTraffic ExpertParallel::last_traffic() const {
 }
 
 ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const Tensor& topk_idx,
-                                                    const Tensor& topk_weights) {
+                                                    const Tensor& topk_weights,
+                                                    const DispatchBuffers& buffers) {
   State& s = *s_;
   const ExpertParallelConfig& c = s.c;
   const int64_t H = c.hidden, k = c.topk, L = c.experts_per_rank, E = s.E();
@@ -406,6 +407,18 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
       check_input("topk_idx", topk_idx, {T, k}, DType::I64, dev);
     }
     check_input("topk_weights", topk_weights, {T, k}, DType::F32, dev);
+    if (buffers.recv.defined()) {
+      check_caller_buffer("recv", buffers.recv, {c.receive_capacity, H}, c.dtype, dev,
+                          {{"tokens", tokens},
+                           {"topk_idx", topk_idx},
+                           {"topk_weights", topk_weights},
+                           {"weights", buffers.weights}});
+    }
+    if (buffers.weights.defined()) {
+      check_caller_buffer(
+          "weights", buffers.weights, {c.receive_capacity}, DType::F32, dev,
+          {{"tokens", tokens}, {"topk_idx", topk_idx}, {"topk_weights", topk_weights}});
+    }
     rt->T = T;
     rt->topk_idx.resize(static_cast<size_t>(T * k));
     for (int64_t i = 0; i < T * k; ++i) {
@@ -556,9 +569,13 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
     }
   }
   const Context& ctx = context();
-  out.recv = Tensor::empty({c.receive_capacity, H}, c.dtype, ctx);  // [R, H]
+  out.recv = buffers.recv.defined()
+                 ? buffers.recv
+                 : Tensor::empty({c.receive_capacity, H}, c.dtype, ctx);  // [R, H]
   expand_rows(s, *rt, out.recv);
-  out.weights = Tensor::empty({c.receive_capacity}, DType::F32, ctx);  // [R]
+  out.weights = buffers.weights.defined()
+                    ? buffers.weights
+                    : Tensor::empty({c.receive_capacity}, DType::F32, ctx);  // [R]
   float* rw = out.weights.data_as<float>();
   const float* mw = s.meta_w.peer_as<float>(s.r);
   for (int src = 0; src < s.W; ++src) {
@@ -585,12 +602,17 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
   return out;
 }
 
-Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out) {
+Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out,
+                               const Tensor& output) {
   State& s = *s_;
   std::optional<Error> bad = validated([&] {
     check_handle(handle, &s);
     check_input("expert_out", expert_out, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
                 context().device());
+    if (output.defined()) {
+      check_caller_buffer("output", output, {handle.routing->T, s.c.hidden}, s.c.dtype,
+                          context().device(), {{"expert_out", expert_out}});
+    }
   });
   agree(*s.comm, kCombine, bad);
   s.traffic = {};
@@ -598,15 +620,20 @@ Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out) {
   reduce_and_return(s, rt, expert_out, nullptr);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
-  return sum_returned(s, rt);
+  return sum_returned(s, rt, output);
 }
 
-Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad_output) {
+Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad_output,
+                                        const Tensor& output) {
   State& s = *s_;
   std::optional<Error> bad = validated([&] {
     check_handle(handle, &s);
     check_input("grad_output", grad_output, {handle.routing->T, s.c.hidden}, s.c.dtype,
                 context().device());
+    if (output.defined()) {
+      check_caller_buffer("output", output, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
+                          context().device(), {{"grad_output", grad_output}});
+    }
   });
   agree(*s.comm, kCombineBackward, bad);
   s.traffic = {};
@@ -614,14 +641,16 @@ Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad
   send_rows(s, rt, grad_output);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
-  Tensor out = Tensor::empty({s.c.receive_capacity, s.c.hidden}, s.c.dtype, context());  // [R, H]
+  Tensor out = output.defined()
+                   ? output
+                   : Tensor::empty({s.c.receive_capacity, s.c.hidden}, s.c.dtype, context());
   expand_rows(s, rt, out);
   return out;
 }
 
-ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(const Handle& handle,
-                                                                const Tensor& grad_recv,
-                                                                const Tensor& grad_weights) {
+ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(
+    const Handle& handle, const Tensor& grad_recv, const Tensor& grad_weights,
+    const DispatchGradBuffers& buffers) {
   State& s = *s_;
   std::optional<Error> bad = validated([&] {
     check_handle(handle, &s);
@@ -630,6 +659,20 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(const Handle& ha
     if (grad_weights.defined()) {
       check_input("grad_weights", grad_weights, {s.c.receive_capacity}, DType::F32,
                   context().device());
+    }
+    const int64_t T = handle.routing->T;
+    if (buffers.tokens.defined()) {
+      check_caller_buffer("tokens", buffers.tokens, {T, s.c.hidden}, s.c.dtype, context().device(),
+                          {{"grad_recv", grad_recv},
+                           {"grad_weights", grad_weights},
+                           {"topk_weights", buffers.topk_weights}});
+    }
+    if (buffers.topk_weights.defined()) {
+      check_buffer_written("topk_weights", buffers.topk_weights, grad_weights.defined(),
+                           "no grad_weights were given");
+      check_caller_buffer("topk_weights", buffers.topk_weights, {T, s.c.topk}, DType::F32,
+                          context().device(),
+                          {{"grad_recv", grad_recv}, {"grad_weights", grad_weights}});
     }
   });
   agree(*s.comm, kDispatchBackward, bad);
@@ -640,10 +683,12 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(const Handle& ha
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
   DispatchGrads g;
-  g.tokens = sum_returned(s, rt);
+  g.tokens = sum_returned(s, rt, buffers.tokens);
   if (grad_weights.defined()) {
     const int64_t T = rt.T, k = s.c.topk, L = s.c.experts_per_rank;
-    g.topk_weights = Tensor::empty({T, k}, DType::F32, context());  // [T, k]
+    g.topk_weights = buffers.topk_weights.defined()
+                         ? buffers.topk_weights
+                         : Tensor::empty({T, k}, DType::F32, context());  // [T, k]
     float* gw = g.topk_weights.data_as<float>();
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j < k; ++j) {

@@ -118,15 +118,30 @@ class ExpertParallel {
     int64_t dropped = 0;       // rows dropped on this rank by the Drop policy
     Handle handle;
   };
-  Dispatched dispatch(const Tensor& tokens, const Tensor& topk_idx, const Tensor& topk_weights);
-  Tensor combine(const Handle& handle, const Tensor& expert_out);
-  Tensor combine_backward(const Handle& handle, const Tensor& grad_output);
+  /// Optional caller buffers (SPEC §3 style: shape, dtype, device, contiguous, overlapping no
+  /// input of the call nor another buffer; returned aliased; rows [S, R) keep their contents).
+  struct DispatchBuffers {
+    Tensor recv;     // [R, H] dtype
+    Tensor weights;  // [R] f32
+  };
+  Dispatched dispatch(const Tensor& tokens, const Tensor& topk_idx, const Tensor& topk_weights,
+                      const DispatchBuffers& buffers = {});
+  /// `output`: an optional caller buffer [T, H] dtype.
+  Tensor combine(const Handle& handle, const Tensor& expert_out, const Tensor& output = {});
+  /// `output`: an optional caller buffer [R, H] dtype (rows [S, R) keep their contents).
+  Tensor combine_backward(const Handle& handle, const Tensor& grad_output,
+                          const Tensor& output = {});
   struct DispatchGrads {
     Tensor tokens;        // [T, H] dtype
     Tensor topk_weights;  // [T, k] f32 (undefined when grad_weights was not given)
   };
+  struct DispatchGradBuffers {
+    Tensor tokens;        // [T, H] dtype
+    Tensor topk_weights;  // [T, k] f32 (only with grad_weights)
+  };
   DispatchGrads dispatch_backward(const Handle& handle, const Tensor& grad_recv,
-                                  const Tensor& grad_weights = {});
+                                  const Tensor& grad_weights = {},
+                                  const DispatchGradBuffers& buffers = {});
 
   /// What the last call stored.
   EpTraffic last_traffic() const;
