@@ -1,0 +1,152 @@
+"""moekit.torch.GroupedLinear: TE's GroupedLinear module on moekit (forward(inp, m_splits, out=,
+dgrad_out=)), with Megatron's weight.main_grad accumulation."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _moekit
+from ._common import check_buffer, context_for, dl, dtype_name, from_moekit, splits_for, zero_tail
+
+
+def _init_grouped_weight(weight: torch.Tensor):
+    # As torch.nn.Linear per expert: kaiming-uniform, a = sqrt(5).
+    for g in range(weight.shape[0]):
+        torch.nn.init.kaiming_uniform_(weight[g], a=math.sqrt(5))
+
+
+class _GroupedLinearFunction(torch.autograd.Function):
+    """y = grouped x·Wᵀ + b through moekit; `out` is written in place and returned (mark_dirty),
+    `dgrad_out` receives dx in backward and is returned as the input's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, out, layer, splits, keep_splits, dgrad_out, main_grad):
+        layer.set_weight(dl(weight))
+        if bias is not None:
+            layer.set_bias(dl(bias))
+        input_grad = ctx.needs_input_grad[0]
+        y, saved = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=input_grad,
+                                 save=True)
+        if out is not None:
+            ctx.mark_dirty(out)
+            y = out
+        else:
+            y = from_moekit(y)
+        ctx.layer, ctx.saved, ctx.weight, ctx.bias = layer, saved, weight, bias
+        ctx.keep = (x, keep_splits)
+        ctx.dgrad_out = dgrad_out if input_grad else None
+        ctx.main_grad = main_grad
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        layer = ctx.layer
+        layer.set_weight(dl(ctx.weight))
+        wgrad = ctx.needs_input_grad[1] or ctx.main_grad is not None
+        layer.weight_requires_grad = wgrad or (ctx.bias is not None and ctx.needs_input_grad[2])
+        layer.set_main_grad(dl(ctx.main_grad))
+        dx, dw, db = layer.backward(ctx.saved, dl(dy.contiguous()), grad_input=dl(ctx.dgrad_out))
+        layer.set_main_grad(None)
+        if ctx.dgrad_out is not None:
+            dx = ctx.dgrad_out
+        else:
+            dx = zero_tail(from_moekit(dx), ctx.keep[1])
+        if ctx.main_grad is not None:
+            dw = None  # accumulated into weight.main_grad
+            if hasattr(ctx.weight, "grad_added_to_main_grad"):
+                ctx.weight.grad_added_to_main_grad = True
+        else:
+            dw = from_moekit(dw) if ctx.needs_input_grad[1] else None
+        db = from_moekit(db) if ctx.bias is not None and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None, None, None, None
+
+
+class GroupedLinear(torch.nn.Module):
+    """G expert Linear layers over rows grouped by expert (TE's te.pytorch.GroupedLinear).
+
+    Parameters: `weight` [G, N, K] (expert g's (out, in) matrix, like torch.nn.Linear.weight) and
+    `bias` [G, N] — one packed tensor each (TE's single_grouped_weight / single_grouped_bias).
+    `forward(inp, m_splits, out=None, dgrad_out=None)`: inp [..., K] with rows grouped by expert,
+    m_splits the rows per expert (a list, or an integer tensor [G]: on the GPU, device counts need
+    no host sync and are CUDA-graph safe). `out` [T, N] receives y and is returned; `dgrad_out`
+    [T, K] receives dx in backward (T = rows of inp, a tail past sum(m_splits) is left untouched).
+    fuse_wgrad_accumulation: backward adds dW into `weight.main_grad` (fp32 [G, N, K], set by the
+    caller) and leaves weight.grad None.
+    """
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
+                 params_dtype: torch.dtype | None = None, device=None,
+                 fuse_wgrad_accumulation: bool = False):
+        super().__init__()
+        if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
+            raise ValueError(f"moekit: GroupedLinear needs positive sizes, got num_gemms={num_gemms}, "
+                             f"in_features={in_features}, out_features={out_features}")
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.use_bias = bias
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype_name(dtype)
+        device = torch.device(device if device is not None else "cpu")
+        self.weight = torch.nn.Parameter(
+            torch.empty(num_gemms, out_features, in_features, dtype=dtype, device=device))
+        _init_grouped_weight(self.weight.data)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(num_gemms, out_features, dtype=dtype,
+                                                       device=device))
+        else:
+            self.register_parameter("bias", None)
+        self._layers: dict = {}  # moekit GroupedLinear per (device, stream)
+
+    def _layer(self):
+        key, ctx = context_for(self.weight.device)
+        layer = self._layers.get(key)
+        if layer is None:
+            layer = _moekit.GroupedLinear(ctx, self.num_gemms, self.in_features, self.out_features,
+                                          dtype_name(self.weight.dtype), self.use_bias)
+            self._layers[key] = layer
+        return layer
+
+    def forward(self, inp: torch.Tensor, m_splits, out: torch.Tensor | None = None,
+                dgrad_out: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"moekit: inp must be a torch.Tensor, got {type(inp).__name__}")
+        if inp.size(-1) != self.in_features:
+            raise ValueError(f"moekit: input's last dimension {inp.size(-1)} does not match "
+                             f"in_features {self.in_features}")
+        dtype, device = self.weight.dtype, self.weight.device
+        x = inp.reshape(-1, self.in_features)
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        x = x.contiguous()
+        rows = x.shape[0]
+        if out is not None:
+            check_buffer("out", out, (rows, self.out_features), dtype, device)
+        if dgrad_out is not None:
+            check_buffer("dgrad_out", dgrad_out, (rows, self.in_features), dtype, device)
+        splits, keep = splits_for(m_splits, device, self.num_gemms)
+        main_grad = None
+        if self.fuse_wgrad_accumulation and self.weight.requires_grad:
+            main_grad = getattr(self.weight, "main_grad", None)
+            if main_grad is None:
+                raise ValueError("moekit: fuse_wgrad_accumulation needs weight.main_grad "
+                                 "(an fp32 [G, N, K] tensor the caller sets)")
+        layer = self._layer()
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or
+                                        (self.bias is not None and self.bias.requires_grad)):
+            y = _GroupedLinearFunction.apply(x, self.weight, self.bias, out, layer, splits, keep,
+                                             dgrad_out, main_grad)
+        else:
+            layer.set_weight(dl(self.weight))
+            if self.bias is not None:
+                layer.set_bias(dl(self.bias))
+            y, _ = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=False,
+                                 save=False)
+            y = out if out is not None else from_moekit(y)
+        if inp.dim() != 2:
+            y = y.view(*inp.shape[:-1], self.out_features)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.use_bias}, dtype={self.weight.dtype}")
