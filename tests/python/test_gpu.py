@@ -64,9 +64,14 @@ def test_buffers_alias_on_a_side_stream():
 def test_mlp_step_captured_in_a_cuda_graph_replays_with_new_counts():
     built_for("cuda")
     G, H, F, T = 4, 128, 128, 1024
-    fc1 = ops.GroupedLinear(G, H, 2 * F, bias=False, device="cuda", dtype=BF16)
+    # The weight gradients go to main_grad: outputs a replay must keep are caller buffers (SPEC §1).
+    fc1 = ops.GroupedLinear(G, H, 2 * F, bias=False, device="cuda", dtype=BF16,
+                            accumulate_into_main_grad=True)
     act = ops.ScaledSwiGLU(glu_interleave_size=32)
-    fc2 = ops.GroupedLinear(G, F, H, bias=False, device="cuda", dtype=BF16)
+    fc2 = ops.GroupedLinear(G, F, H, bias=False, device="cuda", dtype=BF16,
+                            accumulate_into_main_grad=True)
+    for fc in (fc1, fc2):
+        fc.weight.main_grad = torch.zeros(fc.weight.shape, device="cuda")
     seq = ops.Sequential(fc1, act, fc2)
     x = torch.randn(T, H, dtype=BF16, device="cuda", requires_grad=True)
     probs = torch.rand(T, device="cuda", requires_grad=True)
@@ -74,7 +79,7 @@ def test_mlp_step_captured_in_a_cuda_graph_replays_with_new_counts():
     out = torch.full((T, H), 7.0, dtype=BF16, device="cuda")
     gin = torch.full((T, H), 7.0, dtype=BF16, device="cuda")
     dy = torch.randn(T, H, dtype=BF16, device="cuda")
-    params = [x, probs, fc1.weight, fc2.weight]
+    params = [x, probs]
 
     def step():
         for p in params:
@@ -101,21 +106,26 @@ def test_mlp_step_captured_in_a_cuda_graph_replays_with_new_counts():
             x.copy_(torch.randn_like(x))
         out.fill_(7.0)
         gin.fill_(7.0)
+        for fc in (fc1, fc2):
+            fc.weight.main_grad.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        got = [out.clone(), gin.clone()] + [g.clone() for g in static_grads]
+        got = [out.clone(), gin.clone()] + [g.clone() for g in static_grads] + [
+            fc.weight.main_grad.clone() for fc in (fc1, fc2)]
         if S < T:
             assert torch.all(got[0][S:] == 7.0) and torch.all(got[1][S:] == 7.0)
         # eager on the same device counts: the same kernels, bit for bit
         xe = x.detach().clone().requires_grad_(True)
         pe = probs.detach().clone().requires_grad_(True)
-        fc1.weight.grad = fc2.weight.grad = None
+        for fc in (fc1, fc2):
+            fc.weight.main_grad.zero_()
         ye = seq(xe, splits, pe, splits)
         ye.backward(dy)
         assert torch.equal(got[0][:S], ye[:S])
         assert torch.equal(got[2][:S], xe.grad[:S])
         assert torch.equal(got[3][:S], pe.grad[:S])
-        assert torch.equal(got[4], fc1.weight.grad) and torch.equal(got[5], fc2.weight.grad)
+        assert torch.equal(got[4], fc1.weight.main_grad) and torch.equal(got[5], fc2.weight.main_grad)
+        assert fc1.weight.grad is None
         # and the fp64 torch reference
         xr, pr = fp64_leaf(xe), fp64_leaf(pe)
         yr = grouped_mlp(xr, fc1.weight.detach().double(), fc2.weight.detach().double(), pr,

@@ -314,6 +314,9 @@ class Sequential(torch.nn.Module):
                 first_grad_input = kw["grad_input"]
         return routed, last_output, first_grad_input
 
+    # torch.compile: the call into moekit is one graph break (Dynamo cannot trace the nanobind
+    # module); the model's code around it is compiled.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"moekit: input must be a torch.Tensor, got {type(x).__name__}")
