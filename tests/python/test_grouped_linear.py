@@ -145,3 +145,12 @@ def test_inference_and_3d_input(device):
         y = layer(x.view(3, 7, K), SPLITS)
     assert y.shape == (3, 7, N) and not y.requires_grad
     assert torch.equal(y.reshape(T, N)[:17], layer(x, SPLITS)[:17].detach())
+
+
+def test_a_module_cast_to_another_dtype_keeps_working():
+    layer, x = make("cpu")
+    y32 = layer(x, SPLITS)
+    layer.to(torch.bfloat16)
+    y16 = layer(x.detach().to(torch.bfloat16), SPLITS)
+    assert y16.dtype == torch.bfloat16
+    assert_close(y16[:17], y32[:17], torch.bfloat16)

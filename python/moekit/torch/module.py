@@ -100,6 +100,7 @@ class GroupedLinear(torch.nn.Module):
 
     def _layer(self):
         key, ctx = context_for(self.weight.device)
+        key = (key, self.weight.dtype)  # a module moved to another device or dtype gets another
         layer = self._layers.get(key)
         if layer is None:
             layer = _moekit.GroupedLinear(ctx, self.num_gemms, self.in_features, self.out_features,
