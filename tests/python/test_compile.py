@@ -11,9 +11,10 @@ class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.pre = torch.nn.Linear(16, 16)
-        self.fc = mt.GroupedLinear(3, 16, 16)
-        self.mlp = ops.Sequential(ops.GroupedLinear(3, 16, 64, bias=False), ops.ScaledSwiGLU(),
-                                  ops.GroupedLinear(3, 32, 16, bias=False))
+        self.fc = mt.GroupedLinear(3, 16, 16, device="cpu")
+        self.mlp = ops.Sequential(ops.GroupedLinear(3, 16, 64, bias=False, device="cpu"),
+                                  ops.ScaledSwiGLU(), ops.GroupedLinear(3, 32, 16, bias=False,
+                                                                        device="cpu"))
 
     def forward(self, x, probs):
         h = torch.relu(self.pre(x))

@@ -117,8 +117,8 @@ def test_op_kwargs_buffers_alias_bit_exact_keep_tail(device, keyed, which):
 def test_two_grouped_linears_with_caller_buffers_as_te():
     # TE's test_grouped_linear_caller_buffers: Sequential(GroupedLinear(3, 128->256),
     # GroupedLinear(3, 256->64)), splits [128, 256, 128]; distinct widths make a misroute fail.
-    fc1 = ops.GroupedLinear(3, 128, 256, bias=True)
-    fc2 = ops.GroupedLinear(3, 256, 64, bias=True)
+    fc1 = ops.GroupedLinear(3, 128, 256, bias=True, device="cpu")
+    fc2 = ops.GroupedLinear(3, 256, 64, bias=True, device="cpu")
     seq = ops.Sequential(fc1, fc2)
     splits = [128, 256, 128]
     x = torch.randn(512, 128, requires_grad=True)
@@ -149,7 +149,7 @@ def test_misrouted_op_kwargs_are_moekit_errors():
     expect_error(seq, x, probs, {0: {"output": buf(T, 2 * F)}}, r"op_args\[0\]\.output")
     expect_error(seq, x, probs, {fc2: {"grad_input": buf(T, F)}}, r"'grad_input' only on fc1")
     expect_error(seq, x, probs, {act: {"output": buf(T, F)}}, "ScaledSwiGLU")
-    other = ops.GroupedLinear(4, H, 2 * F, bias=False)
+    other = ops.GroupedLinear(4, H, 2 * F, bias=False, device="cpu")
     expect_error(seq, x, probs, {other: {"output": buf(T, 2 * F)}}, "handle of an op of this")
     expect_error(seq, x, probs, {3: {"output": buf(T, H)}}, r"position in \[0, 3\)")
     expect_error(seq, x, probs, {2: {"output": buf(T, H)}, fc2: {"output": buf(T, H)}},

@@ -15,6 +15,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPES[dtype]
 
 
+def default_device(device) -> torch.device:
+    """A module's device: the one given, else (as TE) CUDA, or the CPU where torch sees no GPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def context_for(device: torch.device):
     """(key, moekit Context) for `device` on torch's current stream there.
 

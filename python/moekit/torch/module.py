@@ -7,7 +7,8 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import check_buffer, context_for, dl, dtype_name, from_moekit, splits_for, zero_tail
+from ._common import (check_buffer, context_for, default_device, dl, dtype_name, from_moekit,
+                      splits_for, zero_tail)
 
 
 def _init_grouped_weight(weight: torch.Tensor):
@@ -72,10 +73,12 @@ class GroupedLinear(torch.nn.Module):
     no host sync and are CUDA-graph safe). `out` [T, N] receives y and is returned; `dgrad_out`
     [T, K] receives dx in backward (T = rows of inp, a tail past sum(m_splits) is left untouched).
     fuse_wgrad_accumulation: backward adds dW into `weight.main_grad` (fp32 [G, N, K], set by the
-    caller) and leaves weight.grad None.
+    caller) and leaves weight.grad None. device: as TE, "cuda" by default (the CPU where torch
+    sees no GPU). The arguments after out_features are keyword-only (TE's positional order has
+    sequence_parallel and more, which moekit does not take).
     """
 
-    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, *, bias: bool = True,
                  params_dtype: torch.dtype | None = None, device=None,
                  fuse_wgrad_accumulation: bool = False):
         super().__init__()
@@ -87,7 +90,7 @@ class GroupedLinear(torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
         dtype_name(dtype)
-        device = torch.device(device if device is not None else "cpu")
+        device = default_device(device)
         self.weight = torch.nn.Parameter(
             torch.empty(num_gemms, out_features, in_features, dtype=dtype, device=device))
         _init_grouped_weight(self.weight.data)

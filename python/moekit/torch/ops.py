@@ -23,7 +23,7 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import context_for, dl, dtype_name, from_moekit, splits_for, zero_tail
+from ._common import context_for, default_device, dl, dtype_name, from_moekit, splits_for, zero_tail
 
 _BUFFER_KEYS = ("output", "grad_input")
 
@@ -58,7 +58,11 @@ class FusibleOperation(torch.nn.Module):
         return []
 
     def forward(self, x, *extra_inputs, **kwargs):
-        return Sequential(self)(x, *extra_inputs, op_kwargs={0: kwargs} if kwargs else None)
+        alone = self.__dict__.get("_alone")  # not a submodule: it holds this op
+        if alone is None:
+            alone = Sequential(self)
+            self.__dict__["_alone"] = alone
+        return alone(x, *extra_inputs, op_kwargs={0: kwargs} if kwargs else None)
 
 
 class GroupedLinear(FusibleOperation):
@@ -75,7 +79,7 @@ class GroupedLinear(FusibleOperation):
                              f"{num_groups}, in_features={in_features}, out_features={out_features}")
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         dtype_name(dtype)
-        device = torch.device(device if device is not None else "cpu")
+        device = default_device(device)
         self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
         self.use_bias, self.scale_bias = bias, scale_bias and bias
         self.accumulate_into_main_grad = accumulate_into_main_grad
