@@ -117,7 +117,11 @@ def test_splits_as_list_or_tensor_agree(device, kind):
     ref = layer(x, SPLITS)
     splits = SPLITS if kind == "list" else torch.tensor(SPLITS, dtype=getattr(torch, kind),
                                                           device=device)
-    assert torch.equal(layer(x, splits)[:17], ref[:17])
+    y = layer(x, splits)
+    if device == "cpu":
+        assert torch.equal(y[:17], ref[:17])
+    else:  # host and device counts may take different GPU backends (cuBLAS, sm90)
+        assert_close(y[:17], ref[:17], torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)
