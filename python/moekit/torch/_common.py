@@ -41,7 +41,9 @@ def context_for(device: torch.device):
                 "moekit: this build of moekit has no CUDA backend (built with MOEKIT_WITH_CUDA=OFF "
                 "or without nvcc); CUDA tensors cannot be used")
         index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index).cuda_stream
+        # torch's default stream is the legacy NULL stream, handle 0; moekit reads a null stream as
+        # "make one of its own", so it gets cudaStreamLegacy ((cudaStream_t)1), the same stream.
+        stream = torch.cuda.current_stream(index).cuda_stream or 1
         key = ("cuda", index, stream)
     else:
         raise ValueError(f"moekit: unsupported device {device} (expected cpu or cuda)")
