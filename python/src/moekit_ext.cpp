@@ -59,12 +59,18 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     return nb::dlpack::dtype{static_cast<uint8_t>(c), static_cast<uint8_t>(bits), 1};
   };
   switch (t) {
-    case DType::F32: return make(C::Float, 32);
-    case DType::F16: return make(C::Float, 16);
-    case DType::BF16: return make(C::Bfloat, 16);
-    case DType::I32: return make(C::Int, 32);
-    case DType::I64: return make(C::Int, 64);
-    default: return make(C::UInt, 8);  // fp8 storage travels as bytes
+    case DType::F32:
+      return make(C::Float, 32);
+    case DType::F16:
+      return make(C::Float, 16);
+    case DType::BF16:
+      return make(C::Bfloat, 16);
+    case DType::I32:
+      return make(C::Int, 32);
+    case DType::I64:
+      return make(C::Int, 64);
+    default:
+      return make(C::UInt, 8);  // fp8 storage travels as bytes
   }
 }
 
@@ -86,7 +92,9 @@ Tensor view(const Array& a, const char* argument) {
   }
   return Tensor::wrap(a.data(), shape, strides, dtype_of(a, argument), device);
 }
-Tensor view(const OptArray& a, const char* argument) { return a ? view(*a, argument) : Tensor(); }
+Tensor view(const OptArray& a, const char* argument) {
+  return a ? view(*a, argument) : Tensor();
+}
 
 /// A tensor moekit made, as an object with __dlpack__ / __dlpack_device__ (nanobind's array-API
 /// ndarray) owning a handle to moekit's storage: torch.from_dlpack / numpy.from_dlpack view it.
@@ -97,8 +105,9 @@ nb::object to_python(const Tensor& t) {
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
   std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
   const bool cuda = t.device().is_cuda();
-  nb::ndarray<nb::array_api> array(t.data(), shape.size(), shape.data(), owner, strides.data(), dlpack_dtype(t.dtype()),
-              cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? t.device().index : 0);
+  nb::ndarray<nb::array_api> array(
+      t.data(), shape.size(), shape.data(), owner, strides.data(), dlpack_dtype(t.dtype()),
+      cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? t.device().index : 0);
   return nb::cast(array);
 }
 
@@ -185,7 +194,8 @@ NB_MODULE(_moekit, m) {
   nb::class_<moekit::Splits>(m, "Splits")
       .def_static("host", &moekit::Splits::host, "counts"_a)
       .def_static(
-          "device", [](const Array& counts) { return moekit::Splits::device(view(counts, "splits")); },
+          "device",
+          [](const Array& counts) { return moekit::Splits::device(view(counts, "splits")); },
           "counts"_a, nb::keep_alive<0, 1>(),
           "An int32/int64 tensor [G] on the op's device (viewed, not copied; kept alive)")
       .def_prop_ro("groups", &moekit::Splits::groups)
@@ -198,24 +208,28 @@ NB_MODULE(_moekit, m) {
           "__init__",
           [](moekit::GroupedLinear* self, const moekit::Context& ctx, int64_t groups, int64_t in,
              int64_t out, const std::string& dtype, bool bias) {
-            new (self) moekit::GroupedLinear(
-                {.groups = groups, .in = in, .out = out, .dtype = moekit::parse_dtype(dtype),
-                 .bias = bias},
-                ctx);
+            new (self) moekit::GroupedLinear({.groups = groups,
+                                              .in = in,
+                                              .out = out,
+                                              .dtype = moekit::parse_dtype(dtype),
+                                              .bias = bias},
+                                             ctx);
           },
           "ctx"_a, "groups"_a, "in_features"_a, "out_features"_a, "dtype"_a, "bias"_a = false)
-      .def("set_weight", [](moekit::GroupedLinear& l, const Array& w) { l.set_weight(view(w, "weight")); })
-      .def("set_bias", [](moekit::GroupedLinear& l, const Array& b) { l.set_bias(view(b, "bias")); })
-      .def("set_main_grad",
-           [](moekit::GroupedLinear& l, const OptArray& g) { l.set_main_grad(view(g, "main_grad")); })
+      .def("set_weight",
+           [](moekit::GroupedLinear& l, const Array& w) { l.set_weight(view(w, "weight")); })
+      .def("set_bias",
+           [](moekit::GroupedLinear& l, const Array& b) { l.set_bias(view(b, "bias")); })
+      .def("set_main_grad", [](moekit::GroupedLinear& l,
+                               const OptArray& g) { l.set_main_grad(view(g, "main_grad")); })
       .def_prop_rw("weight_requires_grad", &moekit::GroupedLinear::weight_requires_grad,
                    &moekit::GroupedLinear::set_weight_requires_grad)
       .def(
           "forward",
-          [](const moekit::GroupedLinear& l, const Array& x, nb::handle splits, const OptArray& output,
-             bool input_requires_grad, bool save) {
-            moekit::GroupedLinear::ForwardOptions options{.output = view(output, "output"),
-                                                          .input_requires_grad = input_requires_grad};
+          [](const moekit::GroupedLinear& l, const Array& x, nb::handle splits,
+             const OptArray& output, bool input_requires_grad, bool save) {
+            moekit::GroupedLinear::ForwardOptions options{
+                .output = view(output, "output"), .input_requires_grad = input_requires_grad};
             const Tensor xt = view(x, "input");
             const moekit::Splits s = splits_of(splits);
             auto saved = std::make_unique<LinearSaved>();
@@ -232,14 +246,15 @@ NB_MODULE(_moekit, m) {
             }
             return nb::make_tuple(to_python(y), saved_py);
           },
-          "x"_a, "splits"_a, "output"_a = nb::none(), "input_requires_grad"_a = true, "save"_a = true,
+          "x"_a, "splits"_a, "output"_a = nb::none(), "input_requires_grad"_a = true,
+          "save"_a = true,
           "y [T, N] (the output buffer when given) and what backward needs (None unless save)")
       .def(
           "backward",
           [](const moekit::GroupedLinear& l, const LinearSaved& saved, const Array& dy,
              const OptArray& grad_input, bool retain_saved) {
-            moekit::GroupedLinear::BackwardOptions options{.grad_input = view(grad_input, "grad_input"),
-                                                           .retain_saved = retain_saved};
+            moekit::GroupedLinear::BackwardOptions options{
+                .grad_input = view(grad_input, "grad_input"), .retain_saved = retain_saved};
             const Tensor dyt = view(dy, "grad_output");
             moekit::GroupedLinear::Grads g;
             {
@@ -252,23 +267,26 @@ NB_MODULE(_moekit, m) {
           "(dx, dW or main_grad, db), each None when not computed");
 
   // ---- basic ops and Sequential (moekit.torch.ops)
-  nb::class_<moekit::Op>(m, "Op")
-      .def_prop_ro("kind", [](const moekit::Op& op) { return std::string(op.kind()); });
+  nb::class_<moekit::Op>(m, "Op").def_prop_ro(
+      "kind", [](const moekit::Op& op) { return std::string(op.kind()); });
   nb::class_<moekit::GroupedLinearOp, moekit::Op>(m, "GroupedLinearOp")
       .def(
           "__init__",
           [](moekit::GroupedLinearOp* self, const moekit::Context& ctx, int64_t groups, int64_t in,
              int64_t out, const std::string& dtype, bool bias, bool scale_bias) {
-            new (self) moekit::GroupedLinearOp(
-                {.groups = groups, .in = in, .out = out, .dtype = moekit::parse_dtype(dtype),
-                 .bias = bias},
-                ctx, {.scale_bias = scale_bias});
+            new (self) moekit::GroupedLinearOp({.groups = groups,
+                                                .in = in,
+                                                .out = out,
+                                                .dtype = moekit::parse_dtype(dtype),
+                                                .bias = bias},
+                                               ctx, {.scale_bias = scale_bias});
           },
           "ctx"_a, "groups"_a, "in_features"_a, "out_features"_a, "dtype"_a, "bias"_a = false,
           "scale_bias"_a = false)
-      .def("set_weight",
-           [](moekit::GroupedLinearOp& op, const Array& w) { op.linear().set_weight(view(w, "weight")); })
-      .def("set_bias", [](moekit::GroupedLinearOp& op, const Array& b) { op.set_bias(view(b, "bias")); })
+      .def("set_weight", [](moekit::GroupedLinearOp& op,
+                            const Array& w) { op.linear().set_weight(view(w, "weight")); })
+      .def("set_bias",
+           [](moekit::GroupedLinearOp& op, const Array& b) { op.set_bias(view(b, "bias")); })
       .def("set_main_grad",
            [](moekit::GroupedLinearOp& op, const OptArray& g) {
              op.linear().set_main_grad(view(g, "main_grad"));
@@ -305,7 +323,8 @@ NB_MODULE(_moekit, m) {
       .def("set_fusion", &moekit::Sequential::set_fusion)
       .def(
           "forward",
-          [](const moekit::Sequential& seq, const Array& x, nb::handle splits, const OptArray& probs,
+          [](const moekit::Sequential& seq, const Array& x, nb::handle splits,
+             const OptArray& probs,
              const std::vector<std::tuple<nb::object, OptArray, OptArray>>& op_args,
              bool input_requires_grad, bool probs_requires_grad, bool save) {
             auto tape = std::make_unique<SequentialTape>();
@@ -347,7 +366,8 @@ NB_MODULE(_moekit, m) {
             }
             return nb::make_tuple(to_python(out.output), tape_py);
           },
-          "x"_a, "splits"_a, "probs"_a = nb::none(), "op_args"_a = std::vector<std::tuple<nb::object, OptArray, OptArray>>{},
+          "x"_a, "splits"_a, "probs"_a = nb::none(),
+          "op_args"_a = std::vector<std::tuple<nb::object, OptArray, OptArray>>{},
           "input_requires_grad"_a = true, "probs_requires_grad"_a = true, "save"_a = true,
           "y and the tape (None in inference). op_args: [(position or op, output, grad_input)]")
       .def(
