@@ -125,6 +125,10 @@ moekit::GluLayout layout_of(const std::string& s) {
   moekit::throw_invalid("layout", "'halves' or 'interleaved32'", "'" + s + "'");
 }
 
+nb::object pending_to_python(moekit::PendingWork&& work) {
+  return nb::cast(new moekit::PendingWork(std::move(work)), nb::rv_policy::take_ownership);
+}
+
 // What a forward keeps for its backward, plus the DLPack imports it views (their memory must
 // outlive the views: holding the arrays holds the producer's tensors).
 struct Keep {
@@ -191,6 +195,12 @@ NB_MODULE(_moekit, m) {
     return moekit::last_backend(c, primitive);
   });
 
+  // Deferred weight gradients (SPEC §1b): wait() makes the op's stream wait for them (the host
+  // never blocks); dropping the handle waits too. A CPU context defers nothing (already done).
+  nb::class_<moekit::PendingWork>(m, "PendingWork")
+      .def_prop_ro("pending", &moekit::PendingWork::pending)
+      .def("wait", &moekit::PendingWork::wait, nb::call_guard<nb::gil_scoped_release>());
+
   nb::class_<moekit::Splits>(m, "Splits")
       .def_static("host", &moekit::Splits::host, "counts"_a)
       .def_static(
@@ -252,19 +262,26 @@ NB_MODULE(_moekit, m) {
       .def(
           "backward",
           [](const moekit::GroupedLinear& l, const LinearSaved& saved, const Array& dy,
-             const OptArray& grad_input, bool retain_saved) {
+             const OptArray& grad_input, bool retain_saved, bool defer_weight_grads,
+             int deferred_sm_margin) {
             moekit::GroupedLinear::BackwardOptions options{
-                .grad_input = view(grad_input, "grad_input"), .retain_saved = retain_saved};
+                .grad_input = view(grad_input, "grad_input"),
+                .defer_weight_grads = defer_weight_grads,
+                .deferred_sm_margin = deferred_sm_margin,
+                .retain_saved = retain_saved};
             const Tensor dyt = view(dy, "grad_output");
             moekit::GroupedLinear::Grads g;
             {
               nb::gil_scoped_release release;
               g = l.backward(saved.saved, dyt, options);
             }
-            return nb::make_tuple(to_python(g.input), to_python(g.weight), to_python(g.bias));
+            return nb::make_tuple(to_python(g.input), to_python(g.weight), to_python(g.bias),
+                                  pending_to_python(std::move(g.weight_grads)));
           },
           "saved"_a, "dy"_a, "grad_input"_a = nb::none(), "retain_saved"_a = false,
-          "(dx, dW or main_grad, db), each None when not computed");
+          "defer_weight_grads"_a = false, "deferred_sm_margin"_a = 0,
+          "(dx, dW or main_grad, db, PendingWork), each tensor None when not computed; with "
+          "defer_weight_grads, dW (and main_grad) may be read only after the PendingWork's wait()");
 
   // ---- basic ops and Sequential (moekit.torch.ops)
   nb::class_<moekit::Op>(m, "Op").def_prop_ro(
@@ -373,19 +390,24 @@ NB_MODULE(_moekit, m) {
       .def(
           "backward",
           [](const moekit::Sequential& seq, const SequentialTape& tape, const Array& dy,
-             bool retain_tape) {
+             bool retain_tape, bool defer_weight_grads, int deferred_sm_margin) {
             const Tensor dyt = view(dy, "dy");
             moekit::SequentialGrads g;
             {
               nb::gil_scoped_release release;
-              g = seq.backward(tape.tape, dyt, {.retain_tape = retain_tape});
+              g = seq.backward(tape.tape, dyt,
+                               {.defer_weight_grads = defer_weight_grads,
+                                .deferred_sm_margin = deferred_sm_margin,
+                                .retain_tape = retain_tape});
             }
             nb::list params;
             for (const moekit::ParamGrads& p : g.params) {
               params.append(nb::make_tuple(to_python(p.weight), to_python(p.bias)));
             }
-            return nb::make_tuple(to_python(g.input), to_python(g.probs), params);
+            return nb::make_tuple(to_python(g.input), to_python(g.probs), params,
+                                  pending_to_python(std::move(g.weight_grads)));
           },
-          "tape"_a, "dy"_a, "retain_tape"_a = false,
-          "(dx, dprobs, [(dW or main_grad, db) per op]), None where not computed");
+          "tape"_a, "dy"_a, "retain_tape"_a = false, "defer_weight_grads"_a = false,
+          "deferred_sm_margin"_a = 0,
+          "(dx, dprobs, [(dW or main_grad, db) per op], PendingWork), None where not computed");
 }

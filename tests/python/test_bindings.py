@@ -29,7 +29,8 @@ def test_numpy_forward_writes_the_output_buffer_in_place():
     ref = np.concatenate([x[0:4] @ w[0].T, x[4:9] @ w[2].T])
     np.testing.assert_allclose(out[:9], ref, rtol=1e-5, atol=1e-5)
     assert np.all(out[9:] == 7.0)
-    dx, dw, db = fc.backward(saved, np.ones((T, N), dtype=np.float32))
+    dx, dw, db, pending = fc.backward(saved, np.ones((T, N), dtype=np.float32))
+    assert not pending.pending  # nothing deferred
     dx, dw = np.from_dlpack(dx), np.from_dlpack(dw)
     assert dx.shape == (T, K) and dw.shape == (G, N, K) and db is None
     np.testing.assert_allclose(dw[1], 0)

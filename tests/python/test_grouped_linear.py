@@ -159,3 +159,31 @@ def test_a_module_cast_to_another_dtype_keeps_working():
     y16 = layer(x.detach().to(torch.bfloat16), SPLITS)
     assert y16.dtype == torch.bfloat16
     assert_close(y16[:17], y32[:17], torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("main_grad", [False, True])
+def test_delayed_weight_gradients_arrive_at_backward_dw(device, main_grad):
+    ref, x = make(device, fuse_wgrad_accumulation=main_grad)
+    layer = mt.GroupedLinear(len(SPLITS), K, N, bias=True, params_dtype=torch.float32,
+                             device=device, fuse_wgrad_accumulation=main_grad,
+                             delay_wgrad_compute=True)
+    layer.load_state_dict(ref.state_dict())
+    for m in (ref, layer):
+        if main_grad:
+            m.weight.main_grad = torch.zeros(m.weight.shape, device=device)
+    dy = torch.randn(T, N, device=device)
+    ref(x, SPLITS).backward(dy)
+    dx_ref = x.grad.clone()
+    x.grad = None
+    for _ in range(2):  # two backwards before backward_dw: their gradients add up
+        layer(x, SPLITS).backward(dy)
+    assert layer.weight.grad is None and layer.bias.grad is not None  # db in the main backward
+    assert torch.equal(x.grad, 2 * dx_ref)
+    layer.backward_dw()
+    if main_grad:
+        assert layer.weight.grad is None
+        assert torch.equal(layer.weight.main_grad, 2 * ref.weight.main_grad)
+    else:
+        assert torch.equal(layer.weight.grad, 2 * ref.weight.grad)
+    assert torch.equal(layer.bias.grad, 2 * ref.bias.grad)

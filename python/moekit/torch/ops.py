@@ -187,7 +187,7 @@ class _SequentialFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dprobs, grads = ctx.seq_cpp.backward(ctx.tape, dl(dy.contiguous()))
+        dx, dprobs, grads, _ = ctx.seq_cpp.backward(ctx.tape, dl(dy.contiguous()))
         grad_input0, splits = ctx.keep
         if not ctx.needs_input_grad[0]:
             dx = None
