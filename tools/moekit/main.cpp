@@ -3,6 +3,7 @@
 //   moekit run [--preset tiny|qwen3|dsv3] [--experts E] [--tokens T] [--routing uniform|skewed]
 //              [--device cpu|cuda] [--dtype bf16|f16|f32] [--steps N] [--seed S] [--json]
 //              [--no-check] [--no-fuse] [--glu L] [--host-splits] [--internal-buffers]
+//   moekit run --ep N [--topk K] ...   the MoE layer (router → dispatch → MLP → combine) on N ranks
 //
 // The step is forward + backward of the expert layer, writing its output and its input gradient
 // into caller-owned buffers (as an expert-parallel combine/dispatch would own them), then checked
@@ -27,6 +28,7 @@
 #include <system_error>
 #include <vector>
 
+#include "ep_step.h"
 #include "expert_step.h"
 #include "moekit/moekit.h"
 
@@ -67,6 +69,8 @@ struct Options {
   bool no_fuse = false;
   std::string glu = "interleaved32";
   bool host_splits = false, internal_buffers = false;
+  std::optional<int64_t> ep;  // --ep N: the MoE layer on N CPU ranks
+  int64_t topk = 2;
 };
 
 // An integer option's check: plain base-10 digits (a leading '-' for signed types) whose value
@@ -155,7 +159,17 @@ void add_run_options(CLI::App& run, Options& o) {
                "give the counts as a host vector (default: a device tensor, no host sync)");
   run.add_flag("--internal-buffers", o.internal_buffers,
                "let the ops allocate y and dx (default: caller buffers, written in place)");
+  run.add_option("--ep", o.ep,
+                 "run the whole MoE layer (router -> dispatch -> grouped MLP -> combine) on N\n"
+                 "CPU ranks (threads over shared memory): --experts in all, --tokens per rank;\n"
+                 "per-phase times, bytes moved, check against one dense rank")
+      ->type_name("N")
+      ->transform(integer_in<int64_t>(1, 64));
+  run.add_option("--topk", o.topk, "with --ep: experts per token (default 2)")
+      ->type_name("K")
+      ->transform(integer_in<int64_t>(1, 1024));
 }
+
 
 void progress(int64_t done, int64_t total) {
   if (total <= 1 || !isatty(STDERR_FILENO)) return;
@@ -190,7 +204,48 @@ Context make_context(const std::optional<std::string>& device) {
   return Context::cuda(0);
 }
 
+// `moekit run --ep N`: the MoE layer on N CPU ranks (tools/moekit/ep_step.cpp).
+int run_ep(const Options& o) {
+  const Preset& p = kPresets.at(o.preset);
+  if (o.device && *o.device == "cuda") {
+    throw RunFailure(
+        "--ep with --device cuda: the GPU engine of expert parallelism is designed, not built; "
+        "--ep runs on CPU ranks (--device cpu)");
+  }
+  tools::EpStepConfig cfg;
+  cfg.ranks = static_cast<int>(*o.ep);
+  cfg.hidden = p.hidden;
+  cfg.ffn = p.ffn;
+  cfg.experts = o.experts.value_or(p.experts);
+  cfg.tokens = o.tokens.value_or(std::max<int64_t>(1, p.tokens_cpu / cfg.ranks));
+  cfg.topk = o.topk;
+  cfg.dtype = parse_dtype(o.dtype);
+  cfg.seed = o.seed;
+  cfg.steps = o.steps;
+  cfg.check = !o.no_check;
+  if (cfg.experts % cfg.ranks != 0 || cfg.topk > cfg.experts || cfg.tokens < 1) {
+    std::fprintf(stderr,
+                 "moekit: --ep %d needs --experts a multiple of it (got %lld), --topk at most "
+                 "--experts (got %lld) and --tokens >= 1 (got %lld)\n(see moekit run --help)\n",
+                 cfg.ranks, static_cast<long long>(cfg.experts), static_cast<long long>(cfg.topk),
+                 static_cast<long long>(cfg.tokens));
+    return 2;
+  }
+  std::fprintf(stderr,
+               "moekit run --ep %d: preset %s (%lld experts, top-%lld, %lld tokens per rank, %s) on "
+               "CPU ranks: 1 warm-up + %lld timed steps%s ...\n",
+               cfg.ranks, o.preset.c_str(), static_cast<long long>(cfg.experts),
+               static_cast<long long>(cfg.topk), static_cast<long long>(cfg.tokens),
+               o.dtype.c_str(), static_cast<long long>(cfg.steps),
+               cfg.check ? ", the dense one-rank check" : "");
+  std::fflush(stderr);
+  const tools::EpStepReport r = tools::run_ep_step(cfg, o.preset);
+  std::fputs(o.json ? r.json().c_str() : r.table().c_str(), stdout);
+  return (!r.checked || r.passed) ? 0 : 1;
+}
+
 int run(const Options& o) {
+  if (o.ep) return run_ep(o);
   const Preset& p = kPresets.at(o.preset);
   Context ctx = make_context(o.device);
   tools::StepConfig cfg;
