@@ -13,7 +13,10 @@
 #include <tuple>
 
 #include "moekit/moekit.h"
+#include "backends/contract/quant_math.h"
 #include "moekit/primitives/quantize.h"
+#include "primitives/bind.h"
+#include "support/cuda_graph.h"
 #include "support/test_util.h"
 
 namespace moekit {
@@ -129,6 +132,46 @@ TEST(QuantRecipes, NamesDefaultsAndRolesAsTE) {
   e = caught([&] { nv.spec(QuantRole::Input); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'fp8_format'"), HasSubstr("HYBRID")));
+}
+
+// The scalar math the GPU kernels use (backends/contract/quant_math.h, host/device code) equals
+// the library's scalar conversions, which the CPU reference uses: on every edge value above and a
+// million random fp32 bit patterns (all exponents, NaNs, infinities, subnormals).
+TEST(QuantFormats, DeviceScalarMathEqualsTheCpuReferenceBitForBit) {
+  namespace qm = quant_math;
+  std::mt19937_64 rng(40);
+  std::vector<float> values = {0.0f, -0.0f, 448.0f, 464.0f, 480.0f, 57344.0f, 61440.0f, INFINITY,
+                               -INFINITY, NAN, -NAN, FLT_MAX, FLT_MIN, std::ldexp(1.0f, -149),
+                               std::ldexp(1.0f, -10), std::ldexp(3.0f, -10), 0.25f, 0.75f, 5.0f};
+  for (int i = 0; i < 1000000; ++i) {
+    const uint32_t u = static_cast<uint32_t>(rng());
+    // Half the draws near the formats' ranges (exponents 2^-20..2^20), half anywhere.
+    const uint32_t near = (u & 0x807FFFFFu) | (static_cast<uint32_t>(107 + (rng() % 41)) << 23);
+    values.push_back(std::bit_cast<float>(i % 2 ? u : near));
+  }
+  int64_t bad = 0;
+  for (float v : values) {
+    bad += qm::encode_fp8(v, qm::e4m3()) != f32_to_f8e4m3(v);
+    bad += qm::encode_fp8(v, qm::e5m2()) != f32_to_f8e5m2(v);
+    bad += qm::encode_e2m1(v) != f32_to_e2m1(v);
+    bad += qm::e8m0_round_up(v) != f32_to_e8m0_round_up(v);
+    const float a = std::fabs(v);
+    bad += std::bit_cast<uint32_t>(qm::scale_from_amax(a, 448.0f, false, 0.0f, FLT_MAX)) !=
+           std::bit_cast<uint32_t>(scale_from_amax(a, 448.0f, false, 0.0f, FLT_MAX));
+    bad += std::bit_cast<uint32_t>(qm::scale_from_amax(a, 57344.0f, true, 0.0f, 3e38f)) !=
+           std::bit_cast<uint32_t>(scale_from_amax(a, 57344.0f, true, 0.0f, 3e38f));
+    if (bad) {
+      ADD_FAILURE() << "first mismatch at " << v << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(v) << ")";
+      return;
+    }
+  }
+  for (int c = 0; c < 256; ++c) {
+    const float want = f8e4m3_to_f32(static_cast<uint8_t>(c)), got = qm::decode_e4m3(static_cast<uint8_t>(c));
+    EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << "code " << c;
+    if (c < 255) {
+      EXPECT_EQ(qm::e8m0_reciprocal(static_cast<uint8_t>(c)), e8m0_reciprocal(static_cast<uint8_t>(c)));
+    }
+  }
 }
 
 // ---------------------------------------------------------------- the independent reference
@@ -554,6 +597,112 @@ TEST(QuantizeCpu, ChecksNameTheRuleAndTheArgument) {
   e = caught([&] { quantize(quant_ctx(), x, Splits::host({6}), QuantSpec{}, QuantUsage::Rowwise); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'spec'"));
+}
+
+// ---------------------------------------------------------------- the GPU quantize (cuda/quantize.cu)
+// Written for a GPU: on a machine with a CUDA device these run and fail on any difference from
+// the reference; without one they skip, saying so.
+#define MOEKIT_REQUIRE_CUDA()                                                               \
+  if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU quantize needs one"
+
+// A host copy of every tensor of q (a GPU quantize's result).
+QuantizedTensor host_copy(const Context& ctx, const QuantizedTensor& q) {
+  QuantizedTensor h = q;
+  for (Tensor* t : {&h.rowwise, &h.rowwise_scale_inv, &h.columnwise, &h.columnwise_scale_inv, &h.amax,
+                    &h.group_scale_inv}) {
+    if (t->defined()) *t = to_host(ctx, *t);
+  }
+  if (q.spec.scaling == Scaling::PerGroup || q.spec.scaling == Scaling::Block2D) {
+    h.columnwise_scale_inv = h.rowwise_scale_inv;  // shared, as allocated
+  }
+  return h;
+}
+
+TEST(QuantizeCuda, EverySpecEqualsTheCpuReferenceBitForBitWithHostAndDeviceCounts) {
+  MOEKIT_REQUIRE_CUDA();
+  const Context gpu = poisoned(Context::cuda(0));
+  const std::vector<int64_t> counts = {130, 0, 18, 256, 2};
+  const int64_t S = 406, T = S + 7, C = 160;
+  Tensor x = random_normal({T, C}, DType::BF16, 11, 3.0);
+  for (int64_t i = S * C; i < T * C; ++i) x.data_as<uint16_t>()[i] = f32_to_bf16(1e4f);
+  const Tensor x_d = to_device(gpu, x);
+  const Tensor counts_d = to_device(gpu, counts_tensor(counts, DType::I32));
+  for (const NamedSpec& ns : every_spec()) {
+    for (bool device_counts : {false, true}) {
+      SCOPED_TRACE(str(ns.name, device_counts ? " device counts" : " host counts"));
+      const Splits splits = device_counts ? Splits::device(counts_d) : Splits::host(counts);
+      const QuantizedTensor q = host_copy(gpu, quantize(gpu, x_d, splits, ns.spec, QuantUsage::Both));
+      EXPECT_TRUE(matches_reference(q, ref_quantize(floats_of(x), T, C, counts, ns.spec, DType::BF16), counts));
+      EXPECT_EQ(gpu.device_error_bits(), 0u);
+    }
+  }
+}
+
+TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
+  MOEKIT_REQUIRE_CUDA();
+  const Context gpu = Context::cuda(0);
+  std::mt19937_64 rng(4242);
+  auto uni = [&rng](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  const std::vector<NamedSpec> specs = every_spec();
+  for (int iter = 0; iter < 30; ++iter) {
+    const NamedSpec& ns = specs[static_cast<size_t>(iter) % specs.size()];
+    const bool fp4 = ns.spec.format == QuantFormat::E2M1;
+    std::vector<int64_t> counts(static_cast<size_t>(uni(1, 6)));
+    for (auto& c : counts) c = uni(0, 3) == 0 ? 0 : uni(1, 300) * (fp4 ? 2 : 1);
+    const int64_t T = sum_of(counts) + uni(0, 9), C = uni(1, 300) * (fp4 ? 2 : 1);
+    const DType dt = iter % 3 == 0 ? DType::F32 : iter % 3 == 1 ? DType::F16 : DType::BF16;
+    SCOPED_TRACE(str(ns.name, " T=", T, " C=", C, " counts=", ::testing::PrintToString(counts), " ", name(dt)));
+    const Tensor x = random_normal({T, C}, dt, 900 + iter, std::ldexp(1.0, uni(-10, 10)));
+    const QuantizedTensor q = host_copy(gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), ns.spec, QuantUsage::Both));
+    EXPECT_TRUE(matches_reference(q, ref_quantize(floats_of(x), T, C, counts, ns.spec, dt), counts));
+  }
+}
+
+TEST(QuantizeCuda, GraphCapturedQuantizeReplaysWithNewDeviceCounts) {
+  MOEKIT_REQUIRE_CUDA();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);
+  ASSERT_NE(owned.get(), nullptr);
+  const Context gpu = Context::cuda(0, owned.get());
+  const int64_t T = 520, C = 256;
+  const Tensor x = random_normal({T, C}, DType::BF16, 21);
+  const Tensor x_d = to_device(gpu, x);
+  const Tensor counts_d = to_device(gpu, counts_tensor({256, 0, 200, 64}, DType::I64));
+  for (const char* r : {"fp8-current", "fp8-block", "mxfp8", "nvfp4"}) {
+    SCOPED_TRACE(r);
+    const QuantSpec spec = Recipe::parse(r).spec(QuantRole::Input);
+    const QuantizedTensor q = allocate_quantized(gpu, spec, DType::BF16, T, C, 4, QuantUsage::Both);
+    const detail::Plan plan = detail::bind_quantize(gpu, x_d, Splits::device(counts_d), q);
+    gpu.synchronize();
+    void* graph = nullptr;
+    void* exec = nullptr;
+    ASSERT_EQ(api.capture(owned.get(), [&] { plan.run(); }, &graph), "");
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+    for (const std::vector<int64_t>& counts : std::vector<std::vector<int64_t>>{
+             {256, 0, 200, 64}, {0, 2, 500, 0}, {0, 0, 0, 0}, {130, 130, 130, 130}}) {
+      copy(gpu, counts_tensor(counts, DType::I64), counts_d);
+      ASSERT_EQ(api.launch(exec, owned.get()), 0);
+      ASSERT_EQ(api.stream_sync(owned.get()), 0);
+      EXPECT_TRUE(matches_reference(host_copy(gpu, q), ref_quantize(floats_of(x), T, C, counts, spec, DType::BF16), counts))
+          << "replay with counts " << ::testing::PrintToString(counts);
+    }
+    EXPECT_EQ(gpu.device_error_bits(), 0u);
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+  }
+}
+
+TEST(QuantizeCuda, InvalidDeviceCountsWriteNothingAndSetTheErrorWord) {
+  MOEKIT_REQUIRE_CUDA();
+  const Context gpu = poisoned(Context::cuda(0));
+  const Tensor x_d = to_device(gpu, random_normal({64, 128}, DType::BF16, 2));
+  const Tensor counts_d = to_device(gpu, counts_tensor({40, 40}, DType::I32));  // S = 80 > T = 64
+  const QuantizedTensor q = host_copy(gpu, quantize(gpu, x_d, Splits::device(counts_d),
+                                                    Recipe::fp8_block().spec(QuantRole::Input), QuantUsage::Both));
+  EXPECT_EQ(gpu.device_error_bits(), Context::kCountsExceedRows);
+  for (int64_t i = 0; i < q.rowwise.numel(); ++i) ASSERT_EQ(q.rowwise.data_as<uint8_t>()[i], 0xFF) << i;
+  for (int64_t i = 0; i < q.columnwise.numel(); ++i) ASSERT_EQ(q.columnwise.data_as<uint8_t>()[i], 0xFF) << i;
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Quantize primitives and quantized grouped GEMMs: the one place their arguments are validated,
-// then backend dispatch (SPEC §6). The CPU entries are the reference; a GPU context finds no
-// entry that runs a recipe yet, and the Unsupported error says so, naming the recipe (never a
-// silent fallback). The sm_90a FP8 grouped GEMMs plug in as entries of kQuantGroupM / kQuantGroupK
-// (ARCHITECTURE.md "Quantized recipes").
+// then backend dispatch (SPEC §6). The CPU entries are the reference. On a GPU context quantize
+// has its kernels (cuda/quantize.cu); dequantize and the quantized GEMMs have none yet, and their
+// Unsupported error says so, naming the recipe (never a silent fallback). The sm_90a FP8 grouped
+// GEMMs plug in as entries of kQuantGroupM / kQuantGroupK (ARCHITECTURE.md "Quantized recipes").
 #include "moekit/primitives/quantize.h"
 
 #include "backends/contract/backend_table.h"
@@ -11,6 +11,9 @@
 #include "core/checks.h"
 #include "moekit/core/error.h"
 #include "primitives/bind.h"
+#ifdef MOEKIT_HAS_CUDA
+#include "backends/cuda/cuda_quantize.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -20,8 +23,6 @@ using detail::Backend;
 // Which recipe a bundle belongs to (the GPU's refusal names it).
 template <class Args>
 RecipeKind recipe_of(const Args& a);
-template <>
-RecipeKind recipe_of(const detail::QuantizeArgs& a) { return a.q.spec.recipe; }
 template <>
 RecipeKind recipe_of(const detail::DequantizeArgs& a) { return a.q.spec.recipe; }
 template <>
@@ -42,7 +43,7 @@ void gpu_run(const Args&) {}
 
 const Backend<detail::QuantizeArgs> kQuantize[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", gpu_rejects<detail::QuantizeArgs>, gpu_run<detail::QuantizeArgs>},
+    cuda::kQuantize,  // quantize.cu: bit for bit the CPU entry's
 #endif
     cpu::kQuantize,
 };
