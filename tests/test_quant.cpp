@@ -160,6 +160,12 @@ TEST(QuantFormats, DeviceScalarMathEqualsTheCpuReferenceBitForBit) {
            std::bit_cast<uint32_t>(scale_from_amax(a, 448.0f, false, 0.0f, FLT_MAX));
     bad += std::bit_cast<uint32_t>(qm::scale_from_amax(a, 57344.0f, true, 0.0f, 3e38f)) !=
            std::bit_cast<uint32_t>(scale_from_amax(a, 57344.0f, true, 0.0f, 3e38f));
+    float enc = 0, dec = 0;  // NVFP4's group scales: s_enc = min(2688 / amax, FLT_MAX), s_dec = 1 / s_enc
+    qm::nv_group_scales(a, &enc, &dec);
+    float want_enc = std::fmin(2688.0f / a, FLT_MAX);
+    if (a == 0.0f || want_enc == 0.0f) want_enc = 1.0f;
+    bad += std::bit_cast<uint32_t>(enc) != std::bit_cast<uint32_t>(want_enc);
+    bad += std::bit_cast<uint32_t>(dec) != std::bit_cast<uint32_t>(static_cast<float>(1.0 / double(want_enc)));
     if (bad) {
       ADD_FAILURE() << "first mismatch at " << v << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(v) << ")";
       return;

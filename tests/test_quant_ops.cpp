@@ -235,6 +235,53 @@ TEST_P(QuantLinear, TheFusedMlpRunsUnfusedWithARecipe) {
   EXPECT_THAT(GroupedMLP::mismatch(*fc1, *act, *fc2), HasSubstr("no quantized path yet"));
 }
 
+// fc1 → ScaledSwiGLU → fc2 with a recipe runs unfused; the op-args buffers (output on fc2,
+// grad_input on fc1) are written in place, and every result equals the three ops called one by
+// one with the same recipe, bit for bit.
+TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
+  const Recipe recipe = Recipe::parse(GetParam());
+  const Context ctx = poisoned(Context::cpu(1));
+  const int64_t G = 3, H = 64, F = 64;
+  const std::vector<int64_t> counts = {64, 0, 96};
+  const int64_t S = sum_of(counts), T = S + 4;
+  auto fc1 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .recipe = recipe}, ctx);
+  auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
+  auto fc2 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = G, .in = F, .out = H, .recipe = recipe}, ctx);
+  fc1->linear().set_weight(random_normal({G, 2 * F, H}, DType::BF16, 1, 0.125));
+  fc2->linear().set_weight(random_normal({G, H, F}, DType::BF16, 2, 0.125));
+  Sequential seq({fc1, act, fc2});
+  ASSERT_EQ(seq.plan(), "GroupedLinear(0), ScaledSwiGLU(1), GroupedLinear(2)");
+  const Tensor x = random_normal({T, H}, DType::BF16, 3), dy = random_normal({T, H}, DType::BF16, 4);
+  std::vector<float> p(static_cast<size_t>(T), 0.5f);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = 0.25f + 0.01f * static_cast<float>(i % 50);
+  const Tensor probs = Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu());
+  const Splits splits = Splits::host(counts);
+  GuardedBuffer y_buf(ctx, {T, H}, DType::BF16), dx_buf(ctx, {T, H}, DType::BF16);
+  OpArgs args;
+  args[fc2].output = y_buf.view;
+  args[0].grad_input = dx_buf.view;
+  auto [y, tape] = seq.forward(x, {.splits = splits, .probs = probs}, args);
+  const SequentialGrads g = seq.backward(tape, dy);
+  EXPECT_EQ(y.data(), y_buf.view.data());
+  EXPECT_EQ(g.input.data(), dx_buf.view.data());
+  EXPECT_TRUE(y_buf.untouched_outside(S));
+  EXPECT_TRUE(dx_buf.untouched_outside(S));
+  // The same ops, one by one.
+  GroupedLinear::Saved s1, s2;
+  ScaledSwiGLU::Saved sa;
+  const Tensor h = fc1->linear().forward(x, splits, {}, &s1);
+  const Tensor z = act->forward(h, probs, splits, {}, &sa);
+  const Tensor y2 = fc2->linear().forward(z, splits, {}, &s2);
+  const GroupedLinear::Grads g2 = fc2->linear().backward(s2, dy);
+  const ScaledSwiGLU::Grads ga = act->backward(sa, g2.input);
+  const GroupedLinear::Grads g1 = fc1->linear().backward(s1, ga.input);
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, y.rows(0, S)), bytes_of(ctx, y2.rows(0, S)), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.input.rows(0, S)), bytes_of(ctx, g1.input.rows(0, S)), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.params[0].weight), bytes_of(ctx, g1.weight), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.params[2].weight), bytes_of(ctx, g2.weight), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.probs.rows(0, S)), bytes_of(ctx, ga.probs.rows(0, S)), DType::F32));
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes),
                          [](const auto& info) {
                            std::string n = info.param;

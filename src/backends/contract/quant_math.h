@@ -143,7 +143,7 @@ MOEKIT_HD float decode_e4m3(uint8_t c) {
 MOEKIT_HD void nv_group_scales(float amax, float* s_enc, float* s_dec) {
   float s = 448.0f * 6.0f / amax;
   const float fmax = 3.40282347e38f;
-  if (s > fmax) s = fmax;
+  if (!(s <= fmax)) s = fmax;  // fminf(s, FLT_MAX): inf and NaN give FLT_MAX
   if (amax == 0.0f || s == 0.0f) s = 1.0f;
   *s_enc = s;
   *s_dec = 1.0f / s;

@@ -148,11 +148,11 @@ __device__ __forceinline__ float block_scale(const QuantParams& p, float a, int6
       float enc, dec;
       qm::nv_group_scales(p.amax[g], &enc, &dec);
       float b = a * (enc * (1.0f / 6.0f));
-      if (b > 3.40282347e38f) b = 3.40282347e38f;
+      if (!(b <= 3.40282347e38f)) b = 3.40282347e38f;  // fminf(b, FLT_MAX)
       const uint8_t sb = qm::encode_fp8(b, qm::e4m3());
       static_cast<uint8_t*>(scales)[i] = sb;
       float f = 1.0f / (qm::decode_e4m3(sb) * dec);
-      if (f > 3.40282347e38f) f = 3.40282347e38f;
+      if (!(f <= 3.40282347e38f)) f = 3.40282347e38f;  // fminf(f, FLT_MAX)
       return f;
     }
     default: {
