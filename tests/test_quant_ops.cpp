@@ -23,7 +23,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace moekit::test;
 
-const char* const kRecipes[] = {"fp8-current", "fp8-block", "mxfp8", "nvfp4", "fp8-block-hybrid-fp32-scales"};
+const char* const kRecipes[] = {"fp8-current", "fp8-block", "mxfp8", "nvfp4",
+                                "fp8-block-hybrid-fp32-scales"};
 
 // A recipe by name: Recipe::parse's, plus fp8-block with HYBRID and any-fp32 scales — with
 // power-of-two scales the rowwise and columnwise 1-D copies round every normal value alike, so
@@ -37,7 +38,8 @@ Recipe recipe_named(std::string_view name) {
 std::vector<double> dequantized(const QuantizedTensor& q, const Splits& splits, QuantUsage which) {
   std::vector<float> out(static_cast<size_t>(q.rows * q.cols), 0.0f);
   const Shape shape = which == QuantUsage::Rowwise ? Shape{q.rows, q.cols} : Shape{q.cols, q.rows};
-  dequantize(Context::cpu(1), q, splits, which, Tensor::wrap(out.data(), shape, DType::F32, Device::cpu()));
+  dequantize(Context::cpu(1), q, splits, which,
+             Tensor::wrap(out.data(), shape, DType::F32, Device::cpu()));
   return {out.begin(), out.end()};
 }
 
@@ -45,7 +47,8 @@ std::vector<double> dequantized(const QuantizedTensor& q, const Splits& splits, 
 std::vector<double> transposed(const std::vector<double>& v, int64_t C, int64_t T) {
   std::vector<double> out(v.size());
   for (int64_t c = 0; c < C; ++c)
-    for (int64_t t = 0; t < T; ++t) out[static_cast<size_t>(t * C + c)] = v[static_cast<size_t>(c * T + t)];
+    for (int64_t t = 0; t < T; ++t)
+      out[static_cast<size_t>(t * C + c)] = v[static_cast<size_t>(c * T + t)];
   return out;
 }
 
@@ -73,7 +76,9 @@ TEST_P(QuantLinear, ForwardBackwardMatchFp64ReferenceOfTheQuantizedOperands) {
     SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts)));
     const Context ctx = poisoned(Context::cpu(1));
     const int64_t T = c.T(), G = c.G();
-    GroupedLinear fc({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true, .recipe = recipe}, ctx);
+    GroupedLinear fc(
+        {.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true, .recipe = recipe},
+        ctx);
     const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 1, 0.2);
     const Tensor b = random_normal({G, c.N}, DType::BF16, 2);
     fc.set_weight(w);
@@ -91,27 +96,33 @@ TEST_P(QuantLinear, ForwardBackwardMatchFp64ReferenceOfTheQuantizedOperands) {
     EXPECT_TRUE(dx_buf.untouched_outside(c.S()));
 
     // The reference: the same quantization (bit for bit, test_quant), then fp64 GEMMs.
-    const QuantizedTensor qx = quantize(ctx, x, splits, recipe.spec(QuantRole::Input), QuantUsage::Both);
-    const QuantizedTensor qw = quantize_weight(ctx, w, recipe.spec(QuantRole::Weight), QuantUsage::Both);
-    const QuantizedTensor qdy = quantize(ctx, dy, splits, recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
+    const QuantizedTensor qx =
+        quantize(ctx, x, splits, recipe.spec(QuantRole::Input), QuantUsage::Both);
+    const QuantizedTensor qw =
+        quantize_weight(ctx, w, recipe.spec(QuantRole::Weight), QuantUsage::Both);
+    const QuantizedTensor qdy =
+        quantize(ctx, dy, splits, recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
     const Splits wsplits = Splits::host(std::vector<int64_t>(static_cast<size_t>(G), c.N));
     const Reference y_ref = reference_forward(dequantized(qx, splits, QuantUsage::Rowwise),
                                               dequantized(qw, wsplits, QuantUsage::Rowwise),
                                               to_doubles(host(), b), c.counts, c.K, c.N);
     EXPECT_TRUE(matches_reference("y", y_buf.values(), y_ref, DType::BF16));
     // dgrad reads W's columnwise copy [K, G·N]: as [G, N, K] it is its transpose.
-    const std::vector<double> w_col = transposed(dequantized(qw, wsplits, QuantUsage::Columnwise), c.K, G * c.N);
-    const Reference dx_ref = reference_dgrad(dequantized(qdy, splits, QuantUsage::Rowwise), w_col,
-                                             c.counts, c.K, c.N);
+    const std::vector<double> w_col =
+        transposed(dequantized(qw, wsplits, QuantUsage::Columnwise), c.K, G * c.N);
+    const Reference dx_ref =
+        reference_dgrad(dequantized(qdy, splits, QuantUsage::Rowwise), w_col, c.counts, c.K, c.N);
     EXPECT_TRUE(matches_reference("dx", dx_buf.values(), dx_ref, DType::BF16));
     const Reference dw_ref = reference_wgrad(
         transposed(dequantized(qdy, splits, QuantUsage::Columnwise), c.N, T),
         transposed(dequantized(qx, splits, QuantUsage::Columnwise), c.K, T), c.counts, c.K, c.N);
     EXPECT_TRUE(matches_reference("dW", to_doubles(ctx, g.weight), dw_ref, DType::BF16));
-    EXPECT_TRUE(matches_reference("db", to_doubles(ctx, g.bias), reference_dbias(to_doubles(host(), dy), c.counts, c.N),
+    EXPECT_TRUE(matches_reference("db", to_doubles(ctx, g.bias),
+                                  reference_dbias(to_doubles(host(), dy), c.counts, c.N),
                                   DType::BF16));
     // The quantized path differs from the bf16 one: the recipe really ran.
-    GroupedLinear plain({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true}, ctx);
+    GroupedLinear plain({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true},
+                        ctx);
     plain.set_weight(w);
     plain.set_bias(b);
     const Tensor y_plain = plain.forward(x, splits);
@@ -126,7 +137,8 @@ TEST_P(QuantLinear, MainGradAccumulatesTheQuantizedWeightGradInFp32) {
   const QuantCase c = kCases[0];
   const Context ctx = poisoned(Context::cpu(1));
   const int64_t T = c.T(), G = c.G();
-  GroupedLinear fc({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .recipe = recipe}, ctx);
+  GroupedLinear fc({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .recipe = recipe},
+                   ctx);
   const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 1, 0.2);
   fc.set_weight(w);
   const Tensor start = random_normal({G, c.N, c.K}, DType::F32, 9);
@@ -139,14 +151,18 @@ TEST_P(QuantLinear, MainGradAccumulatesTheQuantizedWeightGradInFp32) {
   fc.forward(x, splits, {}, &saved);
   const GroupedLinear::Grads g = fc.backward(saved, dy);
   EXPECT_EQ(g.weight.data(), main_grad.data());
-  const QuantizedTensor qx = quantize(ctx, x, splits, recipe.spec(QuantRole::Input), QuantUsage::Columnwise);
-  const QuantizedTensor qdy = quantize(ctx, dy, splits, recipe.spec(QuantRole::GradOutput), QuantUsage::Columnwise);
-  const Reference ref = reference_wgrad(transposed(dequantized(qdy, splits, QuantUsage::Columnwise), c.N, T),
-                                        transposed(dequantized(qx, splits, QuantUsage::Columnwise), c.K, T),
-                                        c.counts, c.K, c.N, to_doubles(host(), start));
+  const QuantizedTensor qx =
+      quantize(ctx, x, splits, recipe.spec(QuantRole::Input), QuantUsage::Columnwise);
+  const QuantizedTensor qdy =
+      quantize(ctx, dy, splits, recipe.spec(QuantRole::GradOutput), QuantUsage::Columnwise);
+  const Reference ref =
+      reference_wgrad(transposed(dequantized(qdy, splits, QuantUsage::Columnwise), c.N, T),
+                      transposed(dequantized(qx, splits, QuantUsage::Columnwise), c.K, T), c.counts,
+                      c.K, c.N, to_doubles(host(), start));
   EXPECT_TRUE(matches_reference("main_grad", to_doubles(ctx, main_grad), ref, DType::F32));
   // The empty group's block is exactly its start values.
-  const std::vector<uint8_t> got = bytes_of(ctx, main_grad.index(1)), want = bytes_of(host(), start.index(1));
+  const std::vector<uint8_t> got = bytes_of(ctx, main_grad.index(1)),
+                             want = bytes_of(host(), start.index(1));
   EXPECT_TRUE(bit_identical(got, want, DType::F32));
 }
 
@@ -154,9 +170,11 @@ TEST_P(QuantLinear, CallerBuffersAreBitIdenticalToInternalAllocation) {
   const Recipe recipe = recipe_named(GetParam());
   const QuantCase c = kCases[0];
   const Context ctx = poisoned(Context::cpu(1));
-  GroupedLinear fc({.groups = c.G(), .in = c.K, .out = c.N, .dtype = DType::BF16, .recipe = recipe}, ctx);
+  GroupedLinear fc({.groups = c.G(), .in = c.K, .out = c.N, .dtype = DType::BF16, .recipe = recipe},
+                   ctx);
   fc.set_weight(random_normal({c.G(), c.N, c.K}, DType::BF16, 1, 0.2));
-  const Tensor x = random_normal({c.T(), c.K}, DType::BF16, 3), dy = random_normal({c.T(), c.N}, DType::BF16, 4);
+  const Tensor x = random_normal({c.T(), c.K}, DType::BF16, 3),
+               dy = random_normal({c.T(), c.N}, DType::BF16, 4);
   const Splits splits = Splits::host(c.counts);
   GroupedLinear::Saved s1, s2;
   const Tensor y_int = fc.forward(x, splits, {}, &s1);
@@ -164,8 +182,10 @@ TEST_P(QuantLinear, CallerBuffersAreBitIdenticalToInternalAllocation) {
   GuardedBuffer y_buf(ctx, {c.T(), c.N}, DType::BF16), dx_buf(ctx, {c.T(), c.K}, DType::BF16);
   fc.forward(x, splits, {.output = y_buf.view}, &s2);
   fc.backward(s2, dy, {.grad_input = dx_buf.view});
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, y_buf.view.rows(0, c.S())), bytes_of(ctx, y_int.rows(0, c.S())), DType::BF16));
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, dx_buf.view.rows(0, c.S())), bytes_of(ctx, dx_int.rows(0, c.S())), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, y_buf.view.rows(0, c.S())),
+                            bytes_of(ctx, y_int.rows(0, c.S())), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, dx_buf.view.rows(0, c.S())),
+                            bytes_of(ctx, dx_int.rows(0, c.S())), DType::BF16));
   EXPECT_TRUE(y_buf.untouched_outside(c.S()));
   EXPECT_TRUE(dx_buf.untouched_outside(c.S()));
 }
@@ -181,12 +201,15 @@ TEST_P(QuantLinear, MisalignedSplitsAreRefusedBeforeAnyWork) {
   auto e = caught([&] { fc.forward(x, Splits::host({m + 8, m - 8}), {.output = y_buf.view}); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'splits'"), HasSubstr(str("multiple of ", m)),
-                               HasSubstr(str("recipe ", recipe.name())), HasSubstr(str(m + 8, " rows in group 0"))));
+                               HasSubstr(str("recipe ", recipe.name())),
+                               HasSubstr(str(m + 8, " rows in group 0"))));
   EXPECT_TRUE(y_buf.untouched_outside(0));
   EXPECT_EQ(fc.weight_quantizations(), 0);
   e = caught([&] { GroupedLinear({.groups = 2, .in = 40, .out = 64, .recipe = recipe}, ctx); });
   ASSERT_TRUE(e);
-  EXPECT_THAT(e->what(), AllOf(HasSubstr("'in'"), HasSubstr(str("multiple of ", recipe.dim_multiple())), HasSubstr("40")));
+  EXPECT_THAT(e->what(),
+              AllOf(HasSubstr("'in'"), HasSubstr(str("multiple of ", recipe.dim_multiple())),
+                    HasSubstr("40")));
   e = caught([&] { GroupedLinear({.groups = 2, .in = 64, .out = 8, .recipe = recipe}, ctx); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'out'"), HasSubstr("got 8")));
@@ -214,13 +237,15 @@ TEST_P(QuantLinear, TheWeightIsQuantizedOncePerVersion) {
   const std::vector<uint8_t> y2 = bytes_of(ctx, fc.forward(x, splits, {}, &s));
   EXPECT_EQ(fc.weight_quantizations(), 2);
   EXPECT_NE(y2, y1);
-  fc.set_weight(to_device(ctx, random_normal({2, 32, 64}, DType::BF16, 1)));  // the first weight again
+  fc.set_weight(
+      to_device(ctx, random_normal({2, 32, 64}, DType::BF16, 1)));  // the first weight again
   EXPECT_EQ(bytes_of(ctx, fc.forward(x, splits)), y1);
   EXPECT_EQ(fc.weight_quantizations(), 3);
 }
 
 TEST_P(QuantLinear, AGpuContextIsUnsupportedNamingTheRecipe) {
-  if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU's refusal needs one";
+  if (Context::cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: the GPU's refusal needs one";
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = Context::cuda(0);
   GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::BF16, .recipe = recipe}, ctx);
@@ -229,16 +254,19 @@ TEST_P(QuantLinear, AGpuContextIsUnsupportedNamingTheRecipe) {
   auto e = caught([&] { fc.forward(x, Splits::host({32, 32}), {.output = y_buf.view}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
-  EXPECT_THAT(e->what(), AllOf(HasSubstr(str("recipe ", recipe.name())), HasSubstr("no GPU path yet")));
+  EXPECT_THAT(e->what(),
+              AllOf(HasSubstr(str("recipe ", recipe.name())), HasSubstr("no GPU path yet")));
   EXPECT_TRUE(y_buf.untouched_outside(0));
 }
 
 TEST_P(QuantLinear, TheFusedMlpRunsUnfusedWithARecipe) {
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = Context::cpu(1);
-  auto fc1 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = 2, .in = 64, .out = 128, .recipe = recipe}, ctx);
+  auto fc1 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = 2, .in = 64, .out = 128, .recipe = recipe}, ctx);
   auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
-  auto fc2 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = 2, .in = 64, .out = 64, .recipe = recipe}, ctx);
+  auto fc2 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = 2, .in = 64, .out = 64, .recipe = recipe}, ctx);
   Sequential seq({fc1, act, fc2});
   EXPECT_FALSE(seq.fused());
   EXPECT_THAT(GroupedMLP::mismatch(*fc1, *act, *fc2), HasSubstr("no quantized path yet"));
@@ -253,14 +281,17 @@ TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
   const int64_t G = 3, H = 64, F = 64;
   const std::vector<int64_t> counts = {64, 0, 96};
   const int64_t S = sum_of(counts), T = S + 4;
-  auto fc1 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .recipe = recipe}, ctx);
+  auto fc1 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .recipe = recipe}, ctx);
   auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
-  auto fc2 = std::make_shared<GroupedLinearOp>(GroupedLinearConfig{.groups = G, .in = F, .out = H, .recipe = recipe}, ctx);
+  auto fc2 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = G, .in = F, .out = H, .recipe = recipe}, ctx);
   fc1->linear().set_weight(random_normal({G, 2 * F, H}, DType::BF16, 1, 0.125));
   fc2->linear().set_weight(random_normal({G, H, F}, DType::BF16, 2, 0.125));
   Sequential seq({fc1, act, fc2});
   ASSERT_EQ(seq.plan(), "GroupedLinear(0), ScaledSwiGLU(1), GroupedLinear(2)");
-  const Tensor x = random_normal({T, H}, DType::BF16, 3), dy = random_normal({T, H}, DType::BF16, 4);
+  const Tensor x = random_normal({T, H}, DType::BF16, 3),
+               dy = random_normal({T, H}, DType::BF16, 4);
   std::vector<float> p(static_cast<size_t>(T), 0.5f);
   for (size_t i = 0; i < p.size(); ++i) p[i] = 0.25f + 0.01f * static_cast<float>(i % 50);
   const Tensor probs = Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu());
@@ -284,19 +315,23 @@ TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
   const GroupedLinear::Grads g2 = fc2->linear().backward(s2, dy);
   const ScaledSwiGLU::Grads ga = act->backward(sa, g2.input);
   const GroupedLinear::Grads g1 = fc1->linear().backward(s1, ga.input);
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, y.rows(0, S)), bytes_of(ctx, y2.rows(0, S)), DType::BF16));
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.input.rows(0, S)), bytes_of(ctx, g1.input.rows(0, S)), DType::BF16));
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.params[0].weight), bytes_of(ctx, g1.weight), DType::BF16));
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.params[2].weight), bytes_of(ctx, g2.weight), DType::BF16));
-  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.probs.rows(0, S)), bytes_of(ctx, ga.probs.rows(0, S)), DType::F32));
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, y.rows(0, S)), bytes_of(ctx, y2.rows(0, S)), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.input.rows(0, S)), bytes_of(ctx, g1.input.rows(0, S)),
+                            DType::BF16));
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, g.params[0].weight), bytes_of(ctx, g1.weight), DType::BF16));
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, g.params[2].weight), bytes_of(ctx, g2.weight), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.probs.rows(0, S)), bytes_of(ctx, ga.probs.rows(0, S)),
+                            DType::F32));
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
 
 // ---------------------------------------------------------------- training tracks bf16
 // A teacher-student regression: y* = x·W*ᵀ per expert; the student starts from a small random W
@@ -312,10 +347,12 @@ std::vector<double> train(const Recipe& recipe, int steps) {
   const std::vector<int64_t> counts = {64, 32, 0, 96};
   const int64_t T = sum_of(counts);
   GroupedLinear fc({.groups = G, .in = K, .out = N, .dtype = DType::BF16, .recipe = recipe}, ctx);
-  std::vector<double> teacher = to_doubles(host(), random_normal({G, N, K}, DType::F32, 77, 1.0 / 8));
+  std::vector<double> teacher =
+      to_doubles(host(), random_normal({G, N, K}, DType::F32, 77, 1.0 / 8));
   std::vector<float> master(static_cast<size_t>(G * N * K));
   {
-    const std::vector<double> init = to_doubles(host(), random_normal({G, N, K}, DType::F32, 78, 0.02));
+    const std::vector<double> init =
+        to_doubles(host(), random_normal({G, N, K}, DType::F32, 78, 0.02));
     for (size_t i = 0; i < master.size(); ++i) master[i] = static_cast<float>(init[i]);
   }
   const Tensor w = Tensor::empty({G, N, K}, DType::BF16, ctx);
@@ -328,7 +365,8 @@ std::vector<double> train(const Recipe& recipe, int steps) {
     const std::vector<double> xd = to_doubles(host(), x);
     const Reference y = reference_forward(xd, teacher, {}, counts, K, N);
     Tensor t = Tensor::empty({T, N}, DType::F32, ctx);
-    for (int64_t i = 0; i < T * N; ++i) t.data_as<float>()[i] = static_cast<float>(y.value[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < T * N; ++i)
+      t.data_as<float>()[i] = static_cast<float>(y.value[static_cast<size_t>(i)]);
     xs.push_back(x);
     targets.push_back(t);
   }
@@ -341,14 +379,15 @@ std::vector<double> train(const Recipe& recipe, int steps) {
     fc.notify_weight_changed();
     fill(ctx, main_grad, 0.0);
     GroupedLinear::Saved saved;
-    const Tensor y = fc.forward(xs[static_cast<size_t>(step % 4)], splits, {.input_requires_grad = false}, &saved);
+    const Tensor y = fc.forward(xs[static_cast<size_t>(step % 4)], splits,
+                                {.input_requires_grad = false}, &saved);
     const float* t = targets[static_cast<size_t>(step % 4)].data_as<float>();
     double loss = 0;
     std::vector<float> dyf(static_cast<size_t>(T * N));
     for (int64_t i = 0; i < T * N; ++i) {
       const double e = bf16_to_f32(y.data_as<uint16_t>()[i]) - t[i];
       loss += e * e / static_cast<double>(T * N);
-      dyf[static_cast<size_t>(i)] = static_cast<float>(2.0 * e / static_cast<double>(T) );
+      dyf[static_cast<size_t>(i)] = static_cast<float>(2.0 * e / static_cast<double>(T));
     }
     from_f32(dyf.data(), dy.data(), DType::BF16, dyf.size());
     losses.push_back(loss);
@@ -371,13 +410,16 @@ TEST(QuantTraining, EachRecipeTracksTheBf16LossCurve) {
     const std::vector<double> got = train(recipe, steps);
     double worst = 0;
     for (int s = 0; s < steps; s += 50) {
-      const double d = std::fabs(got[static_cast<size_t>(s)] - ref[static_cast<size_t>(s)]) / ref.front();
+      const double d =
+          std::fabs(got[static_cast<size_t>(s)] - ref[static_cast<size_t>(s)]) / ref.front();
       worst = std::max(worst, d);
-      EXPECT_LE(d, tol) << "step " << s << ": " << got[static_cast<size_t>(s)] << " vs bf16 " << ref[static_cast<size_t>(s)];
+      EXPECT_LE(d, tol) << "step " << s << ": " << got[static_cast<size_t>(s)] << " vs bf16 "
+                        << ref[static_cast<size_t>(s)];
     }
     EXPECT_LE(got.back(), final_bound * ref.front());
-    std::printf("[ recipe   ] %-12s final loss %.3g (bf16 %.3g, start %.3g), worst gap %.3g of the start\n",
-                name, got.back(), ref.back(), ref.front(), worst);
+    std::printf(
+        "[ recipe   ] %-12s final loss %.3g (bf16 %.3g, start %.3g), worst gap %.3g of the start\n",
+        name, got.back(), ref.back(), ref.front(), worst);
   }
 }
 

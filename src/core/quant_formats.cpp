@@ -10,36 +10,48 @@ namespace moekit {
 
 std::string_view name(QuantFormat f) {
   switch (f) {
-    case QuantFormat::E4M3: return "e4m3";
-    case QuantFormat::E5M2: return "e5m2";
-    case QuantFormat::E2M1: return "e2m1";
+    case QuantFormat::E4M3:
+      return "e4m3";
+    case QuantFormat::E5M2:
+      return "e5m2";
+    case QuantFormat::E2M1:
+      return "e2m1";
   }
   return "?";
 }
 
 float max_finite(QuantFormat f) {
   switch (f) {
-    case QuantFormat::E4M3: return 448.0f;
-    case QuantFormat::E5M2: return 57344.0f;
-    case QuantFormat::E2M1: return 6.0f;
+    case QuantFormat::E4M3:
+      return 448.0f;
+    case QuantFormat::E5M2:
+      return 57344.0f;
+    case QuantFormat::E2M1:
+      return 6.0f;
   }
   return 0.0f;
 }
 
 uint8_t encode(QuantFormat f, float v) {
   switch (f) {
-    case QuantFormat::E4M3: return f32_to_f8e4m3(v);
-    case QuantFormat::E5M2: return f32_to_f8e5m2(v);
-    case QuantFormat::E2M1: return f32_to_e2m1(v);
+    case QuantFormat::E4M3:
+      return f32_to_f8e4m3(v);
+    case QuantFormat::E5M2:
+      return f32_to_f8e5m2(v);
+    case QuantFormat::E2M1:
+      return f32_to_e2m1(v);
   }
   return 0;
 }
 
 float decode(QuantFormat f, uint8_t code) {
   switch (f) {
-    case QuantFormat::E4M3: return f8e4m3_to_f32(code);
-    case QuantFormat::E5M2: return f8e5m2_to_f32(code);
-    case QuantFormat::E2M1: return e2m1_to_f32(code);
+    case QuantFormat::E4M3:
+      return f8e4m3_to_f32(code);
+    case QuantFormat::E5M2:
+      return f8e5m2_to_f32(code);
+    case QuantFormat::E2M1:
+      return e2m1_to_f32(code);
   }
   return 0.0f;
 }
@@ -102,11 +114,16 @@ float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon, fl
 // ---------------------------------------------------------------- recipes
 std::string_view Recipe::name() const {
   switch (kind) {
-    case RecipeKind::None: return "none";
-    case RecipeKind::Fp8CurrentScaling: return "fp8-current";
-    case RecipeKind::Fp8BlockScaling: return "fp8-block";
-    case RecipeKind::Mxfp8: return "mxfp8";
-    case RecipeKind::Nvfp4: return "nvfp4";
+    case RecipeKind::None:
+      return "none";
+    case RecipeKind::Fp8CurrentScaling:
+      return "fp8-current";
+    case RecipeKind::Fp8BlockScaling:
+      return "fp8-block";
+    case RecipeKind::Mxfp8:
+      return "mxfp8";
+    case RecipeKind::Nvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -131,8 +148,10 @@ void Recipe::validate() const {
     throw_invalid("amax_epsilon", str("an epsilon >= 0 (", who, ")"), str(amax_epsilon));
   }
   if (kind == RecipeKind::Nvfp4 && fp8_format != Fp8Format::E4M3) {
-    throw_invalid("fp8_format", "E4M3: NVFP4's block scales are e4m3 and its data e2m1 for every "
-                  "tensor (recipe nvfp4)", "HYBRID");
+    throw_invalid("fp8_format",
+                  "E4M3: NVFP4's block scales are e4m3 and its data e2m1 for every "
+                  "tensor (recipe nvfp4)",
+                  "HYBRID");
   }
   if (kind == RecipeKind::Mxfp8 && !power_2_scales) {
     throw_invalid("power_2_scales", "true: e8m0 scales are powers of two (recipe mxfp8)", "false");
@@ -175,16 +194,21 @@ QuantSpec Recipe::spec(QuantRole role) const {
 
 int64_t Recipe::dim_multiple() const {
   switch (kind) {
-    case RecipeKind::None: return 1;
+    case RecipeKind::None:
+      return 1;
     case RecipeKind::Fp8CurrentScaling:
-    case RecipeKind::Fp8BlockScaling: return 16;
+    case RecipeKind::Fp8BlockScaling:
+      return 16;
     case RecipeKind::Mxfp8:
-    case RecipeKind::Nvfp4: return 32;
+    case RecipeKind::Nvfp4:
+      return 32;
   }
   return 1;
 }
 
-int64_t Recipe::group_rows_multiple() const { return dim_multiple(); }
+int64_t Recipe::group_rows_multiple() const {
+  return dim_multiple();
+}
 
 int64_t QuantizedTensor::row_block_capacity() const {
   if (spec.block <= 0) return groups;

@@ -24,11 +24,17 @@ using detail::Backend;
 template <class Args>
 RecipeKind recipe_of(const Args& a);
 template <>
-RecipeKind recipe_of(const detail::DequantizeArgs& a) { return a.q.spec.recipe; }
+RecipeKind recipe_of(const detail::DequantizeArgs& a) {
+  return a.q.spec.recipe;
+}
 template <>
-RecipeKind recipe_of(const detail::QuantGroupMArgs& a) { return a.a.spec.recipe; }
+RecipeKind recipe_of(const detail::QuantGroupMArgs& a) {
+  return a.a.spec.recipe;
+}
 template <>
-RecipeKind recipe_of(const detail::QuantGroupKArgs& a) { return a.dy.spec.recipe; }
+RecipeKind recipe_of(const detail::QuantGroupKArgs& a) {
+  return a.dy.spec.recipe;
+}
 
 template <class Args>
 std::string gpu_rejects(const Args& a) {
@@ -107,13 +113,18 @@ Shape scale_shape(const QuantizedTensor& q, bool columnwise) {
   const int64_t b = q.spec.block, RB = q.row_block_capacity();
   const int64_t cb = b > 0 ? (q.cols + b - 1) / b : 0;
   switch (q.spec.scaling) {
-    case Scaling::PerGroup: return {q.groups};
-    case Scaling::Block2D: return {RB, cb};
-    default: return columnwise ? Shape{q.cols, RB} : Shape{q.rows, cb};
+    case Scaling::PerGroup:
+      return {q.groups};
+    case Scaling::Block2D:
+      return {RB, cb};
+    default:
+      return columnwise ? Shape{q.cols, RB} : Shape{q.rows, cb};
   }
 }
 
-DType scale_dtype(Scaling s) { return s == Scaling::Mx || s == Scaling::Nv ? DType::U8 : DType::F32; }
+DType scale_dtype(Scaling s) {
+  return s == Scaling::Mx || s == Scaling::Nv ? DType::U8 : DType::F32;
+}
 
 void check_quantized(std::string_view argument, const QuantizedTensor& q, QuantUsage need,
                      Device dev) {
@@ -188,7 +199,8 @@ detail::Plan detail::bind_quantize(const Context& ctx, const Tensor& x, const Sp
                        "NVFP4's columnwise copy packs two rows per byte, never across groups");
     }
   }
-  return detail::bind<detail::QuantizeArgs>("quantize", kQuantize, ctx, {ctx, x, splits, q, G, T, C});
+  return detail::bind<detail::QuantizeArgs>("quantize", kQuantize, ctx,
+                                            {ctx, x, splits, q, G, T, C});
 }
 
 QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& splits,
@@ -205,8 +217,8 @@ QuantizedTensor quantize_weight(const Context& ctx, const Tensor& w, const Quant
   if (!w.defined() || w.dim() != 3) throw_invalid("w", "a 3-D tensor [G, N, K]", w.describe());
   if (!w.is_contiguous()) throw_invalid("w", "a contiguous tensor", w.describe());
   const int64_t G = w.size(0), N = w.size(1), K = w.size(2);
-  return quantize(ctx, w.view({G * N, K}), Splits::host(std::vector<int64_t>(static_cast<size_t>(G), N)),
-                  spec, usage);
+  return quantize(ctx, w.view({G * N, K}),
+                  Splits::host(std::vector<int64_t>(static_cast<size_t>(G), N)), spec, usage);
 }
 
 void dequantize(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
@@ -219,7 +231,8 @@ void dequantize(const Context& ctx, const QuantizedTensor& q, const Splits& spli
   validate_splits(splits, q.groups, q.rows, dev);
   const Shape shape = which == QuantUsage::Rowwise ? Shape{q.rows, q.cols} : Shape{q.cols, q.rows};
   check_input("out", out, shape, DType::F32, dev);
-  detail::dispatch<detail::DequantizeArgs>("dequantize", kDequantize, ctx, {ctx, q, splits, which, out});
+  detail::dispatch<detail::DequantizeArgs>("dequantize", kDequantize, ctx,
+                                           {ctx, q, splits, which, out});
 }
 
 detail::Plan detail::bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a,
@@ -230,7 +243,8 @@ detail::Plan detail::bind_group_m_quantized(const Context& ctx, const QuantizedT
   check_quantized("a", a, QuantUsage::Rowwise, dev);
   check_quantized("b", b, fprop ? QuantUsage::Rowwise : QuantUsage::Columnwise, dev);
   const int64_t T = a.rows, G = b.groups;
-  if (G <= 0 || b.rows % G != 0) throw_invalid("b", "a quantized weight [G·N, K]", str(b.rows, " rows"));
+  if (G <= 0 || b.rows % G != 0)
+    throw_invalid("b", "a quantized weight [G·N, K]", str(b.rows, " rows"));
   const int64_t per_group = b.rows / G;
   // fprop: a [T, K] · W_gᵀ (W_g [N, K]); dgrad: a = dy [T, N] · W_g → [T, K].
   const int64_t k = a.cols, n = fprop ? per_group : b.cols;
@@ -244,7 +258,8 @@ detail::Plan detail::bind_group_m_quantized(const Context& ctx, const QuantizedT
                   str("recipe ", Recipe{b.spec.recipe}.name()));
   }
   validate_splits(splits, G, T, dev);
-  if (!is_compute_dtype(out.dtype())) throw_invalid("out", "dtype f32, f16 or bf16", name(out.dtype()));
+  if (!is_compute_dtype(out.dtype()))
+    throw_invalid("out", "dtype f32, f16 or bf16", name(out.dtype()));
   if (bias.defined()) check_input("bias", bias, {G, n}, out.dtype(), dev);
   check_caller_buffer("out", out, {T, n}, out.dtype(), dev, {{"bias", bias}});
   return detail::bind<detail::QuantGroupMArgs>("grouped_gemm_group_m_quantized", kQuantGroupM, ctx,
@@ -263,7 +278,9 @@ detail::Plan detail::bind_group_k_quantized(const Context& ctx, const QuantizedT
   const Device dev = ctx.device();
   check_quantized("dy", dy, QuantUsage::Columnwise, dev);
   check_quantized("x", x, QuantUsage::Columnwise, dev);
-  if (x.rows != dy.rows) throw_invalid("x", str("a quantized tensor of ", dy.rows, " rows (dy's)"), std::to_string(x.rows));
+  if (x.rows != dy.rows)
+    throw_invalid("x", str("a quantized tensor of ", dy.rows, " rows (dy's)"),
+                  std::to_string(x.rows));
   if (dy.spec.recipe != x.spec.recipe) {
     throw_invalid("x", str("an operand of recipe ", Recipe{dy.spec.recipe}.name()),
                   str("recipe ", Recipe{x.spec.recipe}.name()));
@@ -275,7 +292,8 @@ detail::Plan detail::bind_group_k_quantized(const Context& ctx, const QuantizedT
   if (accumulate && dw.dtype() != DType::F32) {
     throw_invalid("dw", "dtype f32 when accumulating (main_grad)", name(dw.dtype()));
   }
-  if (!is_compute_dtype(dw.dtype())) throw_invalid("dw", "dtype f32, f16 or bf16", name(dw.dtype()));
+  if (!is_compute_dtype(dw.dtype()))
+    throw_invalid("dw", "dtype f32, f16 or bf16", name(dw.dtype()));
   check_caller_buffer("dw", dw, {G, N, K}, dw.dtype(), dev, {});
   return detail::bind<detail::QuantGroupKArgs>("grouped_gemm_group_k_quantized", kQuantGroupK, ctx,
                                                {ctx, dy, x, splits, dw, accumulate, G, T, K, N});

@@ -43,8 +43,8 @@ namespace moekit {
 
 // ---------------------------------------------------------------- formats and scalar conversions
 enum class QuantFormat : uint8_t { E4M3, E5M2, E2M1 };
-std::string_view name(QuantFormat f);           // "e4m3", "e5m2", "e2m1"
-float max_finite(QuantFormat f);                // 448, 57344, 6
+std::string_view name(QuantFormat f);  // "e4m3", "e5m2", "e2m1"
+float max_finite(QuantFormat f);       // 448, 57344, 6
 /// One element in a narrow format (RNE, saturating; see the file comment). e2m1: the 4-bit code.
 uint8_t encode(QuantFormat f, float v);
 float decode(QuantFormat f, uint8_t code);
@@ -56,8 +56,8 @@ float e2m1_to_f32(uint8_t code);  // low 4 bits
 /// NaN → 0xFF, inf → 0xFE, values above 2^127 → 0xFE (saturating); fp32 subnormals round up to
 /// 2^-126 (0x01) except those ≤ 2^-127, which give 0x00.
 uint8_t f32_to_e8m0_round_up(float v);
-float e8m0_to_f32(uint8_t code);             // 2^(code-127); 0xFF → NaN
-float e8m0_reciprocal(uint8_t code);         // 2^(127-code), exact (0xFE → 2^-127); 0xFF → NaN
+float e8m0_to_f32(uint8_t code);      // 2^(code-127); 0xFF → NaN
+float e8m0_reciprocal(uint8_t code);  // 2^(127-code), exact (0xFE → 2^-127); 0xFF → NaN
 
 /// The fp8 scale of a per-tensor or block amax (TE's compute_scale_from_amax), in fp32:
 /// amax < epsilon → epsilon; amax 0, inf or NaN → 1; scale = fp8_max / amax (rounded once);
@@ -74,11 +74,11 @@ enum class QuantRole : uint8_t { Input, Weight, GradOutput };
 
 /// How the scales of a quantized tensor tile it.
 enum class Scaling : uint8_t {
-  PerGroup,      // one fp32 scale_inv per group (per expert), shared by both copies
-  Block1D,       // fp32 scale_inv per 1×block (block = 128) along the copy's reduction dim
-  Block2D,       // fp32 scale_inv per block×block tile (128×128), shared by both copies
-  Mx,            // e8m0 scale per 1×32
-  Nv,            // e4m3 scale per 1×16, and one fp32 decode scale per group
+  PerGroup,  // one fp32 scale_inv per group (per expert), shared by both copies
+  Block1D,   // fp32 scale_inv per 1×block (block = 128) along the copy's reduction dim
+  Block2D,   // fp32 scale_inv per block×block tile (128×128), shared by both copies
+  Mx,        // e8m0 scale per 1×32
+  Nv,        // e4m3 scale per 1×16, and one fp32 decode scale per group
 };
 
 /// Everything a quantize needs: format, scaling and its options. Made by Recipe::spec(role).
@@ -86,10 +86,10 @@ struct QuantSpec {
   RecipeKind recipe = RecipeKind::None;  // for messages
   QuantFormat format = QuantFormat::E4M3;
   Scaling scaling = Scaling::PerGroup;
-  int64_t block = 0;             // 0 (per group), 128, 32, 16
-  bool power_2_scales = false;   // Block1D / Block2D / PerGroup
-  float amax_epsilon = 0.0f;     // floor of the amax (PerGroup, Block1D, Block2D)
-  int margin = 0;                // PerGroup: scale = fp8_max / amax / 2^margin
+  int64_t block = 0;            // 0 (per group), 128, 32, 16
+  bool power_2_scales = false;  // Block1D / Block2D / PerGroup
+  float amax_epsilon = 0.0f;    // floor of the amax (PerGroup, Block1D, Block2D)
+  int margin = 0;               // PerGroup: scale = fp8_max / amax / 2^margin
 };
 
 struct Recipe {
@@ -97,7 +97,7 @@ struct Recipe {
   Fp8Format fp8_format = Fp8Format::Hybrid;
   bool power_2_scales = false;  // fp8-current: TE default false; fp8-block: TE default true
   float amax_epsilon = 0.0f;
-  int margin = 0;               // fp8-current only (as DelayedScaling's margin)
+  int margin = 0;  // fp8-current only (as DelayedScaling's margin)
 
   static Recipe none() { return {}; }
   static Recipe fp8_current(Fp8Format format = Fp8Format::Hybrid, int margin = 0) {

@@ -38,8 +38,8 @@ struct QuantGroupMArgs {
   QuantizedTensor b;  // the weight [G·N, K]: rowwise (fprop) or columnwise (dgrad)
   BOp op;
   Splits splits;
-  Tensor out;   // [T, N']
-  Tensor bias;  // [G, N'] or undefined
+  Tensor out;                  // [T, N']
+  Tensor bias;                 // [G, N'] or undefined
   int64_t groups, rows, k, n;  // k = the reduction (K fprop, N dgrad), n = out's columns
 };
 

@@ -26,9 +26,15 @@ MOEKIT_HD float from_bits(uint32_t u) {
   memcpy(&f, &u, 4);
   return f;
 }
-MOEKIT_HD bool is_nan(float f) { return (bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
-MOEKIT_HD bool is_inf(float f) { return (bits(f) & 0x7FFFFFFFu) == 0x7F800000u; }
-MOEKIT_HD float abs_f(float f) { return from_bits(bits(f) & 0x7FFFFFFFu); }
+MOEKIT_HD bool is_nan(float f) {
+  return (bits(f) & 0x7FFFFFFFu) > 0x7F800000u;
+}
+MOEKIT_HD bool is_inf(float f) {
+  return (bits(f) & 0x7FFFFFFFu) == 0x7F800000u;
+}
+MOEKIT_HD float abs_f(float f) {
+  return from_bits(bits(f) & 0x7FFFFFFFu);
+}
 /// 2^e for -149 <= e <= 127, exactly.
 MOEKIT_HD float exp2i(int e) {
   if (e >= -126) return from_bits(static_cast<uint32_t>(e + 127) << 23);
@@ -48,7 +54,9 @@ MOEKIT_HD int ilog2(float a) {
   return l;
 }
 /// Round to nearest integer, ties to even (the default rounding mode on host and device).
-MOEKIT_HD float rint_even(float v) { return rintf(v); }
+MOEKIT_HD float rint_even(float v) {
+  return rintf(v);
+}
 
 /// A small float format: ebits, mbits, bias; ieee = top exponent is inf/NaN (e5m2).
 struct Fp8Format {
@@ -57,8 +65,12 @@ struct Fp8Format {
   float max_finite;
   uint8_t nan_code;
 };
-MOEKIT_HD Fp8Format e4m3() { return {4, 3, 7, false, 448.0f, 0x7F}; }
-MOEKIT_HD Fp8Format e5m2() { return {5, 2, 15, true, 57344.0f, 0x7E}; }
+MOEKIT_HD Fp8Format e4m3() {
+  return {4, 3, 7, false, 448.0f, 0x7F};
+}
+MOEKIT_HD Fp8Format e5m2() {
+  return {5, 2, 15, true, 57344.0f, 0x7E};
+}
 
 /// RNE, saturating to ±max (inf too), NaN → nan_code (no sign): as moekit::f32_to_f8e4m3/e5m2.
 MOEKIT_HD uint8_t encode_fp8(float v, const Fp8Format& f) {
@@ -90,14 +102,22 @@ MOEKIT_HD uint8_t encode_e2m1(float v) {
   const float a = abs_f(v);
   // Midpoints between neighbours; at a midpoint the even code wins.
   uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;
+  if (a <= 0.25f)
+    c = 0;
+  else if (a < 0.75f)
+    c = 1;
+  else if (a <= 1.25f)
+    c = 2;
+  else if (a < 1.75f)
+    c = 3;
+  else if (a <= 2.5f)
+    c = 4;
+  else if (a < 3.5f)
+    c = 5;
+  else if (a <= 5.0f)
+    c = 6;
+  else
+    c = 7;
   return sign | c;
 }
 
@@ -134,8 +154,10 @@ MOEKIT_HD float decode_e4m3(uint8_t c) {
   const int e = (c >> 3) & 0xF, m = c & 0x7;
   float v;
   if (e == 0xF && m == 0x7) return from_bits(0x7FC00000u);
-  if (e == 0) v = static_cast<float>(m) * exp2i(-9);
-  else v = static_cast<float>(8 + m) * exp2i(e - 10);
+  if (e == 0)
+    v = static_cast<float>(m) * exp2i(-9);
+  else
+    v = static_cast<float>(8 + m) * exp2i(e - 10);
   return (c & 0x80) ? -v : v;
 }
 

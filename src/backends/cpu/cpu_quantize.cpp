@@ -6,6 +6,8 @@
 // elements are multiplied by before encoding, per scaling mode, in exactly TE's fp32 operations;
 // quantize() walks a grouped matrix [T, C] group by group (blocks never cross a group boundary,
 // rows [S, T) are never touched) and writes the copies; dequant_* turn a copy back into fp32.
+#include "backends/cpu/cpu_quantize.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 
 #include "backends/contract/backend_table.h"
 #include "backends/contract/quant_args.h"
-#include "backends/cpu/cpu_quantize.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cpu {
@@ -24,9 +25,12 @@ namespace {
 
 float max_finite_of(DType t) {
   switch (t) {
-    case DType::BF16: return bf16_to_f32(0x7F7F);
-    case DType::F16: return 65504.0f;
-    default: return FLT_MAX;
+    case DType::BF16:
+      return bf16_to_f32(0x7F7F);
+    case DType::F16:
+      return 65504.0f;
+    default:
+      return FLT_MAX;
   }
 }
 
@@ -39,8 +43,8 @@ inline void amax_update(float& amax, float v) {
 // A block's scale as stored (`stored`: f32 bits, or the e8m0 / e4m3 code in its low byte) and the
 // factor each element is multiplied by before encoding.
 struct BlockScale {
-  float stored_f32 = 1.0f;   // PerGroup / Block1D / Block2D: scale_inv
-  uint8_t stored_code = 0;   // Mx: e8m0, Nv: e4m3
+  float stored_f32 = 1.0f;  // PerGroup / Block1D / Block2D: scale_inv
+  uint8_t stored_code = 0;  // Mx: e8m0, Nv: e4m3
   float encode_factor = 1.0f;
 };
 
@@ -255,10 +259,12 @@ struct Dequantizer {
 
   float scale_value(const Tensor& scales, int64_t i, int64_t g) const {
     switch (q.spec.scaling) {
-      case Scaling::Mx: return e8m0_to_f32(scales.data_as<uint8_t>()[i]);
+      case Scaling::Mx:
+        return e8m0_to_f32(scales.data_as<uint8_t>()[i]);
       case Scaling::Nv:
         return f8e4m3_to_f32(scales.data_as<uint8_t>()[i]) * q.group_scale_inv.data_as<float>()[g];
-      default: return scales.data_as<float>()[i];
+      default:
+        return scales.data_as<float>()[i];
     }
   }
 
@@ -277,12 +283,19 @@ struct Dequantizer {
         for (int64_t c = 0; c < C; ++c) {
           int64_t si = 0;
           switch (q.spec.scaling) {
-            case Scaling::PerGroup: si = static_cast<int64_t>(g); break;
-            case Scaling::Block2D: si = (rb_off[g] + r / b) * cb_count + c / b; break;
-            default: si = rowwise ? t * cb_count + c / b : c * RB + rb_off[g] + r / b; break;
+            case Scaling::PerGroup:
+              si = static_cast<int64_t>(g);
+              break;
+            case Scaling::Block2D:
+              si = (rb_off[g] + r / b) * cb_count + c / b;
+              break;
+            default:
+              si = rowwise ? t * cb_count + c / b : c * RB + rb_off[g] + r / b;
+              break;
           }
           const uint8_t code = rowwise ? v.get(t, c) : v.get(c, t);
-          const float value = decode(q.spec.format, code) * scale_value(scales, si, static_cast<int64_t>(g));
+          const float value =
+              decode(q.spec.format, code) * scale_value(scales, si, static_cast<int64_t>(g));
           if (rowwise) {
             o[t * C + c] = value;
           } else {
@@ -320,7 +333,8 @@ std::vector<float> dequantized(const Context& ctx, const QuantizedTensor& q, con
                                QuantUsage which) {
   std::vector<float> out(static_cast<size_t>(q.rows * q.cols), 0.0f);
   const Shape shape = which == QuantUsage::Rowwise ? Shape{q.rows, q.cols} : Shape{q.cols, q.rows};
-  Dequantizer(q, read_counts(ctx, splits)).run(which, Tensor::wrap(out.data(), shape, DType::F32, ctx.device()));
+  Dequantizer(q, read_counts(ctx, splits))
+      .run(which, Tensor::wrap(out.data(), shape, DType::F32, ctx.device()));
   return out;
 }
 
@@ -366,7 +380,8 @@ void quant_group_m_run(const detail::QuantGroupMArgs& args) {
                   static_cast<int>(Kr), bg, ldb, 0.0f, y32.data(), static_cast<int>(Nout));
       if (args.bias.defined()) {
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < Nout; ++j) y32[static_cast<size_t>(r * Nout + j)] += bias32[static_cast<size_t>(j)];
+          for (int64_t j = 0; j < Nout; ++j)
+            y32[static_cast<size_t>(r * Nout + j)] += bias32[static_cast<size_t>(j)];
       }
       store_rows(y32.data(), args.out, off + r0, rows);
     }
@@ -382,14 +397,17 @@ void quant_group_k_run(const detail::QuantGroupKArgs& args) {
   openblas_set_num_threads(args.ctx.threads());
   const std::vector<int64_t> counts = read_counts(args.ctx, args.splits);
   const int64_t K = args.k, N = args.n, T = args.rows;
-  const std::vector<float> dyc = dequantized(args.ctx, args.dy, args.splits, QuantUsage::Columnwise);  // [N, T]
-  const std::vector<float> xc = dequantized(args.ctx, args.x, args.splits, QuantUsage::Columnwise);    // [K, T]
+  const std::vector<float> dyc =
+      dequantized(args.ctx, args.dy, args.splits, QuantUsage::Columnwise);  // [N, T]
+  const std::vector<float> xc =
+      dequantized(args.ctx, args.x, args.splits, QuantUsage::Columnwise);  // [K, T]
   const bool f32_out = args.dw.dtype() == DType::F32;
   std::vector<float> acc;
   int64_t off = 0;
   for (int64_t g = 0; g < args.groups; ++g) {
     const int64_t m = counts[static_cast<size_t>(g)];
-    char* dw_g = static_cast<char*>(args.dw.data()) + static_cast<size_t>(g * N * K) * size_of(args.dw.dtype());
+    char* dw_g = static_cast<char*>(args.dw.data()) +
+                 static_cast<size_t>(g * N * K) * size_of(args.dw.dtype());
     float* c = f32_out ? reinterpret_cast<float*>(dw_g) : nullptr;
     if (!f32_out) {
       acc.assign(static_cast<size_t>(N * K), 0.0f);
@@ -397,8 +415,10 @@ void quant_group_k_run(const detail::QuantGroupKArgs& args) {
     }
     if (m == 0) {
       if (!args.accumulate) {
-        if (f32_out) std::fill_n(c, N * K, 0.0f);
-        else std::memset(dw_g, 0, static_cast<size_t>(N * K) * size_of(args.dw.dtype()));
+        if (f32_out)
+          std::fill_n(c, N * K, 0.0f);
+        else
+          std::memset(dw_g, 0, static_cast<size_t>(N * K) * size_of(args.dw.dtype()));
       }
       continue;
     }
@@ -412,7 +432,8 @@ void quant_group_k_run(const detail::QuantGroupKArgs& args) {
 
 // This backend's entries in the quantize tables (declared in cpu_quantize.h).
 constexpr detail::Backend<detail::QuantizeArgs> kQuantize{"cpu", quantize_rejects, quantize_run};
-constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cpu", dequantize_rejects, dequantize_run};
+constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cpu", dequantize_rejects,
+                                                              dequantize_run};
 constexpr detail::Backend<detail::QuantGroupMArgs> kQuantGroupM{"cpu", quant_group_m_rejects,
                                                                 quant_group_m_run};
 constexpr detail::Backend<detail::QuantGroupKArgs> kQuantGroupK{"cpu", quant_group_k_rejects,

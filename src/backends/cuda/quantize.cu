@@ -53,8 +53,12 @@ struct QuantParams {
   int64_t* ws;
 };
 
-__device__ __forceinline__ const int64_t* offsets(const QuantParams& p) { return p.ws + 1; }
-__device__ __forceinline__ const int64_t* rb_offsets(const QuantParams& p) { return p.ws + 2 + p.G; }
+__device__ __forceinline__ const int64_t* offsets(const QuantParams& p) {
+  return p.ws + 1;
+}
+__device__ __forceinline__ const int64_t* rb_offsets(const QuantParams& p) {
+  return p.ws + 2 + p.G;
+}
 
 template <class T>
 __device__ __forceinline__ float load(const QuantParams& p, int64_t t, int64_t c) {
@@ -63,9 +67,12 @@ __device__ __forceinline__ float load(const QuantParams& p, int64_t t, int64_t c
 
 __device__ __forceinline__ uint8_t encode(const QuantParams& p, float v) {
   switch (p.format) {
-    case QuantFormat::E4M3: return qm::encode_fp8(v, qm::e4m3());
-    case QuantFormat::E5M2: return qm::encode_fp8(v, qm::e5m2());
-    default: return qm::encode_e2m1(v);
+    case QuantFormat::E4M3:
+      return qm::encode_fp8(v, qm::e4m3());
+    case QuantFormat::E5M2:
+      return qm::encode_fp8(v, qm::e5m2());
+    default:
+      return qm::encode_e2m1(v);
   }
 }
 
@@ -74,8 +81,10 @@ __device__ __forceinline__ int64_t group_of(const int64_t* off, int64_t G, int64
   int64_t lo = 0, hi = G - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (off[mid] <= i) lo = mid;
-    else hi = mid - 1;
+    if (off[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -103,7 +112,8 @@ __global__ void group_amax_kernel(QuantParams p) {
   if (S < 0) return;
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < S; t += warps) {
+  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < S;
+       t += warps) {
     float m = 0.0f;
     for (int64_t c = lane; c < p.C; c += 32) {
       const float a = qm::abs_f(load<T>(p, t, c));
@@ -130,7 +140,8 @@ __global__ void group_scales_kernel(QuantParams p) {
     qm::nv_group_scales(p.amax[g], &enc, &dec);
     p.group_dec[g] = dec;
   } else {
-    const float s = qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    const float s =
+        qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
     static_cast<float*>(p.row_scale)[g] = 1.0f / s;
   }
 }
@@ -183,7 +194,8 @@ __global__ void rowwise_blocks_kernel(QuantParams p) {
     const float f = block_scale(p, a, g, p.row_scale, t * cb + j);
     if (fp4) {  // C even, blocks of 16: whole bytes
       for (int64_t c = c0; c < c1; c += 2) {
-        const uint8_t lo = encode(p, load<T>(p, t, c) * f), hi = encode(p, load<T>(p, t, c + 1) * f);
+        const uint8_t lo = encode(p, load<T>(p, t, c) * f),
+                      hi = encode(p, load<T>(p, t, c + 1) * f);
         p.row[t * p.row_ld + c / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
       }
     } else {
@@ -214,7 +226,8 @@ __global__ void columnwise_blocks_kernel(QuantParams p) {
     const float f = block_scale(p, a, g, p.col_scale, c * p.RB + k);
     if (fp4) {  // the group's rows even: whole bytes
       for (int64_t t = t0; t < t1; t += 2) {
-        const uint8_t lo = encode(p, load<T>(p, t, c) * f), hi = encode(p, load<T>(p, t + 1, c) * f);
+        const uint8_t lo = encode(p, load<T>(p, t, c) * f),
+                      hi = encode(p, load<T>(p, t + 1, c) * f);
         p.col[c * p.col_ld + t / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
       }
     } else {
@@ -235,7 +248,8 @@ __global__ void tile_blocks_kernel(QuantParams p) {
     const int64_t k = tile / cb, j = tile % cb;
     const int64_t g = group_of(rb, p.G, k);
     const int64_t end = offsets(p)[g + 1];
-    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block, t1 = t0 + p.block < end ? t0 + p.block : end;
+    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block,
+                  t1 = t0 + p.block < end ? t0 + p.block : end;
     const int64_t c0 = j * p.block, c1 = c0 + p.block < p.C ? c0 + p.block : p.C;
     const int64_t w = c1 - c0, n = (t1 - t0) * w;
     float a = 0.0f;
@@ -276,7 +290,8 @@ __global__ void per_group_kernel(QuantParams p) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.C, c = i % p.C;
     const int64_t g = group_of(offsets(p), p.G, t);
-    const float s = qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    const float s =
+        qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
     const uint8_t code = encode(p, load<T>(p, t, c) * s);
     if (p.row) p.row[t * p.row_ld + c] = code;
     if (p.col) p.col[c * p.col_ld + t] = code;
@@ -285,9 +300,12 @@ __global__ void per_group_kernel(QuantParams p) {
 
 float max_finite_of(DType t) {
   switch (t) {
-    case DType::BF16: return bf16_to_f32(0x7F7F);
-    case DType::F16: return 65504.0f;
-    default: return 3.40282347e38f;
+    case DType::BF16:
+      return bf16_to_f32(0x7F7F);
+    case DType::F16:
+      return 65504.0f;
+    default:
+      return 3.40282347e38f;
   }
 }
 
@@ -315,7 +333,9 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
   } else {
-    if (p.row) rowwise_blocks_kernel<T><<<grid_for(p.T * ((p.C + p.block - 1) / p.block), 256, sms), 256, 0, stream>>>(p);
+    if (p.row)
+      rowwise_blocks_kernel<T>
+          <<<grid_for(p.T * ((p.C + p.block - 1) / p.block), 256, sms), 256, 0, stream>>>(p);
     if (p.col) columnwise_blocks_kernel<T><<<grid_for(p.RB * p.C, 256, sms), 256, 0, stream>>>(p);
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
@@ -347,7 +367,8 @@ void quantize_run(const detail::QuantizeArgs& a) {
   p.power_2 = q.spec.power_2_scales;
   p.epsilon = q.spec.amax_epsilon;
   p.fp8_max = max_finite(q.spec.format) * qm::exp2i(-q.spec.margin);
-  p.value_for_inf = q.spec.scaling == Scaling::PerGroup ? 3.40282347e38f : max_finite_of(a.x.dtype());
+  p.value_for_inf =
+      q.spec.scaling == Scaling::PerGroup ? 3.40282347e38f : max_finite_of(a.x.dtype());
   p.max_norm_rcp = static_cast<float>(1.0 / max_finite(q.spec.format));
   p.row = q.has_rowwise() ? q.rowwise.data_as<uint8_t>() : nullptr;
   p.col = q.has_columnwise() ? q.columnwise.data_as<uint8_t>() : nullptr;
@@ -359,10 +380,14 @@ void quantize_run(const detail::QuantizeArgs& a) {
   p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<float>() : nullptr;
   p.ws = ws.data_as<int64_t>();
   switch (a.x.dtype()) {
-    case DType::F32: return launch_all<float>(p, counts.view, res);
-    case DType::F16: return launch_all<__half>(p, counts.view, res);
-    case DType::BF16: return launch_all<__nv_bfloat16>(p, counts.view, res);
-    default: throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
+    case DType::F32:
+      return launch_all<float>(p, counts.view, res);
+    case DType::F16:
+      return launch_all<__half>(p, counts.view, res);
+    case DType::BF16:
+      return launch_all<__nv_bfloat16>(p, counts.view, res);
+    default:
+      throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
   }
 }
 
