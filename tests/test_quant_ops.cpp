@@ -243,6 +243,24 @@ TEST_P(QuantLinear, TheWeightIsQuantizedOncePerVersion) {
   EXPECT_EQ(fc.weight_quantizations(), 3);
 }
 
+// Copies of a layer share its cache, keyed by the weight they hold: a copy given another weight
+// never reads the first one's quantized copies.
+TEST_P(QuantLinear, ACopyWithAnotherWeightUsesItsOwnQuantizedWeight) {
+  const Recipe recipe = recipe_named(GetParam());
+  const Context ctx = Context::cpu(1);
+  GroupedLinear a({.groups = 2, .in = 64, .out = 32, .dtype = DType::BF16, .recipe = recipe}, ctx);
+  a.set_weight(random_normal({2, 32, 64}, DType::BF16, 1));
+  const Tensor x = random_normal({64, 64}, DType::BF16, 3);
+  const Splits splits = Splits::host({32, 32});
+  const std::vector<uint8_t> ya = bytes_of(ctx, a.forward(x, splits));
+  GroupedLinear b = a;
+  b.set_weight(random_normal({2, 32, 64}, DType::BF16, 2));
+  const std::vector<uint8_t> yb = bytes_of(ctx, b.forward(x, splits));
+  EXPECT_EQ(bytes_of(ctx, a.forward(x, splits)), ya);
+  EXPECT_EQ(bytes_of(ctx, b.forward(x, splits)), yb);
+  EXPECT_NE(ya, yb);
+}
+
 TEST_P(QuantLinear, AGpuContextIsUnsupportedNamingTheRecipe) {
   if (Context::cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: the GPU's refusal needs one";

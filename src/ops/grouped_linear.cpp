@@ -18,6 +18,8 @@ struct GroupedLinear::WeightCache {
   uint64_t version = 0;         // bumped by every change of the weight
   uint64_t cached_version = ~0ull;
   QuantizedTensor weight;       // the copies of cached_version
+  const void* source = nullptr;  // the weight storage they were made from (copies of a layer
+                                 // share the cache but may hold other weights)
   int64_t quantizations = 0;
 };
 
@@ -139,8 +141,8 @@ BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_sp
       std::lock_guard lock(cache_->mutex);
       version = cache_->version;
       const QuantizedTensor& c = cache_->weight;
-      cached = cache_->cached_version == version && c.defined() &&
-               (!has(w_usage, QuantUsage::Columnwise) || c.has_columnwise());
+      cached = cache_->cached_version == version && cache_->source == weight_.data() &&
+               c.defined() && (!has(w_usage, QuantUsage::Columnwise) || c.has_columnwise());
       if (cached) qw = c;
     }
     if (!cached) {
@@ -148,12 +150,13 @@ BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_sp
       qw = allocate_quantized(ctx_, w_spec, config_.dtype, G * N, K, G, w_usage);
       const Splits w_splits = Splits::host(std::vector<int64_t>(static_cast<size_t>(G), N));
       plan.then(detail::bind_quantize(ctx_, weight_.view({G * N, K}), w_splits, qw));
-      plan.add([cache = cache_, qw, version] {  // the copies exist once the quantize ran
+      plan.add([cache = cache_, qw, version, source = weight_.data()] {  // the copies exist now
         std::lock_guard lock(cache->mutex);
         ++cache->quantizations;
         if (cache->version == version) {
           cache->weight = qw;
           cache->cached_version = version;
+          cache->source = source;
         }
       });
     }
