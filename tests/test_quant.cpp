@@ -791,5 +791,25 @@ TEST(QuantizeCuda, InvalidDeviceCountsWriteNothingAndSetTheErrorWord) {
     ASSERT_EQ(q.columnwise.data_as<uint8_t>()[i], 0xFF) << i;
 }
 
+TEST(QuantizeCuda, OddDeviceCountsForNvfp4ColumnwiseWriteNothingAndSayWhy) {
+  MOEKIT_REQUIRE_CUDA();
+  const Context gpu = poisoned(Context::cuda(0));
+  const Tensor x_d = to_device(gpu, random_normal({64, 32}, DType::BF16, 2));
+  const Tensor counts_d = to_device(gpu, counts_tensor({31, 33}, DType::I64));
+  const QuantizedTensor q =
+      host_copy(gpu, quantize(gpu, x_d, Splits::device(counts_d),
+                              Recipe::nvfp4().spec(QuantRole::Input), QuantUsage::Both));
+  EXPECT_EQ(gpu.device_error_bits(), Context::kCountsMisaligned);
+  for (int64_t i = 0; i < q.columnwise.numel(); ++i) {
+    ASSERT_EQ(q.columnwise.data_as<uint8_t>()[i], 0xFF) << i;
+  }
+  for (int64_t i = 0; i < q.rowwise.numel(); ++i) ASSERT_EQ(q.rowwise.data_as<uint8_t>()[i], 0xFF) << i;
+  // check_device_errors names the rule.
+  quantize(gpu, x_d, Splits::device(counts_d), Recipe::nvfp4().spec(QuantRole::Input), QuantUsage::Both);
+  auto e = caught([&] { gpu.check_device_errors(); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'splits'"), HasSubstr("not a multiple")));
+}
+
 }  // namespace
 }  // namespace moekit

@@ -15,7 +15,8 @@
 //     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one thread per element, both copies.
-// Rows [S, T) are never read or written. This is the correct-first form: every element is read
+// Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
+// count makes the call write nothing and sets Context::kCountsMisaligned. This is the correct-first form: every element is read
 // once per copy (twice for 128×128); the one-pass cast + transpose through shared memory that the
 // bandwidth target needs is the next step (ARCHITECTURE.md).
 #include <cuda_bf16.h>
@@ -90,8 +91,19 @@ __device__ __forceinline__ int64_t group_of(const int64_t* off, int64_t G, int64
 }
 
 __global__ void quant_setup_kernel(DeviceCounts counts, QuantParams p) {
-  const int64_t S = block_valid_rows(counts);  // every thread; reports invalid counts once
+  int64_t S = block_valid_rows(counts);  // every thread; reports invalid counts once
   if (threadIdx.x != 0) return;
+  // e2m1's columnwise copy packs two rows per byte, never across groups: even counts only
+  // (host counts were checked at bind; device counts are checked here).
+  if (S >= 0 && p.format == QuantFormat::E2M1 && p.col) {
+    for (int64_t g = 0; g < p.G; ++g) {
+      if (count_at(counts, g) % 2 != 0) {
+        if (counts.error_word) atomicOr(counts.error_word, kDeviceCountsMisaligned);
+        S = -1;
+        break;
+      }
+    }
+  }
   p.ws[0] = S;
   if (S < 0) return;
   int64_t* off = p.ws + 1;
