@@ -192,6 +192,14 @@ TEST(QuantFormats, DeviceScalarMathEqualsTheCpuReferenceBitForBit) {
     }
   }
   for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float e5 = f8e5m2_to_f32(code), e5_got = qm::decode_e5m2(code);
+    EXPECT_TRUE(std::isnan(e5) ? std::isnan(e5_got) : e5_got == e5) << "e5m2 code " << c;
+    const float e8 = e8m0_to_f32(code), e8_got = qm::e8m0_value(code);
+    EXPECT_TRUE(std::isnan(e8) ? std::isnan(e8_got) : e8_got == e8) << "e8m0 code " << c;
+    if (c < 16) {
+      EXPECT_EQ(qm::decode_e2m1(code), e2m1_to_f32(code)) << "e2m1 code " << c;
+    }
     const float want = f8e4m3_to_f32(static_cast<uint8_t>(c)),
                 got = qm::decode_e4m3(static_cast<uint8_t>(c));
     EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << "code " << c;
@@ -704,10 +712,27 @@ TEST(QuantizeCuda, EverySpecEqualsTheCpuReferenceBitForBitWithHostAndDeviceCount
     for (bool device_counts : {false, true}) {
       SCOPED_TRACE(str(ns.name, device_counts ? " device counts" : " host counts"));
       const Splits splits = device_counts ? Splits::device(counts_d) : Splits::host(counts);
-      const QuantizedTensor q =
-          host_copy(gpu, quantize(gpu, x_d, splits, ns.spec, QuantUsage::Both));
+      const QuantizedTensor q_d = quantize(gpu, x_d, splits, ns.spec, QuantUsage::Both);
+      const QuantizedTensor q = host_copy(gpu, q_d);
       EXPECT_TRUE(matches_reference(
           q, ref_quantize(floats_of(x), T, C, counts, ns.spec, DType::BF16), counts));
+      // The GPU dequantize of each copy equals the CPU's of the same codes, bit for bit.
+      for (QuantUsage which : {QuantUsage::Rowwise, QuantUsage::Columnwise}) {
+        const Shape shape = which == QuantUsage::Rowwise ? Shape{T, C} : Shape{C, T};
+        const Tensor got = Tensor::empty(shape, DType::F32, gpu);
+        dequantize(gpu, q_d, splits, which, got);
+        const Tensor want = Tensor::empty(shape, DType::F32, host());
+        dequantize(host(), q, Splits::host(counts), which, want);
+        const std::vector<uint8_t> g = bytes_of(gpu, got), w = bytes_of(host(), want);
+        // Valid elements only: rows [0, S) of the rowwise copy, columns [0, S) of the columnwise.
+        for (int64_t r = 0; r < shape[0]; ++r) {
+          const int64_t n = which == QuantUsage::Rowwise ? (r < S ? C : 0) : S;
+          const size_t at = static_cast<size_t>(r * shape[1]) * 4, len = static_cast<size_t>(n) * 4;
+          ASSERT_TRUE(std::equal(g.begin() + at, g.begin() + at + len, w.begin() + at))
+              << "dequantized row " << r
+              << (which == QuantUsage::Rowwise ? " (rowwise)" : " (columnwise)");
+        }
+      }
       EXPECT_EQ(gpu.device_error_bits(), 0u);
     }
   }
@@ -803,9 +828,11 @@ TEST(QuantizeCuda, OddDeviceCountsForNvfp4ColumnwiseWriteNothingAndSayWhy) {
   for (int64_t i = 0; i < q.columnwise.numel(); ++i) {
     ASSERT_EQ(q.columnwise.data_as<uint8_t>()[i], 0xFF) << i;
   }
-  for (int64_t i = 0; i < q.rowwise.numel(); ++i) ASSERT_EQ(q.rowwise.data_as<uint8_t>()[i], 0xFF) << i;
+  for (int64_t i = 0; i < q.rowwise.numel(); ++i)
+    ASSERT_EQ(q.rowwise.data_as<uint8_t>()[i], 0xFF) << i;
   // check_device_errors names the rule.
-  quantize(gpu, x_d, Splits::device(counts_d), Recipe::nvfp4().spec(QuantRole::Input), QuantUsage::Both);
+  quantize(gpu, x_d, Splits::device(counts_d), Recipe::nvfp4().spec(QuantRole::Input),
+           QuantUsage::Both);
   auto e = caught([&] { gpu.check_device_errors(); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), AllOf(HasSubstr("'splits'"), HasSubstr("not a multiple")));

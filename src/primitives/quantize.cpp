@@ -1,8 +1,9 @@
 // Quantize primitives and quantized grouped GEMMs: the one place their arguments are validated,
 // then backend dispatch (SPEC §6). The CPU entries are the reference. On a GPU context quantize
-// has its kernels (cuda/quantize.cu); dequantize and the quantized GEMMs have none yet, and their
-// Unsupported error says so, naming the recipe (never a silent fallback). The sm_90a FP8 grouped
-// GEMMs plug in as entries of kQuantGroupM / kQuantGroupK (ARCHITECTURE.md "Quantized recipes").
+// and dequantize have their kernels (cuda/quantize.cu); the quantized GEMMs have none yet, and
+// their Unsupported error says so, naming the recipe (never a silent fallback). The sm_90a FP8
+// grouped GEMMs plug in as entries of kQuantGroupM / kQuantGroupK (ARCHITECTURE.md "Quantized
+// recipes").
 #include "moekit/primitives/quantize.h"
 
 #include "backends/contract/backend_table.h"
@@ -23,10 +24,6 @@ using detail::Backend;
 // Which recipe a bundle belongs to (the GPU's refusal names it).
 template <class Args>
 RecipeKind recipe_of(const Args& a);
-template <>
-RecipeKind recipe_of(const detail::DequantizeArgs& a) {
-  return a.q.spec.recipe;
-}
 template <>
 RecipeKind recipe_of(const detail::QuantGroupMArgs& a) {
   return a.a.spec.recipe;
@@ -55,7 +52,7 @@ const Backend<detail::QuantizeArgs> kQuantize[] = {
 };
 const Backend<detail::DequantizeArgs> kDequantize[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", gpu_rejects<detail::DequantizeArgs>, gpu_run<detail::DequantizeArgs>},
+    cuda::kDequantize,  // quantize.cu
 #endif
     cpu::kDequantize,
 };

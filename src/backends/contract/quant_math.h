@@ -161,6 +161,28 @@ MOEKIT_HD float decode_e4m3(uint8_t c) {
   return (c & 0x80) ? -v : v;
 }
 
+/// Decodes e5m2 / e2m1 / an e8m0 scale: exact.
+MOEKIT_HD float decode_e5m2(uint8_t c) {
+  const int e = (c >> 2) & 0x1F, m = c & 0x3;
+  if (e == 0x1F) return m == 0 ? ((c & 0x80) ? -INFINITY : INFINITY) : from_bits(0x7FC00000u);
+  const float v =
+      e == 0 ? static_cast<float>(m) * exp2i(-16) : static_cast<float>(4 + m) * exp2i(e - 17);
+  return (c & 0x80) ? -v : v;
+}
+MOEKIT_HD float decode_e2m1(uint8_t c) {
+  const int code = c & 0x7;
+  const float v = code < 4    ? 0.5f * static_cast<float>(code)
+                  : code == 4 ? 2.0f
+                  : code == 5 ? 3.0f
+                  : code == 6 ? 4.0f
+                              : 6.0f;
+  return (c & 0x8) ? -v : v;
+}
+MOEKIT_HD float e8m0_value(uint8_t code) {
+  if (code == 0xFF) return from_bits(0x7FC00000u);
+  return exp2i(static_cast<int>(code) - 127);
+}
+
 /// NVFP4's per-group scales from the group's amax.
 MOEKIT_HD void nv_group_scales(float amax, float* s_enc, float* s_dec) {
   float s = 448.0f * 6.0f / amax;

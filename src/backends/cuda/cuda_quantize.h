@@ -9,5 +9,6 @@
 namespace moekit::cuda {
 
 extern const detail::Backend<detail::QuantizeArgs> kQuantize;
+extern const detail::Backend<detail::DequantizeArgs> kDequantize;
 
 }  // namespace moekit::cuda

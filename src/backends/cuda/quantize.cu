@@ -1,4 +1,5 @@
-// GPU quantize of every recipe (SPEC §6b): the "cuda" entry of the quantize table. CPU oracle:
+// GPU quantize of every recipe (SPEC §6b): the "cuda" entries of the quantize and dequantize
+// tables. CPU oracle:
 // cpu::quantize_run (src/backends/cpu/cpu_quantize.cpp); the scalar math is
 // backends/contract/quant_math.h, checked against the CPU's on a million values in test_quant,
 // so the copies and scales here equal the CPU reference's bit for bit (tests/test_quant.cpp,
@@ -16,9 +17,9 @@
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one thread per element, both copies.
 // Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
-// count makes the call write nothing and sets Context::kCountsMisaligned. This is the correct-first form: every element is read
-// once per copy (twice for 128×128); the one-pass cast + transpose through shared memory that the
-// bandwidth target needs is the next step (ARCHITECTURE.md).
+// count makes the call write nothing and sets Context::kCountsMisaligned. This is the correct-first
+// form: every element is read once per copy (twice for 128×128); the one-pass cast + transpose
+// through shared memory that the bandwidth target needs is the next step (ARCHITECTURE.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -353,7 +354,112 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 
+// ---------------------------------------------------------------- dequantize (CPU oracle:
+// cpu::dequantize_run): value = decode(code) · the element's scale, fp32, valid rows only.
+struct DequantParams {
+  const uint8_t* data;  // the copy: [T, C] or [C, T] (e2m1 packed)
+  int64_t ld, T, C, G, block, RB;
+  bool rowwise;
+  QuantFormat format;
+  Scaling scaling;
+  const void* scales;
+  const float* group_dec;
+  float* out;   // [T, C] or [C, T]
+  int64_t* ws;  // the setup kernel's: S, offsets, row-block offsets
+};
+
+__device__ __forceinline__ float decode_code(QuantFormat f, uint8_t c) {
+  switch (f) {
+    case QuantFormat::E4M3:
+      return qm::decode_e4m3(c);
+    case QuantFormat::E5M2:
+      return qm::decode_e5m2(c);
+    default:
+      return qm::decode_e2m1(c);
+  }
+}
+
+__global__ void dequantize_kernel(DequantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  const int64_t* off = p.ws + 1;
+  const int64_t* rb = p.ws + 2 + p.G;
+  const int64_t cb = p.block > 0 ? (p.C + p.block - 1) / p.block : 0;
+  const bool fp4 = p.format == QuantFormat::E2M1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / p.C, c = i % p.C;
+    const int64_t g = group_of(off, p.G, t), local = t - off[g];
+    int64_t si;
+    switch (p.scaling) {
+      case Scaling::PerGroup:
+        si = g;
+        break;
+      case Scaling::Block2D:
+        si = (rb[g] + local / p.block) * cb + c / p.block;
+        break;
+      default:
+        si = p.rowwise ? t * cb + c / p.block : c * p.RB + rb[g] + local / p.block;
+    }
+    const int64_t r = p.rowwise ? t : c, k = p.rowwise ? c : t;  // element (r, k) of the copy
+    uint8_t code = fp4 ? p.data[r * p.ld + k / 2] : p.data[r * p.ld + k];
+    if (fp4) code = (k % 2 == 0) ? (code & 0xF) : (code >> 4);
+    float scale;
+    switch (p.scaling) {
+      case Scaling::Mx:
+        scale = qm::e8m0_value(static_cast<const uint8_t*>(p.scales)[si]);
+        break;
+      case Scaling::Nv:
+        scale = qm::decode_e4m3(static_cast<const uint8_t*>(p.scales)[si]) * p.group_dec[g];
+        break;
+      default:
+        scale = static_cast<const float*>(p.scales)[si];
+    }
+    p.out[p.rowwise ? t * p.C + c : c * p.T + t] = decode_code(p.format, code) * scale;
+  }
+}
+
 }  // namespace
+
+std::string dequantize_rejects(const detail::DequantizeArgs& a) {
+  return reject_unless_cuda(a.ctx);
+}
+
+void dequantize_run(const detail::DequantizeArgs& a) {
+  const QuantizedTensor& q = a.q;
+  if (q.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, q.rows);
+  const Tensor ws = Tensor::empty({2 * q.groups + 3}, DType::I64, a.ctx);
+  QuantParams setup{};  // only what the setup kernel reads
+  setup.G = q.groups;
+  setup.block = q.spec.block;
+  setup.ws = ws.data_as<int64_t>();
+  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, setup);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  const bool rowwise = a.which == QuantUsage::Rowwise;
+  const Tensor& copy = rowwise ? q.rowwise : q.columnwise;
+  DequantParams p{};
+  p.data = copy.data_as<const uint8_t>();
+  p.ld = copy.size(1);
+  p.T = q.rows;
+  p.C = q.cols;
+  p.G = q.groups;
+  p.block = q.spec.block;
+  p.RB = q.row_block_capacity();
+  p.rowwise = rowwise;
+  p.format = q.spec.format;
+  p.scaling = q.spec.scaling;
+  p.scales = (rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv).data();
+  p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<const float>() : nullptr;
+  p.out = a.out.data_as<float>();
+  p.ws = ws.data_as<int64_t>();
+  dequantize_kernel<<<grid_for(q.rows * q.cols, 256, res.sm_count), 256, 0, res.stream>>>(p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+namespace {}  // namespace
 
 std::string quantize_rejects(const detail::QuantizeArgs& a) {
   return reject_unless_cuda(a.ctx);
@@ -405,5 +511,7 @@ void quantize_run(const detail::QuantizeArgs& a) {
 
 // This backend's entry in the quantize table (declared in cuda_quantize.h).
 constexpr detail::Backend<detail::QuantizeArgs> kQuantize{"cuda", quantize_rejects, quantize_run};
+constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cuda", dequantize_rejects,
+                                                              dequantize_run};
 
 }  // namespace moekit::cuda
