@@ -20,30 +20,6 @@ namespace moekit {
 namespace {
 using detail::Backend;
 
-#ifdef MOEKIT_HAS_CUDA
-// Which recipe a bundle belongs to (the GPU's refusal names it).
-template <class Args>
-RecipeKind recipe_of(const Args& a);
-template <>
-RecipeKind recipe_of(const detail::QuantGroupMArgs& a) {
-  return a.a.spec.recipe;
-}
-template <>
-RecipeKind recipe_of(const detail::QuantGroupKArgs& a) {
-  return a.dy.spec.recipe;
-}
-
-template <class Args>
-std::string gpu_rejects(const Args& a) {
-  if (!a.ctx.device().is_cuda()) return "not a CUDA context";
-  return str("recipe ", Recipe{recipe_of(a)}.name(),
-             " has no GPU path yet: the GPU quantize kernels and the sm_90a FP8 grouped GEMMs "
-             "are not built (issue 40); run the recipe on a CPU context");
-}
-template <class Args>
-void gpu_run(const Args&) {}
-#endif
-
 const Backend<detail::QuantizeArgs> kQuantize[] = {
 #ifdef MOEKIT_HAS_CUDA
     cuda::kQuantize,  // quantize.cu: bit for bit the CPU entry's
@@ -58,13 +34,13 @@ const Backend<detail::DequantizeArgs> kDequantize[] = {
 };
 const Backend<detail::QuantGroupMArgs> kQuantGroupM[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", gpu_rejects<detail::QuantGroupMArgs>, gpu_run<detail::QuantGroupMArgs>},
+    cuda::kEmulatedQuantGroupM,  // mxfp8, nvfp4 (emulation); fp8-current / fp8-block: refused
 #endif
     cpu::kQuantGroupM,
 };
 const Backend<detail::QuantGroupKArgs> kQuantGroupK[] = {
 #ifdef MOEKIT_HAS_CUDA
-    {"cuda", gpu_rejects<detail::QuantGroupKArgs>, gpu_run<detail::QuantGroupKArgs>},
+    cuda::kEmulatedQuantGroupK,
 #endif
     cpu::kQuantGroupK,
 };

@@ -421,6 +421,18 @@ __global__ void dequantize_kernel(DequantParams p) {
 
 }  // namespace
 
+void group_offsets_on_device(const Context& ctx, const Splits& splits, int64_t rows, int64_t groups,
+                             int64_t block, const Tensor& ws) {
+  CudaResources& res = resources(ctx);
+  const CountsOnDevice counts = counts_on_device(ctx, splits, rows);
+  QuantParams setup{};  // only what the setup kernel reads
+  setup.G = groups;
+  setup.block = block;
+  setup.ws = ws.data_as<int64_t>();
+  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, setup);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
 std::string dequantize_rejects(const detail::DequantizeArgs& a) {
   return reject_unless_cuda(a.ctx);
 }
