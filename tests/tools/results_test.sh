@@ -42,6 +42,22 @@ LOG
 expect "memcheck" "$(python3 "$results" sanitizer-summary "$work/san.log" memcheck)" "3"
 expect "racecheck" "$(python3 "$results" sanitizer-summary "$work/san.log" racecheck)" "5"
 expect "no summary" "$(python3 "$results" sanitizer-summary "$work/san.log" initcheck)" "no summary"
+cat >"$work/race.log" <<'LOG'
+== racecheck test_b --gtest_filter=* shard 1/1 (limit 60s)
+========= Error: Race reported between Write access at void nvjet_sm90_tst_128x256(...)+0x1b0
+=========     and Read access at void nvjet_sm90_tst_128x256(...)+0x1c0 [64 hazards]
+=========
+========= Warning: Race reported between Write access at void moekit::sm90::kernel(...)+0x10
+=========     and Read access at void moekit::sm90::kernel(...)+0x20 [2 hazards]
+=========
+========= Error: Race reported between Read access at void nvjet_sm90_tst_64x8(...)+0x50
+=========     and Write access at void nvjet_sm90_tst_64x8(...)+0x70 [8 hazards]
+========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)
+== exit 0
+LOG
+out=$(python3 "$results" sanitizer-summary "$work/race.log" racecheck nvjet)
+expect "racecheck, cuBLAS's set apart" "$(paste -sd, <<<"$out")" "1,foreign 2"
+expect "racecheck, nothing set apart" "$(python3 "$results" sanitizer-summary "$work/race.log" racecheck)" "3"
 cat >"$work/bench.log" <<'LOG'
 small_E64 uniform fprop 64 8192 2048 1024 | sm90 0.100 171.8 PASS 1980 | cublas 0.090 190.9 PASS 1980 | cublas
 small_E64 skewed fprop 64 8192 2048 1024 | sm90 0.110 156.2 PASS 1965 | cublas 0.120 143.2 PASS 1980 | sm90

@@ -112,23 +112,43 @@ def ctest_junit(argv):
 
 
 def sanitizer_summary(argv):
-    """sanitizer-summary LOG TOOL: errors of one compute-sanitizer tool in a log of "== TOOL ..."
-    sections: memcheck "ERROR SUMMARY: N errors", racecheck "RACECHECK SUMMARY: H hazards displayed
-    (E errors, W warnings)" counted as E + W; "no summary" when no section printed one."""
+    """sanitizer-summary LOG TOOL [FOREIGN]: errors of one compute-sanitizer tool in a log of
+    "== TOOL ..." sections: memcheck "ERROR SUMMARY: N errors", racecheck "RACECHECK SUMMARY: H
+    hazards displayed (E errors, W warnings)" counted as E + W; "no summary" when no section printed
+    one. With FOREIGN (a kernel-name substring, e.g. nvjet for cuBLAS's closed kernels), a reported
+    race ("... Race reported between ... at KERNEL ..." and its "and ... at KERNEL" line) whose
+    text names FOREIGN is counted apart: the first line printed is the rest, the second
+    "foreign M"."""
     tool, cur, n, seen = argv[2], None, 0, False
+    foreign = argv[3] if len(argv) > 3 else None
+    apart, entry = 0, None
+
+    def close(e):
+        return 1 if e is not None and foreign and foreign in e else 0
     for line in open(argv[1]):
         if line.startswith("== "):
+            apart += close(entry); entry = None
             cur = line.split()[1] if len(line.split()) > 1 else None
             continue
         if cur != tool:
             continue
+        if "Race reported between" in line:
+            apart += close(entry); entry = line
+            continue
+        if entry is not None and re.match(r"=+\s+and ", line):
+            entry += line
+            continue
+        apart += close(entry); entry = None
         m = re.search(r"ERROR SUMMARY: (\d+) error", line)
         if m:
             n += int(m.group(1)); seen = True
         m = re.search(r"RACECHECK SUMMARY:.*\((\d+) errors?, (\d+) warnings?\)", line)
         if m:
             n += int(m.group(1)) + int(m.group(2)); seen = True
-    print(n if seen else "no summary")
+    apart += close(entry)
+    print(n - apart if seen else "no summary")
+    if foreign:
+        print(f"foreign {apart}")
 
 
 def turns_ms(path):

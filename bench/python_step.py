@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""bench/python_step.py — the grouped MLP step (forward + backward) driven from Python through
+moekit.torch, on exactly the problem a `moekit run --json` ran, beside that C++ run and beside the
+same MLP in torch ops (torch._grouped_mm, bench/mlp_peer.py). Issue 43's targets: moekit.torch
+within 3% of `moekit run` (Python overhead), and >= 1.15x the torch MLP.
+
+    moekit run --preset qwen3 --steps 20 --json > run.json        # build/tools/moekit/moekit
+    PYTHONPATH=build/python python3 bench/python_step.py run.json [--steps 20] [--out t.md]
+
+The moekit.torch step: ops.Sequential(GroupedLinear(E, H, 2F), ScaledSwiGLU(32), GroupedLinear(E,
+F, H)) in bf16 with device split counts (an int32 tensor), x [T, H] with the run's tail, probs [T]
+f32, y and dx into caller buffers (op_kwargs), y.backward(dy) through autograd (bf16 weight
+gradients, as `moekit run`). Timed as both peers: host wall clock around one forward + backward
+followed by a device synchronisation, median of --steps after warm-up. `--device cpu` runs a
+CPU problem (a dry run of this script; no torch peer).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from moekit.torch import ops
+
+
+def moekit_torch_ms(run, steps, device, warmup=3):
+    E, H, F = len(run["counts"]), run["hidden"], run["ffn"]
+    counts = run["counts"]
+    S = sum(counts)
+    T = S + run.get("tail", 0)
+    bf16 = torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(0)
+    fc1 = ops.GroupedLinear(E, H, 2 * F, bias=False, device=device, dtype=bf16)
+    act = ops.ScaledSwiGLU(glu_interleave_size=32 if run.get("glu", "interleaved32") ==
+                           "interleaved32" else None)
+    fc2 = ops.GroupedLinear(E, F, H, bias=False, device=device, dtype=bf16)
+    mlp = ops.Sequential(fc1, act, fc2)
+    x = torch.randn(T, H, device=device, dtype=bf16, generator=g).requires_grad_()
+    probs = torch.rand(T, device=device, generator=g).add_(0.1).requires_grad_()
+    dy = torch.randn(T, H, device=device, dtype=bf16, generator=g)
+    splits = torch.tensor(counts, dtype=torch.int32, device=device)
+    y_buf = torch.empty(T, H, device=device, dtype=bf16)
+    dx_buf = torch.empty(T, H, device=device, dtype=bf16)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def step():
+        for p in (x, probs, fc1.weight, fc2.weight):
+            p.grad = None
+        y = mlp(x, splits, probs, splits,
+                op_kwargs={fc2: {"output": y_buf.detach()}, fc1: {"grad_input": dx_buf.detach()}})
+        y.backward(dy)
+
+    for _ in range(warmup):
+        step()
+    sync()
+    ms = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms), mlp.plan()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="a `moekit run --json` output (its last line is the JSON)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", help="also write the table (markdown) here")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("python_step.py: torch sees no CUDA device (--device cpu for a dry run)")
+        return 2
+    with open(args.run) as f:
+        run = json.loads(f.read().strip().splitlines()[-1])
+    py_ms, plan = moekit_torch_ms(run, args.steps, args.device)
+    cpp_ms = run["step_ms"]
+    torch_ms = None
+    if args.device == "cuda":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from mlp_peer import torch_mlp_ms
+        torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    lines = [
+        f"# grouped MLP step from Python (moekit.torch) vs C++ (`moekit run`) vs torch ops — {name}",
+        "",
+        f"torch {torch.__version__}; preset {run['preset']}, routing {run['routing']}, E "
+        f"{len(run['counts'])}, S {sum(run['counts'])} (+{run.get('tail', 0)} tail rows), H "
+        f"{run['hidden']}, F {run['ffn']}, bf16; plan {plan}; host wall clock per step with a "
+        f"device sync, median of {args.steps} steps (moekit run: its own --steps).",
+        "",
+        "| moekit run ms | moekit.torch ms | python / C++ (target <= 1.03) | torch ops ms | "
+        "torch / moekit.torch (target >= 1.15) |",
+        "|---|---|---|---|---|",
+        f"| {cpp_ms:.3f} | {py_ms:.3f} | {py_ms / cpp_ms:.3f} | "
+        f"{'-' if torch_ms is None else f'{torch_ms:.3f}'} | "
+        f"{'-' if torch_ms is None else f'{torch_ms / py_ms:.2f}'} |",
+    ]
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

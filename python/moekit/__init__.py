@@ -1,0 +1,21 @@
+"""moekit: the expert layers of Mixture-of-Experts models (grouped linear, grouped MLP, Sequential),
+writing outputs and input gradients straight into caller-owned buffers.
+
+`moekit._moekit` is the C++ library over DLPack tensors (numpy, torch, any producer; viewed,
+never copied); `moekit.torch` the PyTorch modules (TE's names: GroupedLinear, ops.Sequential).
+"""
+from ._moekit import (  # noqa: F401
+    Context,
+    GroupedLinear,
+    GroupedLinearOp,
+    Op,
+    ScaledSwiGLU,
+    Sequential,
+    Splits,
+    SwiGLU,
+    built_with_cuda,
+    cuda_device_count,
+    last_backend,
+)
+
+__version__ = "0.1.0"

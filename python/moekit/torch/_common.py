@@ -1,0 +1,130 @@
+"""What moekit.torch's modules share: contexts per (device, stream), DLPack hand-over, checks."""
+from __future__ import annotations
+
+import torch
+
+from .. import _moekit
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_contexts: dict = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in _DTYPES:
+        raise ValueError(f"moekit: unsupported dtype {dtype} (expected float32, float16 or bfloat16)")
+    return _DTYPES[dtype]
+
+
+def default_device(device) -> torch.device:
+    """A module's device: the one given, else (as TE) CUDA, or the CPU where torch sees no GPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def context_for(device: torch.device):
+    """(key, moekit Context) for `device` on torch's current stream there.
+
+    A CUDA context borrows the stream (torch.cuda.current_stream().cuda_stream): every call runs
+    on the stream torch would use. One context per (device, stream), made on first use; making one
+    allocates, so run a module once on a stream before capturing a CUDA graph on it.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        key = ("cpu",)
+    elif device.type == "cuda":
+        if not _moekit.built_with_cuda():
+            raise NotImplementedError(
+                "moekit: this build of moekit has no CUDA backend (built with MOEKIT_WITH_CUDA=OFF "
+                "or without nvcc); CUDA tensors cannot be used")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        # torch's default stream is the legacy NULL stream, handle 0; moekit reads a null stream as
+        # "make one of its own", so it gets cudaStreamLegacy ((cudaStream_t)1), the same stream.
+        stream = torch.cuda.current_stream(index).cuda_stream or 1
+        key = ("cuda", index, stream)
+    else:
+        raise ValueError(f"moekit: unsupported device {device} (expected cpu or cuda)")
+    ctx = _contexts.get(key)
+    if ctx is None:
+        if key[0] == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                f"moekit: no moekit context for the capturing stream {key[2]:#x} yet: run the "
+                "module once on that stream before the capture (e.g. warm up inside "
+                "torch.cuda.stream(s), then torch.cuda.graph(g, stream=s))")
+        ctx = _moekit.Context.cpu() if key[0] == "cpu" else _moekit.Context.cuda(key[1], key[2])
+        _contexts[key] = ctx
+    return key, ctx
+
+
+def dl(t: torch.Tensor | None):
+    """The tensor for moekit: itself on the CPU; on CUDA a DLPack capsule made with stream=-1
+    (no stream synchronisation: moekit runs on the current stream, which it was given)."""
+    if t is None:
+        return None
+    t = t.detach()
+    return t.__dlpack__(stream=-1) if t.is_cuda else t
+
+
+def from_moekit(array) -> torch.Tensor | None:
+    """A torch view of a tensor moekit allocated (owning a handle to its storage)."""
+    return None if array is None else torch.from_dlpack(array)
+
+
+def splits_for(m_splits, device: torch.device, groups: int):
+    """m_splits (a list of ints, or an integer tensor [G]) as moekit takes them: a list is host
+    counts; a tensor on the op's device is device counts (graph-safe on CUDA, no host sync); a CPU
+    tensor for a CUDA op is read to a host list (as TE's legacy path)."""
+    if isinstance(m_splits, torch.Tensor):
+        if m_splits.dtype not in (torch.int32, torch.int64):
+            m_splits = m_splits.to(torch.int64)
+        if m_splits.device.type == "cpu" and torch.device(device).type != "cpu":
+            return [int(v) for v in m_splits.tolist()], m_splits
+        m_splits = m_splits.contiguous()  # kept by the caller: moekit views its memory
+        return _moekit.Splits.device(dl(m_splits)), m_splits
+    try:
+        return [int(v) for v in m_splits], m_splits
+    except TypeError:
+        raise TypeError(f"moekit: m_splits must be a list of ints or an integer tensor, got "
+                        f"{type(m_splits).__name__}") from None
+
+
+def check_buffer(name: str, buf: torch.Tensor, shape, dtype: torch.dtype, device: torch.device):
+    """A caller buffer, checked as TE PR #3161 does (shape, dtype, device, contiguity, not
+    requiring grad), ValueError naming the buffer. moekit checks again (and overlap) in C++."""
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"moekit: {name} must be a torch.Tensor, got {type(buf).__name__}")
+    if tuple(buf.shape) != tuple(shape):
+        raise ValueError(f"moekit: {name} buffer shape {tuple(buf.shape)} must match required "
+                         f"{tuple(shape)}")
+    if buf.dtype != dtype:
+        raise ValueError(f"moekit: {name} buffer dtype {buf.dtype} does not match required {dtype}")
+    if buf.device != torch.device(device):
+        raise ValueError(f"moekit: {name} buffer device {buf.device} does not match required "
+                         f"{torch.device(device)}")
+    if not buf.is_contiguous():
+        raise ValueError(f"moekit: {name} buffer must be contiguous")
+    if buf.requires_grad:
+        raise ValueError(f"moekit: {name} buffer must not require gradient (reusing the output "
+                         "of an earlier call as a buffer? pass buffer.detach())")
+
+
+def zero_tail(t: torch.Tensor | None, m_splits) -> torch.Tensor | None:
+    """Zeroes rows [S, T) of a gradient moekit allocated (moekit leaves them unwritten), so a
+    padded tail gets the gradient it has, 0, and no uninitialised memory reaches autograd. Host
+    splits: a slice; device splits: a mask from their sum on the device (no host sync)."""
+    if t is None:
+        return None
+    rows = t.shape[0]
+    if isinstance(m_splits, torch.Tensor) and m_splits.device == t.device:
+        total = m_splits.sum()
+        mask = torch.arange(rows, device=t.device) >= total
+        t.masked_fill_(mask.view(-1, *([1] * (t.dim() - 1))), 0)
+    else:
+        total = sum(int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor)
+                                     else m_splits))
+        if total < rows:
+            t[total:].zero_()
+    return t

@@ -1,0 +1,364 @@
+"""moekit.torch.ops: TE's fusible ops (te.pytorch.ops) on moekit — GroupedLinear, ScaledSwiGLU,
+SwiGLU and Sequential, whose fc1 → ScaledSwiGLU → fc2 runs as moekit's fused grouped MLP.
+
+    fc1 = GroupedLinear(E, H, 2 * F, bias=False)
+    act = ScaledSwiGLU()
+    fc2 = GroupedLinear(E, F, H, bias=False)
+    mlp = Sequential(fc1, act, fc2)                     # mlp.plan() == "GroupedMLP(0-2)"
+    y = mlp(x, splits, probs, splits, op_kwargs={fc2: {"output": y_buf}, 0: {"grad_input": dx_buf}})
+
+Extra inputs follow TE's order: each GroupedLinear takes its split sizes (and, with scale_bias
+and bias, the per-row scales), each ScaledSwiGLU the probs. moekit runs one splits and one probs
+per call: every GroupedLinear must get the same splits and every prob-taking op the same probs.
+op_kwargs keys are an op of this Sequential or its position; values {"output": buf} (receives
+the op's output, returned aliased) or {"grad_input": buf} (receives the op's input gradient in
+backward). Misrouted arguments are moekit's errors (ValueError, the C++ message): a key not in
+this Sequential, a position out of range, `output` on an activation, `output` on fc1 or
+`grad_input` on fc2 of a fused MLP.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _moekit
+from ._common import context_for, default_device, dl, dtype_name, from_moekit, splits_for, zero_tail
+
+_BUFFER_KEYS = ("output", "grad_input")
+
+
+class FusibleOperation(torch.nn.Module):
+    """A basic op: runs alone (`op(x, *extra_inputs, output=..., grad_input=...)`) or in a
+    Sequential. Holds one moekit op per (device, stream)."""
+
+    num_extra_inputs = 0
+
+    def __init__(self):
+        super().__init__()
+        self._cpp: dict = {}
+
+    def _device(self) -> torch.device | None:
+        return None  # ops without parameters run where their input is
+
+    def _make_cpp(self, ctx, dtype: torch.dtype):
+        raise NotImplementedError
+
+    def _cpp_op(self, key, ctx, dtype: torch.dtype):
+        op = self._cpp.get((key, dtype))
+        if op is None:
+            op = self._make_cpp(ctx, dtype)
+            self._cpp[(key, dtype)] = op
+        return op
+
+    def _bind_params(self, op):  # sets the moekit op's parameters to this module's tensors
+        pass
+
+    def _params(self) -> list:
+        return []
+
+    def forward(self, x, *extra_inputs, **kwargs):
+        alone = self.__dict__.get("_alone")  # not a submodule: it holds this op
+        if alone is None:
+            alone = Sequential(self)
+            self.__dict__["_alone"] = alone
+        return alone(x, *extra_inputs, op_kwargs={0: kwargs} if kwargs else None)
+
+
+class GroupedLinear(FusibleOperation):
+    """TE's te.ops.GroupedLinear: weight [G, N, K], bias [G, N] (one packed tensor each).
+    scale_bias (with bias): y = x·W_gᵀ + p_t·b_g with per-row scales p (an extra input).
+    accumulate_into_main_grad: backward adds dW into weight.main_grad (fp32 [G, N, K])."""
+
+    def __init__(self, num_groups: int, in_features: int, out_features: int, *, bias: bool = True,
+                 device=None, dtype: torch.dtype | None = None,
+                 accumulate_into_main_grad: bool = False, scale_bias: bool = False):
+        super().__init__()
+        if num_groups <= 0 or in_features <= 0 or out_features <= 0:
+            raise ValueError(f"moekit: GroupedLinear needs positive sizes, got num_groups="
+                             f"{num_groups}, in_features={in_features}, out_features={out_features}")
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+        dtype_name(dtype)
+        device = default_device(device)
+        self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
+        self.use_bias, self.scale_bias = bias, scale_bias and bias
+        self.accumulate_into_main_grad = accumulate_into_main_grad
+        self.num_extra_inputs = 2 if self.scale_bias else 1
+        self.weight = torch.nn.Parameter(
+            torch.empty(num_groups, out_features, in_features, dtype=dtype, device=device))
+        for g in range(num_groups):
+            torch.nn.init.kaiming_uniform_(self.weight.data[g], a=math.sqrt(5))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(num_groups, out_features, dtype=dtype,
+                                                       device=device))
+        else:
+            self.register_parameter("bias", None)
+
+    def _device(self):
+        return self.weight.device
+
+    def _make_cpp(self, ctx, dtype):
+        return _moekit.GroupedLinearOp(ctx, self.num_groups, self.in_features, self.out_features,
+                                       dtype_name(self.weight.dtype), self.use_bias, self.scale_bias)
+
+    def _bind_params(self, op):
+        op.set_weight(dl(self.weight))
+        if self.bias is not None:
+            op.set_bias(dl(self.bias))
+        main_grad = self._main_grad()
+        op.weight_requires_grad = main_grad is not None or self.weight.requires_grad or (
+            self.bias is not None and self.bias.requires_grad)
+        op.set_main_grad(dl(main_grad))
+
+    def _main_grad(self):
+        if not (self.accumulate_into_main_grad and self.weight.requires_grad):
+            return None
+        main_grad = getattr(self.weight, "main_grad", None)
+        if main_grad is None:
+            raise ValueError("moekit: accumulate_into_main_grad needs weight.main_grad "
+                             "(an fp32 [G, N, K] tensor the caller sets)")
+        return main_grad
+
+    def _params(self):
+        return [self.weight] + ([self.bias] if self.bias is not None else [])
+
+    def extra_repr(self):
+        return (f"num_groups={self.num_groups}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.use_bias}, "
+                f"scale_bias={self.scale_bias}")
+
+
+def _layout(glu_interleave_size):
+    if glu_interleave_size is None:
+        return "halves"
+    if glu_interleave_size == 32:
+        return "interleaved32"
+    raise ValueError(f"moekit: glu_interleave_size must be None (halves) or 32, got "
+                     f"{glu_interleave_size}")
+
+
+class ScaledSwiGLU(FusibleOperation):
+    """z = p_t · silu(a) ⊙ b of h = [a | b] (or 32-column interleaved blocks); takes the probs."""
+
+    num_extra_inputs = 1
+
+    def __init__(self, glu_interleave_size: int | None = None):
+        super().__init__()
+        self.layout = _layout(glu_interleave_size)
+
+    def _make_cpp(self, ctx, dtype):
+        return _moekit.ScaledSwiGLU(ctx, self.layout)
+
+
+class SwiGLU(FusibleOperation):
+    """z = silu(a) ⊙ b of h = [a | b] (or 32-column interleaved blocks)."""
+
+    def __init__(self, glu_interleave_size: int | None = None):
+        super().__init__()
+        self.layout = _layout(glu_interleave_size)
+
+    def _make_cpp(self, ctx, dtype):
+        return _moekit.SwiGLU(ctx, self.layout)
+
+
+def _same_splits(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and
+                          a.dtype == b.dtype and a.device == b.device)
+    return [int(v) for v in a] == [int(v) for v in b]
+
+
+class _SequentialFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, probs, out, seq_cpp, splits, op_args, keep, params_meta, *params):
+        y, tape = seq_cpp.forward(dl(x), splits, probs=dl(probs), op_args=op_args,
+                                  input_requires_grad=ctx.needs_input_grad[0],
+                                  probs_requires_grad=probs is not None and ctx.needs_input_grad[1],
+                                  save=True)
+        if out is not None:
+            ctx.mark_dirty(out)
+            y = out
+        else:
+            y = from_moekit(y)
+        ctx.seq_cpp, ctx.tape, ctx.keep, ctx.params_meta = seq_cpp, tape, keep, params_meta
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx, dprobs, grads, _ = ctx.seq_cpp.backward(ctx.tape, dl(dy.contiguous()))
+        grad_input0, splits = ctx.keep
+        if not ctx.needs_input_grad[0]:
+            dx = None
+        elif grad_input0 is not None:
+            dx = grad_input0  # the caller's buffer on op 0, written in place: its tail untouched
+        else:
+            dx = zero_tail(from_moekit(dx), splits)
+        out = [dx,
+               zero_tail(from_moekit(dprobs), splits) if ctx.needs_input_grad[1] else None]
+        out += [None] * 6
+        # params_meta: per GroupedLinear, (position, has bias, weight into main_grad)
+        i = 8
+        for position, has_bias, main_grad in ctx.params_meta:
+            dw, db = grads[position]
+            out.append(None if main_grad or not ctx.needs_input_grad[i] else from_moekit(dw))
+            i += 1
+            if has_bias:
+                out.append(from_moekit(db) if ctx.needs_input_grad[i] else None)
+                i += 1
+        return tuple(out)
+
+
+class Sequential(torch.nn.Module):
+    """TE's te.ops.Sequential over moekit ops: forward(x, *extra_inputs, op_kwargs=None)."""
+
+    def __init__(self, *ops: FusibleOperation, fuse: bool = True):
+        super().__init__()
+        for i, op in enumerate(ops):
+            if not isinstance(op, FusibleOperation):
+                raise ValueError(f"moekit: Sequential takes moekit.torch.ops operations; op {i} is "
+                                 f"{type(op).__name__}")
+        self._ops = torch.nn.ModuleList(ops)
+        self._fuse = fuse
+        self._cpp: dict = {}
+
+    def __len__(self):
+        return len(self._ops)
+
+    def __getitem__(self, i):
+        return self._ops[i]
+
+    def __iter__(self):
+        return iter(self._ops)
+
+    def set_fusion(self, enabled: bool):
+        self._fuse = enabled
+        for seq in self._cpp.values():
+            seq.set_fusion(enabled)
+
+    def _seq(self, key, ctx, dtype):
+        seq = self._cpp.get((key, dtype))
+        if seq is None:
+            seq = _moekit.Sequential([op._cpp_op(key, ctx, dtype) for op in self._ops], self._fuse)
+            self._cpp[(key, dtype)] = seq
+        return seq
+
+    def plan(self, device=None, dtype=None) -> str:
+        """How the ops run, e.g. "GroupedMLP(0-2)" (moekit's Sequential::plan)."""
+        device = device or next((op._device() for op in self._ops if op._device() is not None),
+                                torch.device("cpu"))
+        dtype = dtype or next((p.dtype for op in self._ops for p in op._params()),
+                              torch.get_default_dtype())
+        key, ctx = context_for(device)
+        return self._seq(key, ctx, dtype).plan()
+
+    def _route_extra_inputs(self, extra_inputs):
+        expected = sum(op.num_extra_inputs for op in self._ops)
+        if len(extra_inputs) != expected:
+            raise ValueError(f"moekit: Expected {expected} extra inputs but got {len(extra_inputs)}")
+        splits = probs = None
+        splits_op = probs_op = None
+        it = iter(extra_inputs)
+        for i, op in enumerate(self._ops):
+            taken = []
+            if isinstance(op, GroupedLinear):
+                s = next(it)
+                if splits_op is not None and not _same_splits(splits, s):
+                    raise ValueError(f"moekit: Sequential runs one splits per call: got different "
+                                     f"split sizes for op {splits_op} and op {i}")
+                splits, splits_op = s, i
+                if op.scale_bias:
+                    taken.append(next(it))
+            elif isinstance(op, ScaledSwiGLU):
+                taken.append(next(it))
+            for p in taken:
+                if probs_op is not None and p is not probs and not (
+                        isinstance(p, torch.Tensor) and p.data_ptr() == probs.data_ptr() and
+                        p.shape == probs.shape and p.dtype == probs.dtype):
+                    raise ValueError(f"moekit: Sequential runs one probs per call: got different "
+                                     f"probs for op {probs_op} and op {i}")
+                probs, probs_op = p, i
+        return splits, probs
+
+    def _route_op_kwargs(self, op_kwargs, key, ctx, dtype, x_rows):
+        """[(position or moekit op, output, grad_input)] for moekit, which checks the routing
+        (keys, placements, shapes) and names the key as given."""
+        routed, last_output, first_grad_input = [], None, None
+        n = len(self._ops)
+        for k, kw in (op_kwargs or {}).items():
+            if isinstance(k, bool) or not isinstance(k, (int, FusibleOperation)):
+                raise ValueError(f"moekit: op_kwargs keys are ops of this Sequential or positions, "
+                                 f"got {type(k).__name__}")
+            if not isinstance(kw, dict):
+                raise ValueError(f"moekit: op_kwargs[{k!r}] must be a dict, got {type(kw).__name__}")
+            unknown = [name for name in kw if name not in _BUFFER_KEYS]
+            if unknown:
+                raise ValueError(f"moekit: op_kwargs[{k!r}]: unknown argument {unknown[0]!r} "
+                                 f"(expected 'output' or 'grad_input')")
+            label = f"op_kwargs[{k!r}]" if isinstance(k, int) else f"op_kwargs[{type(k).__name__}]"
+            for name in _BUFFER_KEYS:
+                buf = kw.get(name)
+                if buf is None:
+                    continue
+                if not isinstance(buf, torch.Tensor):
+                    raise TypeError(f"moekit: {label}[{name!r}] must be a torch.Tensor")
+                if buf.requires_grad:
+                    raise ValueError(f"moekit: {label}[{name!r}] buffer must not require gradient "
+                                     "(reusing an earlier output as a buffer? pass buffer.detach())")
+            cpp_key = k if isinstance(k, int) else k._cpp_op(key, ctx, dtype)
+            routed.append((cpp_key, dl(kw.get("output")), dl(kw.get("grad_input"))))
+            position = k if isinstance(k, int) else next(
+                (i for i, op in enumerate(self._ops) if op is k), None)
+            if position is not None and position < 0:
+                position += n
+            if position == n - 1 and kw.get("output") is not None:
+                last_output = kw["output"]
+            if position == 0 and kw.get("grad_input") is not None:
+                first_grad_input = kw["grad_input"]
+        return routed, last_output, first_grad_input
+
+    # torch.compile: the call into moekit is one graph break (Dynamo cannot trace the nanobind
+    # module); the model's code around it is compiled.
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"moekit: input must be a torch.Tensor, got {type(x).__name__}")
+        splits_in, probs = self._route_extra_inputs(extra_inputs)
+        params = [p for op in self._ops for p in op._params()]
+        device = next((op._device() for op in self._ops if op._device() is not None), x.device)
+        dtype = params[0].dtype if params else x.dtype
+        width = x.shape[-1]
+        x2 = x.reshape(-1, width)
+        if x2.dtype != dtype:
+            x2 = x2.to(dtype)
+        x2 = x2.contiguous()
+        key, ctx = context_for(device)
+        groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
+        if splits_in is None:
+            splits_in = [x2.shape[0]]  # ops without groups take S = T
+        splits, splits_keep = splits_for(splits_in, device, groups)
+        if probs is not None:
+            probs = probs.reshape(-1)
+            if probs.dtype != torch.float32:
+                probs = probs.float()  # moekit's probs are fp32; autograd casts the gradient back
+            probs = probs.contiguous()
+        seq = self._seq(key, ctx, dtype)
+        for op in self._ops:
+            op._bind_params(op._cpp_op(key, ctx, dtype))
+        routed, out, grad_input0 = self._route_op_kwargs(op_kwargs, key, ctx, dtype, x2.shape[0])
+        needs_grad = torch.is_grad_enabled() and (
+            x2.requires_grad or (probs is not None and probs.requires_grad) or
+            any(p.requires_grad for p in params))
+        if needs_grad:
+            meta = [(i, op.bias is not None, op._main_grad() is not None)
+                    for i, op in enumerate(self._ops) if isinstance(op, GroupedLinear)]
+            y = _SequentialFunction.apply(x2, probs, out, seq, splits, routed,
+                                          (grad_input0, splits_keep), meta, *params)
+        else:
+            y, _ = seq.forward(dl(x2), splits, probs=dl(probs), op_args=routed,
+                               input_requires_grad=False, probs_requires_grad=False, save=False)
+            y = out if out is not None else from_moekit(y)
+        if x.dim() != 2:
+            y = y.view(*x.shape[:-1], y.shape[-1])
+        return y

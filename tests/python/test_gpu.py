@@ -1,0 +1,155 @@
+"""CUDA cases: moekit.torch on the GPU against torch._grouped_mm, on a side stream, and a whole
+grouped-MLP step (forward + backward) captured with torch.cuda.graph and device split counts,
+replayed with new counts. They run where torch sees a GPU; there a moekit without its CUDA path
+fails them (built_for). On a CPU-only machine there is nothing to run them on."""
+import pytest
+import torch
+
+import moekit.torch as mt
+from moekit.torch import ops
+from conftest import assert_close, built_for
+from reference import fp64_leaf, grouped_mlp
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no GPU visible to torch: CUDA cases need one")
+
+BF16 = torch.bfloat16
+
+
+def test_grouped_linear_matches_torch_grouped_mm():
+    built_for("cuda")
+    G, K, N = 4, 256, 128
+    splits = torch.tensor([256, 0, 384, 128], dtype=torch.int32, device="cuda")
+    S, T = 768, 832  # 64 tail rows
+    layer = mt.GroupedLinear(G, K, N, bias=False, params_dtype=BF16, device="cuda")
+    x = torch.randn(T, K, dtype=BF16, device="cuda", requires_grad=True)
+    y = layer(x, splits)
+    dy = torch.randn(T, N, dtype=BF16, device="cuda")
+    y.backward(dy)
+    offs = torch.cumsum(splits, 0, dtype=torch.int32)
+    w = layer.weight.detach()
+    y_ref = torch._grouped_mm(x.detach()[:S], w.transpose(-2, -1), offs=offs)
+    dx_ref = torch._grouped_mm(dy[:S], w, offs=offs)
+    assert_close(y[:S], y_ref, BF16)
+    assert_close(x.grad[:S], dx_ref, BF16)
+    assert torch.all(x.grad[S:] == 0)
+
+
+def test_buffers_alias_on_a_side_stream():
+    built_for("cuda")
+    G, K, N = 4, 128, 64
+    splits = [100, 0, 60, 36]
+    layer = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cuda")
+    x = torch.randn(200, K, dtype=BF16, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = torch.full((200, N), 7.0, dtype=BF16, device="cuda")
+        dgrad = torch.full((200, K), 7.0, dtype=BF16, device="cuda")
+        y = layer(x, splits, out=out, dgrad_out=dgrad)
+        y.backward(torch.ones_like(y))
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert y is out and torch.all(out[196:] == 7.0) and torch.all(dgrad[196:] == 7.0)
+    xr, wr, br = fp64_leaf(x), fp64_leaf(layer.weight), fp64_leaf(layer.bias)
+    parts, a = [], 0
+    for g, m in enumerate(splits):
+        parts.append(xr[a:a + m] @ wr[g].T + br[g])
+        a += m
+    torch.cat(parts).backward(torch.ones(196, N, dtype=torch.float64, device="cuda"))
+    assert_close(out[:196], torch.cat(parts), BF16)
+    assert_close(dgrad[:196], xr.grad[:196], BF16)
+
+
+def test_mlp_step_captured_in_a_cuda_graph_replays_with_new_counts():
+    built_for("cuda")
+    G, H, F, T = 4, 128, 128, 1024
+    # The weight gradients go to main_grad: outputs a replay must keep are caller buffers (SPEC §1).
+    fc1 = ops.GroupedLinear(G, H, 2 * F, bias=False, device="cuda", dtype=BF16,
+                            accumulate_into_main_grad=True)
+    act = ops.ScaledSwiGLU(glu_interleave_size=32)
+    fc2 = ops.GroupedLinear(G, F, H, bias=False, device="cuda", dtype=BF16,
+                            accumulate_into_main_grad=True)
+    for fc in (fc1, fc2):
+        fc.weight.main_grad = torch.zeros(fc.weight.shape, device="cuda")
+    seq = ops.Sequential(fc1, act, fc2)
+    x = torch.randn(T, H, dtype=BF16, device="cuda", requires_grad=True)
+    probs = torch.rand(T, device="cuda", requires_grad=True)
+    splits = torch.tensor([256, 0, 512, 128], dtype=torch.int32, device="cuda")
+    out = torch.full((T, H), 7.0, dtype=BF16, device="cuda")
+    gin = torch.full((T, H), 7.0, dtype=BF16, device="cuda")
+    dy = torch.randn(T, H, dtype=BF16, device="cuda")
+    params = [x, probs]
+
+    def step():
+        for p in params:
+            p.grad = None
+        y = seq(x, splits, probs, splits,
+                op_kwargs={fc2: {"output": out.detach()}, 0: {"grad_input": gin.detach()}})
+        y.backward(dy)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on the capture stream: moekit's context for it
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        step()
+    static_grads = [p.grad for p in params]  # replays write these (the .grad slots are Python's)
+
+    for counts in ([128, 384, 0, 256], [0, 0, 1000, 24], [256, 256, 256, 256]):
+        S = sum(counts)
+        splits.copy_(torch.tensor(counts, dtype=torch.int32))
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+        out.fill_(7.0)
+        gin.fill_(7.0)
+        for fc in (fc1, fc2):
+            fc.weight.main_grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [out.clone(), gin.clone()] + [g.clone() for g in static_grads] + [
+            fc.weight.main_grad.clone() for fc in (fc1, fc2)]
+        if S < T:
+            assert torch.all(got[0][S:] == 7.0) and torch.all(got[1][S:] == 7.0)
+        # eager on the same device counts: the same kernels, bit for bit
+        xe = x.detach().clone().requires_grad_(True)
+        pe = probs.detach().clone().requires_grad_(True)
+        for fc in (fc1, fc2):
+            fc.weight.main_grad.zero_()
+        ye = seq(xe, splits, pe, splits)
+        ye.backward(dy)
+        assert torch.equal(got[0][:S], ye[:S])
+        assert torch.equal(got[2][:S], xe.grad[:S])
+        assert torch.equal(got[3][:S], pe.grad[:S])
+        assert torch.equal(got[4], fc1.weight.main_grad) and torch.equal(got[5], fc2.weight.main_grad)
+        assert fc1.weight.grad is None
+        # and the fp64 torch reference
+        xr, pr = fp64_leaf(xe), fp64_leaf(pe)
+        yr = grouped_mlp(xr, fc1.weight.detach().double(), fc2.weight.detach().double(), pr,
+                         counts, interleaved=True)
+        assert_close(got[0][:S], yr[:S], BF16, scale=4)
+
+
+def test_delayed_weight_gradients_on_the_side_stream_equal_the_joined_ones():
+    built_for("cuda")
+    G, K, N = 4, 256, 128
+    splits = torch.tensor([256, 64, 0, 192], dtype=torch.int32, device="cuda")
+    ref = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cuda")
+    layer = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cuda",
+                             delay_wgrad_compute=True)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(512, K, dtype=BF16, device="cuda", requires_grad=True)
+    dy = torch.randn(512, N, dtype=BF16, device="cuda")
+    ref(x, splits).backward(dy)
+    dx_ref = x.grad.clone()
+    x.grad = None
+    layer(x, splits).backward(dy)
+    assert layer.weight.grad is None and len(layer._wgrad_store) == 1
+    layer.backward_dw()
+    torch.cuda.synchronize()
+    assert torch.equal(x.grad, dx_ref)
+    assert torch.equal(layer.weight.grad, ref.weight.grad)  # SPEC §1b: bit-identical
+    assert torch.equal(layer.bias.grad, ref.bias.grad)
