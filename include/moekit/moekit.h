@@ -21,3 +21,4 @@
 #include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
+#include "moekit/primitives/quantize.h"

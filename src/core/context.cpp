@@ -126,9 +126,15 @@ void Context::check_device_errors() const {
   std::string seen = "device counts that the kernel found invalid (nothing was written):";
   if (bits & kNegativeCount) seen += " a negative count;";
   if (bits & kCountsExceedRows) seen += " a total S larger than the T rows presented;";
-  if (bits & ~(kNegativeCount | kCountsExceedRows)) seen += str(" unknown error bits ", bits, ";");
+  if (bits & kCountsMisaligned) seen += " a count that is not a multiple its quantized format needs;";
+  if (bits & ~(kNegativeCount | kCountsExceedRows | kCountsMisaligned)) {
+    seen += str(" unknown error bits ", bits, ";");
+  }
   seen.pop_back();
-  throw_invalid("splits", "every count >= 0 and S = sum of counts <= T", seen);
+  throw_invalid("splits",
+                "every count >= 0, S = sum of counts <= T, and each count a multiple of what its "
+                "quantized format needs (SPEC §6c)",
+                seen);
 }
 
 }  // namespace moekit

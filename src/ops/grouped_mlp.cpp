@@ -92,6 +92,11 @@ std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& f
     return str("fc1 out_features (", c1.out, ") is not 2 × fc2 in_features (2 × ", c2.in, ")");
   }
   if (c1.dtype != c2.dtype) return str("fc1 is ", name(c1.dtype), ", fc2 ", name(c2.dtype));
+  if (c1.recipe.enabled() || c2.recipe.enabled()) {
+    return str("fc1 has recipe ", c1.recipe.name(), ", fc2 ", c2.recipe.name(),
+               ": the fused grouped MLP has no quantized path yet (the ops run unfused, each with "
+               "its recipe)");
+  }
   if (!(fc1->context().device() == fc2->context().device()) ||
       !(fc1->context().device() == act->context().device())) {
     return "the ops are on different devices";

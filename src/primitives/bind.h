@@ -8,6 +8,7 @@
 #include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
+#include "moekit/primitives/quantize.h"
 #include "backends/contract/backend_table.h"
 
 namespace moekit::detail {
@@ -35,5 +36,13 @@ Plan bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
                        const Splits& splits, const Tensor& h, const Tensor& probs,
                        GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                        bool accumulate_dprobs);
+
+/// Quantize x into q (allocated by allocate_quantized for x's shape and the splits' groups).
+Plan bind_quantize(const Context& ctx, const Tensor& x, const Splits& splits,
+                   const QuantizedTensor& q);
+Plan bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a, const QuantizedTensor& b,
+                            BOp op, const Splits& splits, const Tensor& out, const Tensor& bias = {});
+Plan bind_group_k_quantized(const Context& ctx, const QuantizedTensor& dy, const QuantizedTensor& x,
+                            const Splits& splits, const Tensor& dw, bool accumulate);
 
 }  // namespace moekit::detail

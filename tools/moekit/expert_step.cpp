@@ -134,10 +134,14 @@ struct ExpertStep::State {
 
   State(const StepConfig& c, const Context& cx) : cfg(c), ctx(cx) {
     fc1 = std::make_shared<GroupedLinearOp>(
-        GroupedLinearConfig{.groups = c.experts, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype}, cx);
+        GroupedLinearConfig{.groups = c.experts, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype,
+                            .recipe = c.recipe},
+        cx);
     act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = c.glu}, cx);
     fc2 = std::make_shared<GroupedLinearOp>(
-        GroupedLinearConfig{.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype}, cx);
+        GroupedLinearConfig{.groups = c.experts, .in = c.ffn, .out = c.hidden, .dtype = c.dtype,
+                            .recipe = c.recipe},
+        cx);
     mlp = std::make_unique<Sequential>(std::vector<OpHandle>{fc1, act, fc2},
                                        SequentialOptions{.fuse = c.fuse});
   }
@@ -148,8 +152,14 @@ ExpertStep::ExpertStep(const StepConfig& cfg, const Context& ctx)
   State& s = *s_;
   std::mt19937_64 rng(cfg.seed);
   s.counts = route(cfg.tokens, cfg.experts, cfg.skewed, rng);
+  if (cfg.recipe.enabled()) {  // pad every expert's rows to the recipe's multiple (Fp8Padding)
+    const int64_t m = cfg.recipe.group_rows_multiple();
+    for (int64_t& c : s.counts) c = (c + m - 1) / m * m;
+    s.cfg.tokens = 0;
+    for (int64_t c : s.counts) s.cfg.tokens += c;
+  }
   s.offsets = offsets_of(s.counts);
-  s.rows = cfg.tokens + cfg.tail;
+  s.rows = s.cfg.tokens + cfg.tail;
   const int64_t H = cfg.hidden, F = cfg.ffn, E = cfg.experts;
   // Weights scaled like a trained layer's (std 1/sqrt(fan_in)) so activations stay O(1).
   s.x = random_host({s.rows, H}, cfg.dtype, 1.0, rng);
@@ -333,6 +343,12 @@ CheckResult ExpertStep::check() const {
   // Tolerance: a few units of the storage dtype's rounding (inputs, the stored intermediate and
   // the output are each rounded once) plus fp32 accumulation over K ≤ 8192.
   r.tolerance = 4 * epsilon(s.cfg.dtype) + 2e-5;
+  // A recipe is checked against the same unquantized fp64 reference, within what its formats'
+  // rounding leaves after two GEMMs and the SwiGLU (max over the sampled entries relative to the
+  // largest reference value; tiny preset, 256 tokens, seeds 1-5: fp8 recipes 0.08-0.17, nvfp4
+  // 0.34-0.47). A smoke check (a wrong group or operand is O(1)); the exact checks of each recipe
+  // are tests/test_quant_ops.cpp's.
+  if (s.cfg.recipe.enabled()) r.tolerance = s.cfg.recipe.kind == RecipeKind::Nvfp4 ? 0.75 : 0.25;
   const std::pair<const char*, const ErrorMeter*> meters[] = {
       {"y", &y_err}, {"dx", &dx_err}, {"dprobs", &dp_err}, {"dW1", &dw1_err}, {"dW2", &dw2_err}};
   for (auto [name, m] : meters) {
@@ -355,6 +371,7 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
   r.routing = routing;
   r.device = s.ctx.device().to_string();
   r.dtype = std::string(name(s.cfg.dtype));
+  r.recipe = std::string(s.cfg.recipe.name());
   const int64_t H = s.cfg.hidden, F = s.cfg.ffn, E = s.cfg.experts;
   r.shapes = str("x [", s.rows, ", ", H, "] -> fc1 W1 [", E, ", ", 2 * F, ", ", H,
                  "] -> SwiGLU*probs -> fc2 W2 [", E, ", ", H, ", ", F, "] -> y [", s.rows, ", ", H, "]");
@@ -365,7 +382,7 @@ StepReport ExpertStep::report(double step_ms, const std::string& preset, const s
   r.experts = E;
   r.hidden = H;
   r.ffn = F;
-  r.fused = s.cfg.fuse;
+  r.fused = s.mlp->fused();
   r.glu = std::string(name(s.cfg.glu));
   r.counts = s.counts;
   r.tokens = s.cfg.tokens;
@@ -393,6 +410,10 @@ std::string StepReport::table() const {
     << max_rows << " per expert, " << empty_experts << " experts empty), capacity tail " << tail
     << " rows\n";
   o << "  splits      " << splits_kind << "\n";
+  if (recipe != "none") {
+    o << "  recipe      " << recipe << " (SPEC §6; CPU emulation: quantize, dequantize, fp32 GEMM; "
+      << "rows per expert padded to its multiple)\n";
+  }
   std::snprintf(buf, sizeof buf,
                 "  step        %.3f ms forward + backward (median; host enqueue %.3f ms)\n",
                 step_ms, enqueue_ms);
@@ -430,6 +451,7 @@ std::string StepReport::json() const {
       {"preset", preset},
       {"device", device},
       {"dtype", dtype},
+      {"recipe", recipe},
       {"experts", experts},
       {"tokens", tokens},
       {"tail", tail},

@@ -22,6 +22,9 @@ struct StepConfig {
   // Gate/linear column layout of h. Interleaved32 (default) is the one whose SwiGLU the GPU fuses
   // into fc1's GEMM epilogue (grouped_gemm_swiglu); Halves runs the SwiGLU kernel after the GEMM.
   GluLayout glu = GluLayout::Interleaved32;
+  // Quantized recipe of fc1 and fc2 (SPEC §6; --recipe). With one, each expert's rows are padded
+  // up to the recipe's row multiple (as TE's Fp8Padding) and the ops run unfused.
+  Recipe recipe = {};
 };
 
 struct CheckResult {
@@ -33,7 +36,7 @@ struct CheckResult {
 };
 
 struct StepReport {
-  std::string layer, preset, routing, device, dtype, shapes, splits_kind, glu;
+  std::string layer, preset, routing, device, dtype, shapes, splits_kind, glu, recipe;
   int64_t experts = 0, tokens = 0, tail = 0, min_rows = 0, max_rows = 0, empty_experts = 0;
   int64_t hidden = 0, ffn = 0;
   bool fused = true, host_splits = false, caller_buffers = true;

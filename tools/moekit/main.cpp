@@ -2,6 +2,7 @@
 //
 //   moekit run [--preset tiny|qwen3|dsv3] [--experts E] [--tokens T] [--routing uniform|skewed]
 //              [--device cpu|cuda] [--dtype bf16|f16|f32] [--steps N] [--seed S] [--json]
+//              [--recipe none|fp8-current|fp8-block|mxfp8|nvfp4]
 //              [--no-check] [--no-fuse] [--glu L] [--host-splits] [--internal-buffers]
 //   moekit run --ep N [--topk K] ...   the MoE layer (router → dispatch → MLP → combine) on N ranks
 //
@@ -61,6 +62,7 @@ struct Options {
   std::string routing = "uniform";
   std::optional<std::string> device;
   std::string dtype = "bf16";
+  std::string recipe = "none";
   int64_t steps = 3;
   int64_t warmup_ms = 0;
   uint64_t seed = 1;
@@ -135,6 +137,11 @@ void add_run_options(CLI::App& run, Options& o) {
   run.add_option("--dtype", o.dtype, "bf16 (default), f16 or f32")
       ->type_name("D")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  run.add_option("--recipe", o.recipe,
+                 "quantized recipe of fc1 and fc2 (SPEC §6): none (default), fp8-current,\n"
+                 "fp8-block, mxfp8 or nvfp4 (CPU only so far; rows padded per expert)")
+      ->type_name("R")
+      ->check(CLI::IsMember({"none", "fp8-current", "fp8-block", "mxfp8", "nvfp4"}));
   run.add_option("--steps", o.steps, "timed steps after one warm-up step (default 3)")
       ->type_name("N")
       ->transform(integer_in<int64_t>(1, INT_MAX));
@@ -256,6 +263,7 @@ int run(const Options& o) {
   cfg.tail = o.tail;
   cfg.skewed = o.routing == "skewed";
   cfg.dtype = parse_dtype(o.dtype);
+  cfg.recipe = Recipe::parse(o.recipe);
   cfg.seed = o.seed;
   cfg.fuse = !o.no_fuse;
   cfg.glu = o.glu == "halves" ? GluLayout::Halves : GluLayout::Interleaved32;

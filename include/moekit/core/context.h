@@ -64,6 +64,8 @@ class Context {
   /// wrong when a bit was set.
   static constexpr uint32_t kNegativeCount = 1;     // some device count was < 0
   static constexpr uint32_t kCountsExceedRows = 2;  // S = sum of the counts > T rows presented
+  static constexpr uint32_t kCountsMisaligned = 4;  // a count not a multiple its format needs
+                                                    // (NVFP4's columnwise copy: even rows)
   uint32_t device_error_bits() const;
   void check_device_errors() const;
 

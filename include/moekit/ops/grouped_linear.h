@@ -27,6 +27,17 @@
 //   Tensor y = fc.forward(x, splits, {.output = y_buf}, &saved);      // y aliases y_buf
 //   auto g = fc.backward(saved, dy, {.grad_input = dx_buf});          // g.input aliases dx_buf
 //
+// Quantized recipes (SPEC §6d): `config.recipe` (per layer, like a TE module inside one autocast
+// recipe; Recipe::none() = the bf16/fp16/fp32 path above) runs every GEMM on quantized operands,
+// TE's choice for each: forward x rowwise · W rowwise, dgrad dy rowwise · W columnwise, wgrad
+// dy columnwise · x columnwise (Recipe::spec gives each role's format: HYBRID = e4m3 x and W,
+// e5m2 dy). The output and the gradients keep every promise above (caller buffers written in
+// place, tail untouched, checks before any work). The weight's quantized copies are made by the
+// first forward after the weight changed and reused until it changes again: set_weight() or
+// notify_weight_changed() (call it after writing the weight in place, e.g. an optimizer step)
+// bumps weight_version(). The input is quantized once in forward and its columnwise copy saved
+// for the weight gradient. bias and db stay in the activation dtype (db from the unquantized dy).
+//
 // Deferred weight gradients (`defer_weight_grads`): dx is queued first and the call returns;
 // dW runs after it on a side stream until `g.weight_grads.wait()` (or g's destruction) makes the
 // op's stream wait. On a CPU context, or without a dx to overlap, nothing is deferred.
@@ -39,6 +50,7 @@
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
 #include "moekit/ops/bound.h"
+#include "moekit/primitives/quantize.h"
 
 namespace moekit {
 
@@ -48,6 +60,9 @@ struct GroupedLinearConfig {
   int64_t out = 0;             // N out_features
   DType dtype = DType::BF16;   // activations and parameters
   bool bias = false;           // has bias [G, N]
+  /// Quantized recipe of the layer's GEMMs (SPEC §6); none: the dtype's own GEMMs. Alignment:
+  /// in, out and every group's rows multiples of recipe.dim_multiple() / group_rows_multiple().
+  Recipe recipe = {};
 };
 
 struct GroupedLinearForwardOptions {
@@ -91,6 +106,13 @@ class GroupedLinear {
   /// Frozen weights (false): backward computes neither dW nor db.
   void set_weight_requires_grad(bool requires_grad) { weight_requires_grad_ = requires_grad; }
   bool weight_requires_grad() const { return weight_requires_grad_; }
+  /// Quantized recipes: the weight changed (written in place, e.g. by an optimizer step); the next
+  /// forward quantizes it again. set_weight() does this itself.
+  void notify_weight_changed();
+  /// Bumped by every change of the weight (set_weight, notify_weight_changed).
+  uint64_t weight_version() const;
+  /// How many times a forward quantized the weight (tests: the cache is used).
+  int64_t weight_quantizations() const;
 
   using ForwardOptions = GroupedLinearForwardOptions;
   /// What backward needs, filled by forward.
@@ -99,6 +121,8 @@ class GroupedLinear {
     Splits splits;
     bool input_requires_grad = false;
     bool valid = false;
+    QuantizedTensor quantized_input;   // recipes: x's columnwise copy (for dW)
+    QuantizedTensor quantized_weight;  // recipes: W's copies forward used (columnwise for dx)
     BackwardOnce used;  // set by the backward: one backward per forward
   };
   /// y = grouped x · Wᵀ + b. Pass `saved` to train (nullptr: inference, nothing kept).
@@ -130,6 +154,8 @@ class GroupedLinear {
   Context ctx_;
   Tensor weight_, bias_, main_grad_;
   bool weight_requires_grad_ = true;
+  struct WeightCache;  // the quantized weight of the current version (recipes)
+  std::shared_ptr<WeightCache> cache_;
 };
 
 }  // namespace moekit

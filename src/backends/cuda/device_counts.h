@@ -9,6 +9,7 @@ namespace moekit::cuda {
 
 inline constexpr uint32_t kDeviceCountNegative = 1;     // = Context::kNegativeCount
 inline constexpr uint32_t kDeviceCountsExceedRows = 2;  // = Context::kCountsExceedRows
+inline constexpr uint32_t kDeviceCountsMisaligned = 4;  // = Context::kCountsMisaligned
 
 /// Counts in device memory (int32 or int64), the group count G and the row count T they split.
 struct DeviceCounts {

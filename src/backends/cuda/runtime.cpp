@@ -167,7 +167,8 @@ std::vector<int64_t> checked_host_counts(const Context& ctx, const Splits& split
 }
 
 static_assert(kDeviceCountNegative == Context::kNegativeCount &&
-              kDeviceCountsExceedRows == Context::kCountsExceedRows);
+              kDeviceCountsExceedRows == Context::kCountsExceedRows &&
+              kDeviceCountsMisaligned == Context::kCountsMisaligned);
 
 CountsOnDevice counts_on_device(const Context& ctx, const Splits& splits, int64_t rows) {
   CountsOnDevice out;

@@ -1,0 +1,26 @@
+// Internal: the CUDA backend's entries in the quantize tables. quantize.cu: quantize and
+// dequantize of every recipe, bit for bit the CPU reference's (cpu_quantize.cpp), with the counts
+// read on the device (graph-safe; invalid counts write nothing and set the context's error word).
+// quantized_gemm_emulation.cu: the quantized GEMMs of MXFP8 and NVFP4 as emulation (they have no
+// Hopper tensor-core path).
+#pragma once
+
+#include "backends/contract/backend_table.h"
+#include "backends/contract/quant_args.h"
+
+namespace moekit::cuda {
+
+extern const detail::Backend<detail::QuantizeArgs> kQuantize;
+extern const detail::Backend<detail::DequantizeArgs> kDequantize;
+extern const detail::Backend<detail::QuantGroupMArgs> kEmulatedQuantGroupM;
+extern const detail::Backend<detail::QuantGroupKArgs> kEmulatedQuantGroupK;
+
+/// dequantize's run (quantize.cu), for the emulated GEMMs.
+void dequantize_run(const detail::DequantizeArgs& args);
+/// Validates the counts on the device and writes, into ws (i64 [2·groups + 3]): S (or -1 when
+/// the counts are invalid: the error word's bit is set), the row offsets [G+1] and the offsets of
+/// each group's blocks of `block` rows [G+1] (quantize.cu's setup kernel).
+void group_offsets_on_device(const Context& ctx, const Splits& splits, int64_t rows,
+                             int64_t groups, int64_t block, const Tensor& ws);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,529 @@
+// GPU quantize of every recipe (SPEC §6b): the "cuda" entries of the quantize and dequantize
+// tables. CPU oracle:
+// cpu::quantize_run (src/backends/cpu/cpu_quantize.cpp); the scalar math is
+// backends/contract/quant_math.h, checked against the CPU's on a million values in test_quant,
+// so the copies and scales here equal the CPU reference's bit for bit (tests/test_quant.cpp,
+// QuantizeCuda.*: written for a GPU, not run here).
+//
+// Graph-safe, no host synchronisation: the counts are read on the device (device splits as they
+// are, host splits copied in stream order). One launch of a setup kernel validates them
+// (block_valid_rows: invalid counts → the error word's bit, and every later kernel writes
+// nothing) and writes the row offsets and the row-block offsets of every group; per-group amaxes
+// (fp8-current, NVFP4) are atomic maxima of the fp32 bits (non-negative floats order as their
+// bits; NaN never enters), then the group scales; then one cast kernel per copy:
+//   rowwise 1-D (1×128 / 1×32 / 1×16): one thread per (row, block) — amax, scale, codes;
+//   columnwise 1-D: one thread per (group row block, column) — amax down the block, codes
+//     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
+//   128×128: one CTA per tile — a block-wide amax, then both copies;
+//   per group: one thread per element, both copies.
+// Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
+// count makes the call write nothing and sets Context::kCountsMisaligned. This is the correct-first
+// form: every element is read once per copy (twice for 128×128); the one-pass cast + transpose
+// through shared memory that the bandwidth target needs is the next step (ARCHITECTURE.md).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backends/contract/quant_args.h"
+#include "backends/contract/quant_math.h"
+#include "backends/cuda/check.h"
+#include "backends/cuda/cuda_quantize.h"
+#include "backends/cuda/device_counts.cuh"
+#include "backends/cuda/device_math.cuh"
+#include "backends/cuda/resources.h"
+
+namespace moekit::cuda {
+namespace {
+namespace qm = quant_math;
+
+// What every kernel of one quantize shares (by value).
+struct QuantParams {
+  const void* x;  // [T, C] f32 / f16 / bf16
+  int64_t T, C, G, block, RB;
+  QuantFormat format;
+  Scaling scaling;
+  bool power_2;
+  float epsilon, fp8_max, value_for_inf, max_norm_rcp;
+  uint8_t* row;  // [T, C] (e2m1: [T, ⌈C/2⌉]) or null
+  uint8_t* col;  // [C, T] (e2m1: [C, ⌈T/2⌉]) or null
+  int64_t row_ld, col_ld;
+  void* row_scale;  // see QuantizedTensor
+  void* col_scale;
+  float* amax;       // [G] or null
+  float* group_dec;  // [G] (Nv) or null
+  // Workspace written by the setup kernel: [0] = S (or -1: invalid counts), offsets [G+1] at
+  // [1..], row-block offsets [G+1] after them.
+  int64_t* ws;
+};
+
+__device__ __forceinline__ const int64_t* offsets(const QuantParams& p) {
+  return p.ws + 1;
+}
+__device__ __forceinline__ const int64_t* rb_offsets(const QuantParams& p) {
+  return p.ws + 2 + p.G;
+}
+
+template <class T>
+__device__ __forceinline__ float load(const QuantParams& p, int64_t t, int64_t c) {
+  return to_float(static_cast<const T*>(p.x)[t * p.C + c]);
+}
+
+__device__ __forceinline__ uint8_t encode(const QuantParams& p, float v) {
+  switch (p.format) {
+    case QuantFormat::E4M3:
+      return qm::encode_fp8(v, qm::e4m3());
+    case QuantFormat::E5M2:
+      return qm::encode_fp8(v, qm::e5m2());
+    default:
+      return qm::encode_e2m1(v);
+  }
+}
+
+// The group holding index i of a prefix array off[0..G] (off[g] <= i < off[g+1]): binary search.
+__device__ __forceinline__ int64_t group_of(const int64_t* off, int64_t G, int64_t i) {
+  int64_t lo = 0, hi = G - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (off[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+__global__ void quant_setup_kernel(DeviceCounts counts, QuantParams p) {
+  int64_t S = block_valid_rows(counts);  // every thread; reports invalid counts once
+  if (threadIdx.x != 0) return;
+  // e2m1's columnwise copy packs two rows per byte, never across groups: even counts only
+  // (host counts were checked at bind; device counts are checked here).
+  if (S >= 0 && p.format == QuantFormat::E2M1 && p.col) {
+    for (int64_t g = 0; g < p.G; ++g) {
+      if (count_at(counts, g) % 2 != 0) {
+        if (counts.error_word) atomicOr(counts.error_word, kDeviceCountsMisaligned);
+        S = -1;
+        break;
+      }
+    }
+  }
+  p.ws[0] = S;
+  if (S < 0) return;
+  int64_t* off = p.ws + 1;
+  int64_t* rb = p.ws + 2 + p.G;
+  off[0] = rb[0] = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t m = count_at(counts, g);
+    off[g + 1] = off[g] + m;
+    rb[g + 1] = rb[g] + (p.block > 0 ? (m + p.block - 1) / p.block : 0);
+    if (p.amax) p.amax[g] = 0.0f;
+  }
+}
+
+// amax_g = max |x| over group g's rows: one warp per row, atomicMax on the fp32 bits.
+template <class T>
+__global__ void group_amax_kernel(QuantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < S;
+       t += warps) {
+    float m = 0.0f;
+    for (int64_t c = lane; c < p.C; c += 32) {
+      const float a = qm::abs_f(load<T>(p, t, c));
+      if (a > m) m = a;  // NaN never wins
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, m, o);
+      if (other > m) m = other;
+    }
+    if (lane == 0 && m > 0.0f) {
+      const int64_t g = group_of(offsets(p), p.G, t);
+      atomicMax(reinterpret_cast<unsigned int*>(p.amax + g), __float_as_uint(m));
+    }
+  }
+}
+
+// Per-group scales: fp8-current's scale_inv [G]; NVFP4's s_dec [G].
+__global__ void group_scales_kernel(QuantParams p) {
+  if (p.ws[0] < 0) return;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= p.G) return;
+  if (p.scaling == Scaling::Nv) {
+    float enc, dec;
+    qm::nv_group_scales(p.amax[g], &enc, &dec);
+    p.group_dec[g] = dec;
+  } else {
+    const float s =
+        qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    static_cast<float*>(p.row_scale)[g] = 1.0f / s;
+  }
+}
+
+// The factor a block of amax `a` multiplies its elements by; writes its stored scale at `i`.
+__device__ __forceinline__ float block_scale(const QuantParams& p, float a, int64_t g, void* scales,
+                                             int64_t i) {
+  switch (p.scaling) {
+    case Scaling::Mx: {
+      const uint8_t e = qm::e8m0_round_up(a * p.max_norm_rcp);
+      static_cast<uint8_t*>(scales)[i] = e;
+      return qm::e8m0_reciprocal(e);
+    }
+    case Scaling::Nv: {
+      float enc, dec;
+      qm::nv_group_scales(p.amax[g], &enc, &dec);
+      float b = a * (enc * (1.0f / 6.0f));
+      if (!(b <= 3.40282347e38f)) b = 3.40282347e38f;  // fminf(b, FLT_MAX)
+      const uint8_t sb = qm::encode_fp8(b, qm::e4m3());
+      static_cast<uint8_t*>(scales)[i] = sb;
+      float f = 1.0f / (qm::decode_e4m3(sb) * dec);
+      if (!(f <= 3.40282347e38f)) f = 3.40282347e38f;  // fminf(f, FLT_MAX)
+      return f;
+    }
+    default: {
+      const float s = qm::scale_from_amax(a, p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+      static_cast<float*>(scales)[i] = 1.0f / s;
+      return s;
+    }
+  }
+}
+
+// Rowwise 1×b blocks: one thread per (row, block).
+template <class T>
+__global__ void rowwise_blocks_kernel(QuantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  const int64_t cb = (p.C + p.block - 1) / p.block;
+  const bool fp4 = p.format == QuantFormat::E2M1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * cb;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / cb, j = i % cb, c0 = j * p.block;
+    const int64_t c1 = c0 + p.block < p.C ? c0 + p.block : p.C;
+    float a = 0.0f;
+    for (int64_t c = c0; c < c1; ++c) {
+      const float v = qm::abs_f(load<T>(p, t, c));
+      if (v > a) a = v;
+    }
+    const int64_t g = p.scaling == Scaling::Nv ? group_of(offsets(p), p.G, t) : 0;
+    const float f = block_scale(p, a, g, p.row_scale, t * cb + j);
+    if (fp4) {  // C even, blocks of 16: whole bytes
+      for (int64_t c = c0; c < c1; c += 2) {
+        const uint8_t lo = encode(p, load<T>(p, t, c) * f),
+                      hi = encode(p, load<T>(p, t, c + 1) * f);
+        p.row[t * p.row_ld + c / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
+      }
+    } else {
+      for (int64_t c = c0; c < c1; ++c) p.row[t * p.row_ld + c] = encode(p, load<T>(p, t, c) * f);
+    }
+  }
+}
+
+// Columnwise b×1 blocks down each group's rows: one thread per (row block, column).
+template <class T>
+__global__ void columnwise_blocks_kernel(QuantParams p) {
+  if (p.ws[0] < 0) return;
+  const int64_t* rb = rb_offsets(p);
+  const int64_t blocks = rb[p.G];
+  const bool fp4 = p.format == QuantFormat::E2M1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks * p.C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = i / p.C, c = i % p.C;  // neighbouring threads: neighbouring columns
+    const int64_t g = group_of(rb, p.G, k);
+    const int64_t end = offsets(p)[g + 1];
+    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block;
+    const int64_t t1 = t0 + p.block < end ? t0 + p.block : end;
+    float a = 0.0f;
+    for (int64_t t = t0; t < t1; ++t) {
+      const float v = qm::abs_f(load<T>(p, t, c));
+      if (v > a) a = v;
+    }
+    const float f = block_scale(p, a, g, p.col_scale, c * p.RB + k);
+    if (fp4) {  // the group's rows even: whole bytes
+      for (int64_t t = t0; t < t1; t += 2) {
+        const uint8_t lo = encode(p, load<T>(p, t, c) * f),
+                      hi = encode(p, load<T>(p, t + 1, c) * f);
+        p.col[c * p.col_ld + t / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
+      }
+    } else {
+      for (int64_t t = t0; t < t1; ++t) p.col[c * p.col_ld + t] = encode(p, load<T>(p, t, c) * f);
+    }
+  }
+}
+
+// 128×128 tiles: one CTA per (group row block, column block), grid-strided.
+template <class T>
+__global__ void tile_blocks_kernel(QuantParams p) {
+  if (p.ws[0] < 0) return;
+  __shared__ float warp_max[32];
+  __shared__ float tile_factor;
+  const int64_t* rb = rb_offsets(p);
+  const int64_t cb = (p.C + p.block - 1) / p.block, tiles = rb[p.G] * cb;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t k = tile / cb, j = tile % cb;
+    const int64_t g = group_of(rb, p.G, k);
+    const int64_t end = offsets(p)[g + 1];
+    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block,
+                  t1 = t0 + p.block < end ? t0 + p.block : end;
+    const int64_t c0 = j * p.block, c1 = c0 + p.block < p.C ? c0 + p.block : p.C;
+    const int64_t w = c1 - c0, n = (t1 - t0) * w;
+    float a = 0.0f;
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      const float v = qm::abs_f(load<T>(p, t0 + e / w, c0 + e % w));
+      if (v > a) a = v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, a, o);
+      if (other > a) a = other;
+    }
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float m = 0.0f;
+      for (unsigned i = 0; i < blockDim.x / 32; ++i) m = warp_max[i] > m ? warp_max[i] : m;
+      tile_factor = block_scale(p, m, g, p.row_scale, k * cb + j);
+    }
+    __syncthreads();
+    const float f = tile_factor;
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      const int64_t t = t0 + e / w, c = c0 + e % w;
+      const uint8_t code = encode(p, load<T>(p, t, c) * f);
+      if (p.row) p.row[t * p.row_ld + c] = code;
+      if (p.col) p.col[c * p.col_ld + t] = code;
+    }
+    __syncthreads();  // tile_factor / warp_max reused by the next tile
+  }
+}
+
+// Per-group scaling: one thread per element, both copies (the scale of group g: 1/scale_inv[g],
+// recomputed exactly as group_scales_kernel stored it).
+template <class T>
+__global__ void per_group_kernel(QuantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / p.C, c = i % p.C;
+    const int64_t g = group_of(offsets(p), p.G, t);
+    const float s =
+        qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    const uint8_t code = encode(p, load<T>(p, t, c) * s);
+    if (p.row) p.row[t * p.row_ld + c] = code;
+    if (p.col) p.col[c * p.col_ld + t] = code;
+  }
+}
+
+float max_finite_of(DType t) {
+  switch (t) {
+    case DType::BF16:
+      return bf16_to_f32(0x7F7F);
+    case DType::F16:
+      return 65504.0f;
+    default:
+      return 3.40282347e38f;
+  }
+}
+
+unsigned grid_for(int64_t work, int threads, int sms) {
+  const int64_t blocks = (work + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(sms) * 8;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
+}
+
+template <class T>
+void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources& res) {
+  const int sms = res.sm_count;
+  const cudaStream_t stream = res.stream;
+  quant_setup_kernel<<<1, 256, 0, stream>>>(counts, p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  const bool per_group = p.scaling == Scaling::PerGroup;
+  if (per_group || p.scaling == Scaling::Nv) {
+    group_amax_kernel<T><<<grid_for(p.T * 32, 256, sms), 256, 0, stream>>>(p);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+    group_scales_kernel<<<static_cast<unsigned>((p.G + 255) / 256), 256, 0, stream>>>(p);
+    MOEKIT_CUDA_CHECK_LAUNCH();
+  }
+  if (per_group) {
+    per_group_kernel<T><<<grid_for(p.T * p.C, 256, sms), 256, 0, stream>>>(p);
+  } else if (p.scaling == Scaling::Block2D) {
+    tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
+  } else {
+    if (p.row)
+      rowwise_blocks_kernel<T>
+          <<<grid_for(p.T * ((p.C + p.block - 1) / p.block), 256, sms), 256, 0, stream>>>(p);
+    if (p.col) columnwise_blocks_kernel<T><<<grid_for(p.RB * p.C, 256, sms), 256, 0, stream>>>(p);
+  }
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- dequantize (CPU oracle:
+// cpu::dequantize_run): value = decode(code) · the element's scale, fp32, valid rows only.
+struct DequantParams {
+  const uint8_t* data;  // the copy: [T, C] or [C, T] (e2m1 packed)
+  int64_t ld, T, C, G, block, RB;
+  bool rowwise;
+  QuantFormat format;
+  Scaling scaling;
+  const void* scales;
+  const float* group_dec;
+  float* out;   // [T, C] or [C, T]
+  int64_t* ws;  // the setup kernel's: S, offsets, row-block offsets
+};
+
+__device__ __forceinline__ float decode_code(QuantFormat f, uint8_t c) {
+  switch (f) {
+    case QuantFormat::E4M3:
+      return qm::decode_e4m3(c);
+    case QuantFormat::E5M2:
+      return qm::decode_e5m2(c);
+    default:
+      return qm::decode_e2m1(c);
+  }
+}
+
+__global__ void dequantize_kernel(DequantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  const int64_t* off = p.ws + 1;
+  const int64_t* rb = p.ws + 2 + p.G;
+  const int64_t cb = p.block > 0 ? (p.C + p.block - 1) / p.block : 0;
+  const bool fp4 = p.format == QuantFormat::E2M1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / p.C, c = i % p.C;
+    const int64_t g = group_of(off, p.G, t), local = t - off[g];
+    int64_t si;
+    switch (p.scaling) {
+      case Scaling::PerGroup:
+        si = g;
+        break;
+      case Scaling::Block2D:
+        si = (rb[g] + local / p.block) * cb + c / p.block;
+        break;
+      default:
+        si = p.rowwise ? t * cb + c / p.block : c * p.RB + rb[g] + local / p.block;
+    }
+    const int64_t r = p.rowwise ? t : c, k = p.rowwise ? c : t;  // element (r, k) of the copy
+    uint8_t code = fp4 ? p.data[r * p.ld + k / 2] : p.data[r * p.ld + k];
+    if (fp4) code = (k % 2 == 0) ? (code & 0xF) : (code >> 4);
+    float scale;
+    switch (p.scaling) {
+      case Scaling::Mx:
+        scale = qm::e8m0_value(static_cast<const uint8_t*>(p.scales)[si]);
+        break;
+      case Scaling::Nv:
+        scale = qm::decode_e4m3(static_cast<const uint8_t*>(p.scales)[si]) * p.group_dec[g];
+        break;
+      default:
+        scale = static_cast<const float*>(p.scales)[si];
+    }
+    p.out[p.rowwise ? t * p.C + c : c * p.T + t] = decode_code(p.format, code) * scale;
+  }
+}
+
+}  // namespace
+
+void group_offsets_on_device(const Context& ctx, const Splits& splits, int64_t rows, int64_t groups,
+                             int64_t block, const Tensor& ws) {
+  CudaResources& res = resources(ctx);
+  const CountsOnDevice counts = counts_on_device(ctx, splits, rows);
+  QuantParams setup{};  // only what the setup kernel reads
+  setup.G = groups;
+  setup.block = block;
+  setup.ws = ws.data_as<int64_t>();
+  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, setup);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+std::string dequantize_rejects(const detail::DequantizeArgs& a) {
+  return reject_unless_cuda(a.ctx);
+}
+
+void dequantize_run(const detail::DequantizeArgs& a) {
+  const QuantizedTensor& q = a.q;
+  if (q.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, q.rows);
+  const Tensor ws = Tensor::empty({2 * q.groups + 3}, DType::I64, a.ctx);
+  QuantParams setup{};  // only what the setup kernel reads
+  setup.G = q.groups;
+  setup.block = q.spec.block;
+  setup.ws = ws.data_as<int64_t>();
+  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, setup);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  const bool rowwise = a.which == QuantUsage::Rowwise;
+  const Tensor& copy = rowwise ? q.rowwise : q.columnwise;
+  DequantParams p{};
+  p.data = copy.data_as<const uint8_t>();
+  p.ld = copy.size(1);
+  p.T = q.rows;
+  p.C = q.cols;
+  p.G = q.groups;
+  p.block = q.spec.block;
+  p.RB = q.row_block_capacity();
+  p.rowwise = rowwise;
+  p.format = q.spec.format;
+  p.scaling = q.spec.scaling;
+  p.scales = (rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv).data();
+  p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<const float>() : nullptr;
+  p.out = a.out.data_as<float>();
+  p.ws = ws.data_as<int64_t>();
+  dequantize_kernel<<<grid_for(q.rows * q.cols, 256, res.sm_count), 256, 0, res.stream>>>(p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+namespace {}  // namespace
+
+std::string quantize_rejects(const detail::QuantizeArgs& a) {
+  return reject_unless_cuda(a.ctx);
+}
+
+void quantize_run(const detail::QuantizeArgs& a) {
+  if (a.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
+  const QuantizedTensor& q = a.q;
+  // Setup workspace: S, offsets [G+1], row-block offsets [G+1], from the context's allocator.
+  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
+  QuantParams p{};
+  p.x = a.x.data();
+  p.T = a.rows;
+  p.C = a.cols;
+  p.G = a.groups;
+  p.block = q.spec.block;
+  p.RB = q.row_block_capacity();
+  p.format = q.spec.format;
+  p.scaling = q.spec.scaling;
+  p.power_2 = q.spec.power_2_scales;
+  p.epsilon = q.spec.amax_epsilon;
+  p.fp8_max = max_finite(q.spec.format) * qm::exp2i(-q.spec.margin);
+  p.value_for_inf =
+      q.spec.scaling == Scaling::PerGroup ? 3.40282347e38f : max_finite_of(a.x.dtype());
+  p.max_norm_rcp = static_cast<float>(1.0 / max_finite(q.spec.format));
+  p.row = q.has_rowwise() ? q.rowwise.data_as<uint8_t>() : nullptr;
+  p.col = q.has_columnwise() ? q.columnwise.data_as<uint8_t>() : nullptr;
+  p.row_ld = q.has_rowwise() ? q.rowwise.size(1) : 0;
+  p.col_ld = q.has_columnwise() ? q.columnwise.size(1) : 0;
+  p.row_scale = q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv.data() : nullptr;
+  p.col_scale = q.columnwise_scale_inv.defined() ? q.columnwise_scale_inv.data() : nullptr;
+  p.amax = q.amax.defined() ? q.amax.data_as<float>() : nullptr;
+  p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<float>() : nullptr;
+  p.ws = ws.data_as<int64_t>();
+  switch (a.x.dtype()) {
+    case DType::F32:
+      return launch_all<float>(p, counts.view, res);
+    case DType::F16:
+      return launch_all<__half>(p, counts.view, res);
+    case DType::BF16:
+      return launch_all<__nv_bfloat16>(p, counts.view, res);
+    default:
+      throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
+  }
+}
+
+// This backend's entry in the quantize table (declared in cuda_quantize.h).
+constexpr detail::Backend<detail::QuantizeArgs> kQuantize{"cuda", quantize_rejects, quantize_run};
+constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cuda", dequantize_rejects,
+                                                              dequantize_run};
+
+}  // namespace moekit::cuda
