@@ -7,8 +7,8 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import (check_buffer, context_for, default_device, dl, dtype_name, from_moekit,
-                      splits_for, zero_tail)
+from ._common import (bind_weight, check_buffer, context_for, default_device, dl, dtype_name,
+                      from_moekit, recipe_for, splits_for, zero_tail)
 
 
 def _init_grouped_weight(weight: torch.Tensor):
@@ -24,7 +24,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, out, module, layer, splits, keep_splits, dgrad_out,
                 main_grad):
-        layer.set_weight(dl(weight))
+        bind_weight(module._bound, layer, weight)
         if bias is not None:
             layer.set_bias(dl(bias))
         input_grad = ctx.needs_input_grad[0]
@@ -44,7 +44,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         layer = ctx.layer
-        layer.set_weight(dl(ctx.weight))
+        bind_weight(ctx.module._bound, layer, ctx.weight)
         wgrad = ctx.needs_input_grad[1] or ctx.main_grad is not None
         layer.weight_requires_grad = wgrad or (ctx.bias is not None and ctx.needs_input_grad[2])
         layer.set_main_grad(dl(ctx.main_grad))
@@ -114,17 +114,29 @@ class GroupedLinear(torch.nn.Module):
                                                        device=device))
         else:
             self.register_parameter("bias", None)
-        self._layers: dict = {}  # moekit GroupedLinear per (device, stream)
+        self._layers: dict = {}  # moekit GroupedLinear per (device, stream, dtype, recipe)
+        self._bound: dict = {}  # per layer: the weight it views and torch's version of it
 
     def _layer(self):
         key, ctx = context_for(self.weight.device)
-        key = (key, self.weight.dtype)  # a module moved to another device or dtype gets another
+        recipe_key, recipe = recipe_for(self.weight.device)
+        # a module moved to another device or dtype, or run under another recipe, gets another
+        # layer (moekit's recipe is per layer, SPEC §6d), each with its own weight cache
+        key = (key, self.weight.dtype, recipe_key)
         layer = self._layers.get(key)
         if layer is None:
             layer = _moekit.GroupedLinear(ctx, self.num_gemms, self.in_features, self.out_features,
-                                          dtype_name(self.weight.dtype), self.use_bias)
+                                          dtype_name(self.weight.dtype), self.use_bias,
+                                          recipe=recipe)
             self._layers[key] = layer
         return layer
+
+    def notify_weight_changed(self):
+        """After writing the weight in a way torch's version counter does not see (through
+        `weight.data`, or from outside torch): the next forward quantizes it again (recipes).
+        In-place writes through the parameter itself (optimizer steps) need no call."""
+        for layer in self._layers.values():
+            layer.notify_weight_changed()
 
     @torch.compiler.disable  # one graph break under torch.compile (the nanobind call)
     def forward(self, inp: torch.Tensor, m_splits, out: torch.Tensor | None = None,
@@ -157,7 +169,7 @@ class GroupedLinear(torch.nn.Module):
             y = _GroupedLinearFunction.apply(x, self.weight, self.bias, out, self, layer, splits,
                                              keep, dgrad_out, main_grad)
         else:
-            layer.set_weight(dl(self.weight))
+            bind_weight(self._bound, layer, self.weight)
             if self.bias is not None:
                 layer.set_bias(dl(self.bias))
             y, _ = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=False,

@@ -23,7 +23,8 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import context_for, default_device, dl, dtype_name, from_moekit, splits_for, zero_tail
+from ._common import (bind_weight, context_for, default_device, dl, dtype_name, from_moekit,
+                      recipe_for, splits_for, zero_tail)
 
 _BUFFER_KEYS = ("output", "grad_input")
 
@@ -41,13 +42,14 @@ class FusibleOperation(torch.nn.Module):
     def _device(self) -> torch.device | None:
         return None  # ops without parameters run where their input is
 
-    def _make_cpp(self, ctx, dtype: torch.dtype):
+    def _make_cpp(self, ctx, dtype: torch.dtype, recipe):
         raise NotImplementedError
 
-    def _cpp_op(self, key, ctx, dtype: torch.dtype):
+    def _cpp_op(self, key, ctx, dtype: torch.dtype, recipe=None):
+        """key: (context key, recipe key); recipe: the moekit.Recipe of the recipe key."""
         op = self._cpp.get((key, dtype))
         if op is None:
-            op = self._make_cpp(ctx, dtype)
+            op = self._make_cpp(ctx, dtype, recipe)
             self._cpp[(key, dtype)] = op
         return op
 
@@ -97,12 +99,21 @@ class GroupedLinear(FusibleOperation):
     def _device(self):
         return self.weight.device
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
+        # the active autocast recipe (per moekit op, SPEC §6d: one op per recipe, each with its
+        # own weight cache); an op with a recipe does not fuse into the grouped MLP
         return _moekit.GroupedLinearOp(ctx, self.num_groups, self.in_features, self.out_features,
-                                       dtype_name(self.weight.dtype), self.use_bias, self.scale_bias)
+                                       dtype_name(self.weight.dtype), self.use_bias, self.scale_bias,
+                                       recipe=recipe)
+
+    def notify_weight_changed(self):
+        """After writing the weight where torch's version counter does not see it (`weight.data`,
+        outside torch): the next forward quantizes it again. Optimizer steps need no call."""
+        for op in self._cpp.values():
+            op.notify_weight_changed()
 
     def _bind_params(self, op):
-        op.set_weight(dl(self.weight))
+        bind_weight(self.__dict__.setdefault("_bound", {}), op, self.weight)
         if self.bias is not None:
             op.set_bias(dl(self.bias))
         main_grad = self._main_grad()
@@ -146,7 +157,7 @@ class ScaledSwiGLU(FusibleOperation):
         super().__init__()
         self.layout = _layout(glu_interleave_size)
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
         return _moekit.ScaledSwiGLU(ctx, self.layout)
 
 
@@ -157,7 +168,7 @@ class SwiGLU(FusibleOperation):
         super().__init__()
         self.layout = _layout(glu_interleave_size)
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
         return _moekit.SwiGLU(ctx, self.layout)
 
 
@@ -237,10 +248,11 @@ class Sequential(torch.nn.Module):
         for seq in self._cpp.values():
             seq.set_fusion(enabled)
 
-    def _seq(self, key, ctx, dtype):
+    def _seq(self, key, ctx, dtype, recipe=None):
         seq = self._cpp.get((key, dtype))
         if seq is None:
-            seq = _moekit.Sequential([op._cpp_op(key, ctx, dtype) for op in self._ops], self._fuse)
+            seq = _moekit.Sequential([op._cpp_op(key, ctx, dtype, recipe) for op in self._ops],
+                                     self._fuse)
             self._cpp[(key, dtype)] = seq
         return seq
 
@@ -251,7 +263,8 @@ class Sequential(torch.nn.Module):
         dtype = dtype or next((p.dtype for op in self._ops for p in op._params()),
                               torch.get_default_dtype())
         key, ctx = context_for(device)
-        return self._seq(key, ctx, dtype).plan()
+        recipe_key, recipe = recipe_for(device)
+        return self._seq((key, recipe_key), ctx, dtype, recipe).plan()
 
     def _route_extra_inputs(self, extra_inputs):
         expected = sum(op.num_extra_inputs for op in self._ops)
@@ -334,6 +347,8 @@ class Sequential(torch.nn.Module):
             x2 = x2.to(dtype)
         x2 = x2.contiguous()
         key, ctx = context_for(device)
+        recipe_key, recipe = recipe_for(device)  # the active autocast recipe, read at forward
+        key = (key, recipe_key)
         groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
         if splits_in is None:
             splits_in = [x2.shape[0]]  # ops without groups take S = T
@@ -343,7 +358,7 @@ class Sequential(torch.nn.Module):
             if probs.dtype != torch.float32:
                 probs = probs.float()  # moekit's probs are fp32; autograd casts the gradient back
             probs = probs.contiguous()
-        seq = self._seq(key, ctx, dtype)
+        seq = self._seq(key, ctx, dtype, recipe)
         for op in self._ops:
             op._bind_params(op._cpp_op(key, ctx, dtype))
         routed, out, grad_input0 = self._route_op_kwargs(op_kwargs, key, ctx, dtype, x2.shape[0])
