@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import _moekit
+from . import _compile
 from ._common import (bind_weight, check_buffer, context_for, default_device, dl, dtype_name,
                       from_moekit, recipe_for, splits_for, zero_tail)
 
@@ -116,6 +117,7 @@ class GroupedLinear(torch.nn.Module):
             self.register_parameter("bias", None)
         self._layers: dict = {}  # moekit GroupedLinear per (device, stream, dtype, recipe)
         self._bound: dict = {}  # per layer: the weight it views and torch's version of it
+        _compile.register(self)  # the name the compiled path's custom ops know it by
 
     def _layer(self):
         key, ctx = context_for(self.weight.device)
@@ -138,9 +140,25 @@ class GroupedLinear(torch.nn.Module):
         for layer in self._layers.values():
             layer.notify_weight_changed()
 
-    @torch.compiler.disable  # one graph break under torch.compile (the nanobind call)
     def forward(self, inp: torch.Tensor, m_splits, out: torch.Tensor | None = None,
                 dgrad_out: torch.Tensor | None = None) -> torch.Tensor:
+        training = torch.is_grad_enabled() and (inp.requires_grad or self.weight.requires_grad or (
+            self.bias is not None and self.bias.requires_grad))
+        if torch.compiler.is_compiling() and dgrad_out is None and not (
+                self.delay_wgrad_compute or self.fuse_wgrad_accumulation) and not (
+                    training and out is not None):
+            # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
+            x = inp.reshape(-1, self.in_features).to(self.weight.dtype).contiguous()
+            if out is not None:
+                check_buffer("out", out, (x.shape[0], self.out_features), self.weight.dtype,
+                             self.weight.device)
+            y = _compile.module_forward(self, x, m_splits, out)
+            return y.view(*inp.shape[:-1], self.out_features) if inp.dim() != 2 else y
+        return self._forward_eager(inp, m_splits, out, dgrad_out)
+
+    # dgrad_out, main_grad and delayed wgrad under torch.compile: one graph break (SPEC §8)
+    @torch.compiler.disable
+    def _forward_eager(self, inp, m_splits, out, dgrad_out):
         if not isinstance(inp, torch.Tensor):
             raise TypeError(f"moekit: inp must be a torch.Tensor, got {type(inp).__name__}")
         if inp.size(-1) != self.in_features:

@@ -23,6 +23,7 @@ import math
 import torch
 
 from .. import _moekit
+from . import _compile
 from ._common import (bind_weight, context_for, default_device, dl, dtype_name, from_moekit,
                       recipe_for, splits_for, zero_tail)
 
@@ -233,6 +234,7 @@ class Sequential(torch.nn.Module):
         self._ops = torch.nn.ModuleList(ops)
         self._fuse = fuse
         self._cpp: dict = {}
+        _compile.register(self)  # the name the compiled path's custom ops know it by
 
     def __len__(self):
         return len(self._ops)
@@ -331,10 +333,61 @@ class Sequential(torch.nn.Module):
                 first_grad_input = kw["grad_input"]
         return routed, last_output, first_grad_input
 
-    # torch.compile: the call into moekit is one graph break (Dynamo cannot trace the nanobind
-    # module); the model's code around it is compiled.
-    @torch.compiler.disable
+    def _out_features(self, width: int) -> int:
+        for op in self._ops:
+            width = op.out_features if isinstance(op, GroupedLinear) else width // 2
+        return width
+
+    def _prepare(self, x2: torch.Tensor, splits_in):
+        """(moekit Sequential of the device, dtype and active recipe with its ops' parameters
+        bound, splits for moekit, splits kept for zero_tail) — the compiled path's first step."""
+        params = [p for op in self._ops for p in op._params()]
+        device = next((op._device() for op in self._ops if op._device() is not None), x2.device)
+        dtype = params[0].dtype if params else x2.dtype
+        key, ctx = context_for(device)
+        recipe_key, recipe = recipe_for(device)
+        key = (key, recipe_key)
+        groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
+        splits, keep = splits_for(splits_in, device, groups)
+        seq = self._seq(key, ctx, dtype, recipe)
+        for op in self._ops:
+            op._bind_params(op._cpp_op(key, ctx, dtype))
+        return seq, splits, keep
+
+    def _compiled_forward(self, x, splits_in, probs):
+        params = [p for op in self._ops for p in op._params()]
+        dtype = params[0].dtype if params else x.dtype
+        width = x.shape[-1]
+        x2 = x.reshape(-1, width).to(dtype).contiguous()
+        if splits_in is None:
+            splits_in = [x2.shape[0]]
+        if isinstance(splits_in, torch.Tensor):
+            splits, splits_tensor = [], splits_in
+        else:
+            splits, splits_tensor = [int(v) for v in splits_in], None
+        if probs is not None:
+            probs = probs.reshape(-1).float().contiguous()
+        save = torch.is_grad_enabled() and (
+            x2.requires_grad or (probs is not None and probs.requires_grad) or
+            any(p.requires_grad for p in params))
+        y, _ = _compile.sequential(x2, probs, splits, splits_tensor, _compile.register(self),
+                                   self._out_features(width), save, params)
+        return y.view(*x.shape[:-1], y.shape[-1]) if x.dim() != 2 else y
+
     def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
+        if torch.compiler.is_compiling() and not op_kwargs and all(
+                not isinstance(op, GroupedLinear) or (
+                    not op.accumulate_into_main_grad and op.weight.requires_grad and
+                    (op.bias is None or op.bias.requires_grad)) for op in self._ops):
+            # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
+            splits_in, probs = self._route_extra_inputs(extra_inputs)
+            return self._compiled_forward(x, splits_in, probs)
+        return self._forward_eager(x, *extra_inputs, op_kwargs=op_kwargs)
+
+    # op_kwargs buffers, main_grad, frozen parameters under torch.compile: one graph break
+    # (SPEC §8: a buffer written in backward is a mutation AOTAutograd cannot take in 2.11)
+    @torch.compiler.disable
+    def _forward_eager(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"moekit: input must be a torch.Tensor, got {type(x).__name__}")
         splits_in, probs = self._route_extra_inputs(extra_inputs)
