@@ -195,12 +195,17 @@ class _SequentialFunction(torch.autograd.Function):
         else:
             y = from_moekit(y)
         ctx.seq_cpp, ctx.tape, ctx.keep, ctx.params_meta = seq_cpp, tape, keep, params_meta
+        ctx.params = params
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dprobs, grads, _ = ctx.seq_cpp.backward(ctx.tape, dl(dy.contiguous()))
-        grad_input0, splits = ctx.keep
+        grad_input0, splits, module = ctx.keep
+        defer = module.delay_wgrad_compute
+        dy = dy.contiguous()
+        dx, dprobs, grads, pending = ctx.seq_cpp.backward(ctx.tape, dl(dy),
+                                                          defer_weight_grads=defer)
+        deferred = []
         if not ctx.needs_input_grad[0]:
             dx = None
         elif grad_input0 is not None:
@@ -214,19 +219,30 @@ class _SequentialFunction(torch.autograd.Function):
         i = 8
         for position, has_bias, main_grad in ctx.params_meta:
             dw, db = grads[position]
-            out.append(None if main_grad or not ctx.needs_input_grad[i] else from_moekit(dw))
+            if defer and not main_grad and ctx.needs_input_grad[i]:
+                deferred.append((ctx.params[i - 8], dw))  # assigned by backward_dw()
+                out.append(None)
+            else:
+                out.append(None if main_grad or not ctx.needs_input_grad[i] else from_moekit(dw))
             i += 1
             if has_bias:
                 out.append(from_moekit(db) if ctx.needs_input_grad[i] else None)
                 i += 1
+        if defer:  # dy and the tape's inputs stay allocated until the deferred work is waited for
+            module._wgrad_store.append((pending, deferred, (dy, ctx.tape)))
         return tuple(out)
 
 
 class Sequential(torch.nn.Module):
     """TE's te.ops.Sequential over moekit ops: forward(x, *extra_inputs, op_kwargs=None)."""
 
-    def __init__(self, *ops: FusibleOperation, fuse: bool = True):
+    def __init__(self, *ops: FusibleOperation, fuse: bool = True,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        # TE's delay_wgrad_compute: backward leaves the weight gradients running (on the GPU on
+        # moekit's side stream, SPEC §1b) and backward_dw() hands them over
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self._wgrad_store: list = []
         for i, op in enumerate(ops):
             if not isinstance(op, FusibleOperation):
                 raise ValueError(f"moekit: Sequential takes moekit.torch.ops operations; op {i} is "
@@ -244,6 +260,18 @@ class Sequential(torch.nn.Module):
 
     def __iter__(self):
         return iter(self._ops)
+
+    def backward_dw(self):
+        """With delay_wgrad_compute: the weight gradients of every backward since the last call
+        (torch's current stream waits for them, no host sync), assigned to weight.grad (summed)
+        or left in weight.main_grad (accumulate_into_main_grad)."""
+        while self._wgrad_store:
+            pending, deferred, _inputs = self._wgrad_store.pop(0)
+            pending.wait()
+            for weight, dw in deferred:
+                if dw is not None:
+                    g = from_moekit(dw)
+                    weight.grad = g if weight.grad is None else weight.grad + g
 
     def set_fusion(self, enabled: bool):
         self._fuse = enabled
@@ -375,10 +403,11 @@ class Sequential(torch.nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1]) if x.dim() != 2 else y
 
     def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
-        if torch.compiler.is_compiling() and not op_kwargs and all(
-                not isinstance(op, GroupedLinear) or (
-                    not op.accumulate_into_main_grad and op.weight.requires_grad and
-                    (op.bias is None or op.bias.requires_grad)) for op in self._ops):
+        traceable = not op_kwargs and not self.delay_wgrad_compute and all(
+            not isinstance(op, GroupedLinear) or (
+                not op.accumulate_into_main_grad and op.weight.requires_grad and
+                (op.bias is None or op.bias.requires_grad)) for op in self._ops)
+        if torch.compiler.is_compiling() and traceable:
             # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
             splits_in, probs = self._route_extra_inputs(extra_inputs)
             return self._compiled_forward(x, splits_in, probs)
@@ -422,7 +451,7 @@ class Sequential(torch.nn.Module):
             meta = [(i, op.bias is not None, op._main_grad() is not None)
                     for i, op in enumerate(self._ops) if isinstance(op, GroupedLinear)]
             y = _SequentialFunction.apply(x2, probs, out, seq, splits, routed,
-                                          (grad_input0, splits_keep), meta, *params)
+                                          (grad_input0, splits_keep, self), meta, *params)
         else:
             y, _ = seq.forward(dl(x2), splits, probs=dl(probs), op_args=routed,
                                input_requires_grad=False, probs_requires_grad=False, save=False)
