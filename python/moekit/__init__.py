@@ -9,12 +9,14 @@ from ._moekit import (  # noqa: F401
     GroupedLinear,
     GroupedLinearOp,
     Op,
+    Recipe,
     ScaledSwiGLU,
     Sequential,
     Splits,
     SwiGLU,
     built_with_cuda,
     cuda_device_count,
+    quantize_dequantize,
     last_backend,
 )
 

@@ -125,6 +125,34 @@ moekit::GluLayout layout_of(const std::string& s) {
   moekit::throw_invalid("layout", "'halves' or 'interleaved32'", "'" + s + "'");
 }
 
+/// A recipe from its name and TE's fields (moekit.torch.recipe builds these from TE's classes).
+/// fp8_format "" keeps the recipe's default; power_2_scales None too. Validated (ValueError
+/// naming the field).
+moekit::Recipe recipe_of(const std::string& name, const std::string& fp8_format,
+                         std::optional<bool> power_2_scales, float amax_epsilon, int margin) {
+  moekit::Recipe r = moekit::Recipe::parse(name);
+  if (!r.enabled()) return r;
+  if (fp8_format == "e4m3") {
+    r.fp8_format = moekit::Fp8Format::E4M3;
+  } else if (fp8_format == "hybrid") {
+    r.fp8_format = moekit::Fp8Format::Hybrid;
+  } else if (!fp8_format.empty()) {
+    moekit::throw_invalid("fp8_format", "'e4m3' or 'hybrid'", "'" + fp8_format + "'");
+  }
+  if (power_2_scales) r.power_2_scales = *power_2_scales;
+  r.amax_epsilon = amax_epsilon;
+  r.margin = margin;
+  r.validate();
+  return r;
+}
+
+moekit::QuantRole role_of(const std::string& s) {
+  if (s == "input") return moekit::QuantRole::Input;
+  if (s == "weight") return moekit::QuantRole::Weight;
+  if (s == "grad_output") return moekit::QuantRole::GradOutput;
+  moekit::throw_invalid("role", "'input', 'weight' or 'grad_output'", "'" + s + "'");
+}
+
 nb::object pending_to_python(moekit::PendingWork&& work) {
   return nb::cast(new moekit::PendingWork(std::move(work)), nb::rv_policy::take_ownership);
 }
@@ -211,21 +239,67 @@ NB_MODULE(_moekit, m) {
       .def_prop_ro("groups", &moekit::Splits::groups)
       .def_prop_ro("on_host", &moekit::Splits::on_host);
 
+  // ---- quantized recipes (SPEC §6): per layer, given to the GroupedLinear / GroupedLinearOp
+  nb::class_<moekit::Recipe>(m, "Recipe")
+      .def_static("make", &recipe_of, "name"_a, "fp8_format"_a = "",
+                  "power_2_scales"_a = nb::none(), "amax_epsilon"_a = 0.0f, "margin"_a = 0,
+                  "A recipe by name (none, fp8-current, fp8-block, mxfp8, nvfp4) with TE's fields; "
+                  "fp8_format 'e4m3' / 'hybrid' ('' keeps the default)")
+      .def_prop_ro("name", [](const moekit::Recipe& r) { return std::string(r.name()); })
+      .def_prop_ro("enabled", &moekit::Recipe::enabled)
+      .def_prop_ro("fp8_format",
+                   [](const moekit::Recipe& r) {
+                     return std::string(r.fp8_format == moekit::Fp8Format::E4M3 ? "e4m3"
+                                                                                : "hybrid");
+                   })
+      .def_ro("power_2_scales", &moekit::Recipe::power_2_scales)
+      .def_ro("amax_epsilon", &moekit::Recipe::amax_epsilon)
+      .def_ro("margin", &moekit::Recipe::margin)
+      .def_prop_ro("dim_multiple", &moekit::Recipe::dim_multiple)
+      .def_prop_ro("group_rows_multiple", &moekit::Recipe::group_rows_multiple);
+  // The CPU reference quantize then dequantize of one operand (tests: what the layer's GEMMs
+  // see). out: f32, [T, C] for rowwise, [C, T] for columnwise (the copy as stored); only valid
+  // rows (columns) are written.
+  m.def(
+      "quantize_dequantize",
+      [](const moekit::Context& ctx, const Array& x, nb::handle splits,
+         const moekit::Recipe& recipe, const std::string& role, bool columnwise,
+         const Array& out) {
+        const Tensor xt = view(x, "x");
+        const Tensor ot = view(out, "out");
+        const moekit::Splits s = splits_of(splits);
+        const moekit::QuantSpec spec = recipe.spec(role_of(role));
+        const moekit::QuantUsage usage =
+            columnwise ? moekit::QuantUsage::Columnwise : moekit::QuantUsage::Rowwise;
+        nb::gil_scoped_release release;
+        const moekit::QuantizedTensor q = moekit::quantize(ctx, xt, s, spec, usage);
+        moekit::dequantize(ctx, q, s, usage, ot);
+        ctx.synchronize();
+      },
+      "ctx"_a, "x"_a, "splits"_a, "recipe"_a, "role"_a, "columnwise"_a, "out"_a);
+
   // ---- GroupedLinear, driven directly (moekit.torch.GroupedLinear)
   nb::class_<LinearSaved>(m, "GroupedLinearSaved");
   nb::class_<moekit::GroupedLinear>(m, "GroupedLinear")
       .def(
           "__init__",
           [](moekit::GroupedLinear* self, const moekit::Context& ctx, int64_t groups, int64_t in,
-             int64_t out, const std::string& dtype, bool bias) {
+             int64_t out, const std::string& dtype, bool bias,
+             const std::optional<moekit::Recipe>& recipe) {
             new (self) moekit::GroupedLinear({.groups = groups,
                                               .in = in,
                                               .out = out,
                                               .dtype = moekit::parse_dtype(dtype),
-                                              .bias = bias},
+                                              .bias = bias,
+                                              .recipe = recipe.value_or(moekit::Recipe::none())},
                                              ctx);
           },
-          "ctx"_a, "groups"_a, "in_features"_a, "out_features"_a, "dtype"_a, "bias"_a = false)
+          "ctx"_a, "groups"_a, "in_features"_a, "out_features"_a, "dtype"_a, "bias"_a = false,
+          "recipe"_a = nb::none())
+      .def_prop_ro("recipe", [](const moekit::GroupedLinear& l) { return l.config().recipe; })
+      .def("notify_weight_changed", &moekit::GroupedLinear::notify_weight_changed)
+      .def_prop_ro("weight_version", &moekit::GroupedLinear::weight_version)
+      .def_prop_ro("weight_quantizations", &moekit::GroupedLinear::weight_quantizations)
       .def("set_weight",
            [](moekit::GroupedLinear& l, const Array& w) { l.set_weight(view(w, "weight")); })
       .def("set_bias",
@@ -290,16 +364,26 @@ NB_MODULE(_moekit, m) {
       .def(
           "__init__",
           [](moekit::GroupedLinearOp* self, const moekit::Context& ctx, int64_t groups, int64_t in,
-             int64_t out, const std::string& dtype, bool bias, bool scale_bias) {
-            new (self) moekit::GroupedLinearOp({.groups = groups,
-                                                .in = in,
-                                                .out = out,
-                                                .dtype = moekit::parse_dtype(dtype),
-                                                .bias = bias},
-                                               ctx, {.scale_bias = scale_bias});
+             int64_t out, const std::string& dtype, bool bias, bool scale_bias,
+             const std::optional<moekit::Recipe>& recipe) {
+            new (self) moekit::GroupedLinearOp(
+                {.groups = groups,
+                 .in = in,
+                 .out = out,
+                 .dtype = moekit::parse_dtype(dtype),
+                 .bias = bias,
+                 .recipe = recipe.value_or(moekit::Recipe::none())},
+                ctx, {.scale_bias = scale_bias});
           },
           "ctx"_a, "groups"_a, "in_features"_a, "out_features"_a, "dtype"_a, "bias"_a = false,
-          "scale_bias"_a = false)
+          "scale_bias"_a = false, "recipe"_a = nb::none())
+      .def("notify_weight_changed",
+           [](moekit::GroupedLinearOp& op) { op.linear().notify_weight_changed(); })
+      .def_prop_ro("weight_version",
+                   [](const moekit::GroupedLinearOp& op) { return op.linear().weight_version(); })
+      .def_prop_ro("weight_quantizations", [](const moekit::GroupedLinearOp& op) {
+        return op.linear().weight_quantizations();
+      })
       .def("set_weight", [](moekit::GroupedLinearOp& op,
                             const Array& w) { op.linear().set_weight(view(w, "weight")); })
       .def("set_bias",

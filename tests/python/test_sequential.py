@@ -231,3 +231,25 @@ def test_inference_runs_without_a_tape():
     assert not y.requires_grad and y.shape == (T, H)
     with torch.no_grad(), pytest.raises(ValueError, match="grad_input"):
         seq(x, *extras(False, probs), op_kwargs={0: {"grad_input": torch.empty(T, H)}})
+
+
+def test_delay_wgrad_compute_hands_weight_grads_over_in_backward_dw():
+    def make(delay):
+        torch.manual_seed(7)
+        return ops.Sequential(ops.GroupedLinear(2, 16, 32, bias=True, device="cpu"),
+                              ops.ScaledSwiGLU(), ops.GroupedLinear(2, 16, 8, bias=False,
+                                                                    device="cpu"),
+                              delay_wgrad_compute=delay)
+    ref, seq = make(False), make(True)
+    x = torch.randn(12, 16, requires_grad=True)
+    probs = torch.rand(12)
+    ref(x, [5, 7], probs, [5, 7]).sum().backward()
+    dx_ref = x.grad.clone()
+    x.grad = None
+    seq(x, [5, 7], probs, [5, 7]).sum().backward()
+    torch.testing.assert_close(x.grad, dx_ref, rtol=0, atol=0)
+    assert seq[0].weight.grad is None and seq[2].weight.grad is None
+    torch.testing.assert_close(seq[0].bias.grad, ref[0].bias.grad, rtol=0, atol=0)  # db now
+    seq.backward_dw()
+    for a, b in ((seq[0].weight, ref[0].weight), (seq[2].weight, ref[2].weight)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

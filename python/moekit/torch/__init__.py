@@ -3,9 +3,14 @@ te.pytorch.GroupedLinear: forward(inp, m_splits, out=None, dgrad_out=None)) and 
 (GroupedLinear, ScaledSwiGLU, SwiGLU, Sequential(op_kwargs=...)). Autograd through
 torch.autograd.Function; tensors reach moekit through DLPack (no torch C++ ABI).
 
-Room for later issues: recipes (FP8, issue 40) arrive as an autocast-style context read by the
-ops' forward; expert parallelism (issue 41) as moekit.torch.ep, whose dispatch / combine buffers
-are the `out` / `grad_input` buffers these modules take.
+Quantized recipes (issue 40) as TE's: `moekit.torch.recipe` (Float8CurrentScaling,
+Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Format) and `autocast(recipe=...)` /
+`fp8_autocast(fp8_recipe=...)`, read by the modules at forward.
+
+Room for later issues: expert parallelism (issue 41) as moekit.torch.ep, whose dispatch / combine
+buffers are the `out` / `grad_input` buffers these modules take.
 """
 from . import ops  # noqa: F401
+from . import recipe  # noqa: F401
 from .module import GroupedLinear  # noqa: F401
+from .recipe import autocast, fp8_autocast, is_autocast_enabled  # noqa: F401

@@ -128,3 +128,30 @@ def zero_tail(t: torch.Tensor | None, m_splits) -> torch.Tensor | None:
         if total < rows:
             t[total:].zero_()
     return t
+
+
+def bind_weight(records: dict, layer, weight: torch.Tensor):
+    """Gives moekit's layer (GroupedLinear or GroupedLinearOp) the module's weight, and keeps its
+    quantized-weight cache (recipes, SPEC §6d) true to torch's weight: new storage → set_weight();
+    the same storage written in place since the last call (torch's version counter, bumped by
+    every in-place op on the parameter or a view of it: an optimizer step) →
+    notify_weight_changed(); else nothing, so the cached copies are reused. `records` (per
+    module, keyed by the layer) holds a detached alias of the bound weight: its storage cannot be
+    freed and reused at the same address while moekit views it."""
+    rec = records.get(id(layer))
+    if rec is None or rec[0].data_ptr() != weight.data_ptr() or rec[0].shape != weight.shape \
+            or rec[0].dtype != weight.dtype or rec[0].device != weight.device:
+        layer.set_weight(dl(weight))
+        records[id(layer)] = [weight.detach(), weight._version]
+    elif rec[1] != weight._version:
+        layer.notify_weight_changed()
+        rec[1] = weight._version
+
+
+def recipe_for(device: torch.device):
+    """The active autocast recipe as (key, moekit.Recipe), or (None, None) outside one."""
+    from .recipe import active_recipe
+    r = active_recipe()
+    if r is None:
+        return None, None
+    return r.key(), r.to_moekit()

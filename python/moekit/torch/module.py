@@ -7,8 +7,9 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import (check_buffer, context_for, default_device, dl, dtype_name, from_moekit,
-                      splits_for, zero_tail)
+from . import _compile
+from ._common import (bind_weight, check_buffer, context_for, default_device, dl, dtype_name,
+                      from_moekit, recipe_for, splits_for, zero_tail)
 
 
 def _init_grouped_weight(weight: torch.Tensor):
@@ -24,7 +25,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, out, module, layer, splits, keep_splits, dgrad_out,
                 main_grad):
-        layer.set_weight(dl(weight))
+        bind_weight(module._bound, layer, weight)
         if bias is not None:
             layer.set_bias(dl(bias))
         input_grad = ctx.needs_input_grad[0]
@@ -44,7 +45,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         layer = ctx.layer
-        layer.set_weight(dl(ctx.weight))
+        bind_weight(ctx.module._bound, layer, ctx.weight)
         wgrad = ctx.needs_input_grad[1] or ctx.main_grad is not None
         layer.weight_requires_grad = wgrad or (ctx.bias is not None and ctx.needs_input_grad[2])
         layer.set_main_grad(dl(ctx.main_grad))
@@ -114,21 +115,50 @@ class GroupedLinear(torch.nn.Module):
                                                        device=device))
         else:
             self.register_parameter("bias", None)
-        self._layers: dict = {}  # moekit GroupedLinear per (device, stream)
+        self._layers: dict = {}  # moekit GroupedLinear per (device, stream, dtype, recipe)
+        self._bound: dict = {}  # per layer: the weight it views and torch's version of it
+        _compile.register(self)  # the name the compiled path's custom ops know it by
 
     def _layer(self):
         key, ctx = context_for(self.weight.device)
-        key = (key, self.weight.dtype)  # a module moved to another device or dtype gets another
+        recipe_key, recipe = recipe_for(self.weight.device)
+        # a module moved to another device or dtype, or run under another recipe, gets another
+        # layer (moekit's recipe is per layer, SPEC §6d), each with its own weight cache
+        key = (key, self.weight.dtype, recipe_key)
         layer = self._layers.get(key)
         if layer is None:
             layer = _moekit.GroupedLinear(ctx, self.num_gemms, self.in_features, self.out_features,
-                                          dtype_name(self.weight.dtype), self.use_bias)
+                                          dtype_name(self.weight.dtype), self.use_bias,
+                                          recipe=recipe)
             self._layers[key] = layer
         return layer
 
-    @torch.compiler.disable  # one graph break under torch.compile (the nanobind call)
+    def notify_weight_changed(self):
+        """After writing the weight in a way torch's version counter does not see (through
+        `weight.data`, or from outside torch): the next forward quantizes it again (recipes).
+        In-place writes through the parameter itself (optimizer steps) need no call."""
+        for layer in self._layers.values():
+            layer.notify_weight_changed()
+
     def forward(self, inp: torch.Tensor, m_splits, out: torch.Tensor | None = None,
                 dgrad_out: torch.Tensor | None = None) -> torch.Tensor:
+        training = torch.is_grad_enabled() and (inp.requires_grad or self.weight.requires_grad or (
+            self.bias is not None and self.bias.requires_grad))
+        if torch.compiler.is_compiling() and dgrad_out is None and not (
+                self.delay_wgrad_compute or self.fuse_wgrad_accumulation) and not (
+                    training and out is not None):
+            # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
+            x = inp.reshape(-1, self.in_features).to(self.weight.dtype).contiguous()
+            if out is not None:
+                check_buffer("out", out, (x.shape[0], self.out_features), self.weight.dtype,
+                             self.weight.device)
+            y = _compile.module_forward(self, x, m_splits, out)
+            return y.view(*inp.shape[:-1], self.out_features) if inp.dim() != 2 else y
+        return self._forward_eager(inp, m_splits, out, dgrad_out)
+
+    # dgrad_out, main_grad and delayed wgrad under torch.compile: one graph break (SPEC §8)
+    @torch.compiler.disable
+    def _forward_eager(self, inp, m_splits, out, dgrad_out):
         if not isinstance(inp, torch.Tensor):
             raise TypeError(f"moekit: inp must be a torch.Tensor, got {type(inp).__name__}")
         if inp.size(-1) != self.in_features:
@@ -157,7 +187,7 @@ class GroupedLinear(torch.nn.Module):
             y = _GroupedLinearFunction.apply(x, self.weight, self.bias, out, self, layer, splits,
                                              keep, dgrad_out, main_grad)
         else:
-            layer.set_weight(dl(self.weight))
+            bind_weight(self._bound, layer, self.weight)
             if self.bias is not None:
                 layer.set_bias(dl(self.bias))
             y, _ = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=False,

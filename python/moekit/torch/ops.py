@@ -23,7 +23,9 @@ import math
 import torch
 
 from .. import _moekit
-from ._common import context_for, default_device, dl, dtype_name, from_moekit, splits_for, zero_tail
+from . import _compile
+from ._common import (bind_weight, context_for, default_device, dl, dtype_name, from_moekit,
+                      recipe_for, splits_for, zero_tail)
 
 _BUFFER_KEYS = ("output", "grad_input")
 
@@ -41,13 +43,14 @@ class FusibleOperation(torch.nn.Module):
     def _device(self) -> torch.device | None:
         return None  # ops without parameters run where their input is
 
-    def _make_cpp(self, ctx, dtype: torch.dtype):
+    def _make_cpp(self, ctx, dtype: torch.dtype, recipe):
         raise NotImplementedError
 
-    def _cpp_op(self, key, ctx, dtype: torch.dtype):
+    def _cpp_op(self, key, ctx, dtype: torch.dtype, recipe=None):
+        """key: (context key, recipe key); recipe: the moekit.Recipe of the recipe key."""
         op = self._cpp.get((key, dtype))
         if op is None:
-            op = self._make_cpp(ctx, dtype)
+            op = self._make_cpp(ctx, dtype, recipe)
             self._cpp[(key, dtype)] = op
         return op
 
@@ -97,12 +100,21 @@ class GroupedLinear(FusibleOperation):
     def _device(self):
         return self.weight.device
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
+        # the active autocast recipe (per moekit op, SPEC §6d: one op per recipe, each with its
+        # own weight cache); an op with a recipe does not fuse into the grouped MLP
         return _moekit.GroupedLinearOp(ctx, self.num_groups, self.in_features, self.out_features,
-                                       dtype_name(self.weight.dtype), self.use_bias, self.scale_bias)
+                                       dtype_name(self.weight.dtype), self.use_bias, self.scale_bias,
+                                       recipe=recipe)
+
+    def notify_weight_changed(self):
+        """After writing the weight where torch's version counter does not see it (`weight.data`,
+        outside torch): the next forward quantizes it again. Optimizer steps need no call."""
+        for op in self._cpp.values():
+            op.notify_weight_changed()
 
     def _bind_params(self, op):
-        op.set_weight(dl(self.weight))
+        bind_weight(self.__dict__.setdefault("_bound", {}), op, self.weight)
         if self.bias is not None:
             op.set_bias(dl(self.bias))
         main_grad = self._main_grad()
@@ -146,7 +158,7 @@ class ScaledSwiGLU(FusibleOperation):
         super().__init__()
         self.layout = _layout(glu_interleave_size)
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
         return _moekit.ScaledSwiGLU(ctx, self.layout)
 
 
@@ -157,7 +169,7 @@ class SwiGLU(FusibleOperation):
         super().__init__()
         self.layout = _layout(glu_interleave_size)
 
-    def _make_cpp(self, ctx, dtype):
+    def _make_cpp(self, ctx, dtype, recipe):
         return _moekit.SwiGLU(ctx, self.layout)
 
 
@@ -183,12 +195,17 @@ class _SequentialFunction(torch.autograd.Function):
         else:
             y = from_moekit(y)
         ctx.seq_cpp, ctx.tape, ctx.keep, ctx.params_meta = seq_cpp, tape, keep, params_meta
+        ctx.params = params
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dprobs, grads, _ = ctx.seq_cpp.backward(ctx.tape, dl(dy.contiguous()))
-        grad_input0, splits = ctx.keep
+        grad_input0, splits, module = ctx.keep
+        defer = module.delay_wgrad_compute
+        dy = dy.contiguous()
+        dx, dprobs, grads, pending = ctx.seq_cpp.backward(ctx.tape, dl(dy),
+                                                          defer_weight_grads=defer)
+        deferred = []
         if not ctx.needs_input_grad[0]:
             dx = None
         elif grad_input0 is not None:
@@ -202,19 +219,30 @@ class _SequentialFunction(torch.autograd.Function):
         i = 8
         for position, has_bias, main_grad in ctx.params_meta:
             dw, db = grads[position]
-            out.append(None if main_grad or not ctx.needs_input_grad[i] else from_moekit(dw))
+            if defer and not main_grad and ctx.needs_input_grad[i]:
+                deferred.append((ctx.params[i - 8], dw))  # assigned by backward_dw()
+                out.append(None)
+            else:
+                out.append(None if main_grad or not ctx.needs_input_grad[i] else from_moekit(dw))
             i += 1
             if has_bias:
                 out.append(from_moekit(db) if ctx.needs_input_grad[i] else None)
                 i += 1
+        if defer:  # dy and the tape's inputs stay allocated until the deferred work is waited for
+            module._wgrad_store.append((pending, deferred, (dy, ctx.tape)))
         return tuple(out)
 
 
 class Sequential(torch.nn.Module):
     """TE's te.ops.Sequential over moekit ops: forward(x, *extra_inputs, op_kwargs=None)."""
 
-    def __init__(self, *ops: FusibleOperation, fuse: bool = True):
+    def __init__(self, *ops: FusibleOperation, fuse: bool = True,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        # TE's delay_wgrad_compute: backward leaves the weight gradients running (on the GPU on
+        # moekit's side stream, SPEC §1b) and backward_dw() hands them over
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self._wgrad_store: list = []
         for i, op in enumerate(ops):
             if not isinstance(op, FusibleOperation):
                 raise ValueError(f"moekit: Sequential takes moekit.torch.ops operations; op {i} is "
@@ -222,6 +250,7 @@ class Sequential(torch.nn.Module):
         self._ops = torch.nn.ModuleList(ops)
         self._fuse = fuse
         self._cpp: dict = {}
+        _compile.register(self)  # the name the compiled path's custom ops know it by
 
     def __len__(self):
         return len(self._ops)
@@ -232,15 +261,28 @@ class Sequential(torch.nn.Module):
     def __iter__(self):
         return iter(self._ops)
 
+    def backward_dw(self):
+        """With delay_wgrad_compute: the weight gradients of every backward since the last call
+        (torch's current stream waits for them, no host sync), assigned to weight.grad (summed)
+        or left in weight.main_grad (accumulate_into_main_grad)."""
+        while self._wgrad_store:
+            pending, deferred, _inputs = self._wgrad_store.pop(0)
+            pending.wait()
+            for weight, dw in deferred:
+                if dw is not None:
+                    g = from_moekit(dw)
+                    weight.grad = g if weight.grad is None else weight.grad + g
+
     def set_fusion(self, enabled: bool):
         self._fuse = enabled
         for seq in self._cpp.values():
             seq.set_fusion(enabled)
 
-    def _seq(self, key, ctx, dtype):
+    def _seq(self, key, ctx, dtype, recipe=None):
         seq = self._cpp.get((key, dtype))
         if seq is None:
-            seq = _moekit.Sequential([op._cpp_op(key, ctx, dtype) for op in self._ops], self._fuse)
+            seq = _moekit.Sequential([op._cpp_op(key, ctx, dtype, recipe) for op in self._ops],
+                                     self._fuse)
             self._cpp[(key, dtype)] = seq
         return seq
 
@@ -251,7 +293,8 @@ class Sequential(torch.nn.Module):
         dtype = dtype or next((p.dtype for op in self._ops for p in op._params()),
                               torch.get_default_dtype())
         key, ctx = context_for(device)
-        return self._seq(key, ctx, dtype).plan()
+        recipe_key, recipe = recipe_for(device)
+        return self._seq((key, recipe_key), ctx, dtype, recipe).plan()
 
     def _route_extra_inputs(self, extra_inputs):
         expected = sum(op.num_extra_inputs for op in self._ops)
@@ -318,10 +361,62 @@ class Sequential(torch.nn.Module):
                 first_grad_input = kw["grad_input"]
         return routed, last_output, first_grad_input
 
-    # torch.compile: the call into moekit is one graph break (Dynamo cannot trace the nanobind
-    # module); the model's code around it is compiled.
-    @torch.compiler.disable
+    def _out_features(self, width: int) -> int:
+        for op in self._ops:
+            width = op.out_features if isinstance(op, GroupedLinear) else width // 2
+        return width
+
+    def _prepare(self, x2: torch.Tensor, splits_in):
+        """(moekit Sequential of the device, dtype and active recipe with its ops' parameters
+        bound, splits for moekit, splits kept for zero_tail) — the compiled path's first step."""
+        params = [p for op in self._ops for p in op._params()]
+        device = next((op._device() for op in self._ops if op._device() is not None), x2.device)
+        dtype = params[0].dtype if params else x2.dtype
+        key, ctx = context_for(device)
+        recipe_key, recipe = recipe_for(device)
+        key = (key, recipe_key)
+        groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
+        splits, keep = splits_for(splits_in, device, groups)
+        seq = self._seq(key, ctx, dtype, recipe)
+        for op in self._ops:
+            op._bind_params(op._cpp_op(key, ctx, dtype))
+        return seq, splits, keep
+
+    def _compiled_forward(self, x, splits_in, probs):
+        params = [p for op in self._ops for p in op._params()]
+        dtype = params[0].dtype if params else x.dtype
+        width = x.shape[-1]
+        x2 = x.reshape(-1, width).to(dtype).contiguous()
+        if splits_in is None:
+            splits_in = [x2.shape[0]]
+        if isinstance(splits_in, torch.Tensor):
+            splits, splits_tensor = [], splits_in
+        else:
+            splits, splits_tensor = [int(v) for v in splits_in], None
+        if probs is not None:
+            probs = probs.reshape(-1).float().contiguous()
+        save = torch.is_grad_enabled() and (
+            x2.requires_grad or (probs is not None and probs.requires_grad) or
+            any(p.requires_grad for p in params))
+        y, _ = _compile.sequential(x2, probs, splits, splits_tensor, _compile.register(self),
+                                   self._out_features(width), save, params)
+        return y.view(*x.shape[:-1], y.shape[-1]) if x.dim() != 2 else y
+
     def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
+        traceable = not op_kwargs and not self.delay_wgrad_compute and all(
+            not isinstance(op, GroupedLinear) or (
+                not op.accumulate_into_main_grad and op.weight.requires_grad and
+                (op.bias is None or op.bias.requires_grad)) for op in self._ops)
+        if torch.compiler.is_compiling() and traceable:
+            # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
+            splits_in, probs = self._route_extra_inputs(extra_inputs)
+            return self._compiled_forward(x, splits_in, probs)
+        return self._forward_eager(x, *extra_inputs, op_kwargs=op_kwargs)
+
+    # op_kwargs buffers, main_grad, frozen parameters under torch.compile: one graph break
+    # (SPEC §8: a buffer written in backward is a mutation AOTAutograd cannot take in 2.11)
+    @torch.compiler.disable
+    def _forward_eager(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"moekit: input must be a torch.Tensor, got {type(x).__name__}")
         splits_in, probs = self._route_extra_inputs(extra_inputs)
@@ -334,6 +429,8 @@ class Sequential(torch.nn.Module):
             x2 = x2.to(dtype)
         x2 = x2.contiguous()
         key, ctx = context_for(device)
+        recipe_key, recipe = recipe_for(device)  # the active autocast recipe, read at forward
+        key = (key, recipe_key)
         groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
         if splits_in is None:
             splits_in = [x2.shape[0]]  # ops without groups take S = T
@@ -343,7 +440,7 @@ class Sequential(torch.nn.Module):
             if probs.dtype != torch.float32:
                 probs = probs.float()  # moekit's probs are fp32; autograd casts the gradient back
             probs = probs.contiguous()
-        seq = self._seq(key, ctx, dtype)
+        seq = self._seq(key, ctx, dtype, recipe)
         for op in self._ops:
             op._bind_params(op._cpp_op(key, ctx, dtype))
         routed, out, grad_input0 = self._route_op_kwargs(op_kwargs, key, ctx, dtype, x2.shape[0])
@@ -354,7 +451,7 @@ class Sequential(torch.nn.Module):
             meta = [(i, op.bias is not None, op._main_grad() is not None)
                     for i, op in enumerate(self._ops) if isinstance(op, GroupedLinear)]
             y = _SequentialFunction.apply(x2, probs, out, seq, splits, routed,
-                                          (grad_input0, splits_keep), meta, *params)
+                                          (grad_input0, splits_keep, self), meta, *params)
         else:
             y, _ = seq.forward(dl(x2), splits, probs=dl(probs), op_args=routed,
                                input_requires_grad=False, probs_requires_grad=False, save=False)
