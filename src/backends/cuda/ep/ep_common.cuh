@@ -9,6 +9,7 @@
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_math.cuh"
+#include "backends/cuda/resources.h"
 #include "ep/ep_device.h"
 #include "moekit/core/dtype.h"
 

@@ -62,6 +62,7 @@ namespace moekit::detail {
 
 void ep_count(const Context& ctx, const EpDeviceArgs& a, const Tensor& topk_idx, int64_t T,
               const EpDeviceRouting& rt) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   if (topk_idx.dtype() == DType::I32) {
     cuda::ep::ep_count_kernel<<<1, 1024, 0, stream>>>(

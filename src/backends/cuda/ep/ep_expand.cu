@@ -67,6 +67,7 @@ namespace moekit::detail {
 
 void ep_expand(const Context& ctx, const EpDeviceArgs& a, const EpDeviceRouting& rt,
                const Tensor& recv, const Tensor& weights, bool first) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   const int64_t row_bytes = a.H * static_cast<int64_t>(size_of(static_cast<DType>(a.dtype)));
   float* w = weights.defined() ? weights.data_as<float>() : nullptr;

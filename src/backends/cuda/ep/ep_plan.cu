@@ -68,6 +68,7 @@ namespace moekit::detail {
 
 void ep_plan(const Context& ctx, const EpDeviceArgs& a, const EpDeviceRouting& rt,
              const Tensor& splits, const Tensor& tokens_per_expert) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   cuda::ep::ep_plan_kernel<<<1, 32, 0, static_cast<cudaStream_t>(ctx.stream())>>>(
       a, rt.plan.data_as<int64_t>(), splits.data_as<int64_t>(),
       tokens_per_expert.data_as<int64_t>());

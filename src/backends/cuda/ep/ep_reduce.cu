@@ -70,6 +70,7 @@ namespace moekit::detail {
 
 void ep_reduce(const Context& ctx, const EpDeviceArgs& a, const EpDeviceRouting& rt,
                const Tensor& in, const Tensor& dw_rows) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   const dim3 grid(cuda::ep::grid_of(a.Tm), static_cast<unsigned>(a.W));
   cuda::ep::with_dtype(a.dtype, [&](auto zero) {
     using T = decltype(zero);

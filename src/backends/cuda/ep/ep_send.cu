@@ -58,6 +58,7 @@ namespace moekit::detail {
 
 void ep_send(const Context& ctx, const EpDeviceArgs& a, const EpDeviceRouting& rt,
              const Tensor& rows, int64_t T, const Tensor& topk_weights) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   if (T == 0) return;
   const int64_t row_bytes = a.H * static_cast<int64_t>(size_of(static_cast<DType>(a.dtype)));
   cuda::ep::ep_send_kernel<<<cuda::ep::grid_of(T), 128, 0,

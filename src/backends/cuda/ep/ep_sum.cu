@@ -65,6 +65,7 @@ namespace moekit::detail {
 
 void ep_sum(const Context& ctx, const EpDeviceArgs& a, const EpDeviceRouting& rt, int64_t T,
             const Tensor& out, const Tensor& gw) {
+  cuda::DeviceGuard guard(ctx.device().index);  // CudaRanks: a thread per GPU
   if (T == 0) return;
   cuda::ep::with_dtype(a.dtype, [&](auto zero) {
     using V = decltype(zero);
