@@ -123,6 +123,22 @@ uint32_t Context::device_error_bits() const {
 void Context::check_device_errors() const {
   const uint32_t bits = device_error_bits();
   if (bits == 0) return;
+  if (bits & (kEpInvalidRouting | kEpCapacityExceeded)) {
+    std::string what;
+    if (bits & kEpInvalidRouting) {
+      what += " a rank's topk_idx had an expert out of [0, E) or the same expert twice;";
+    }
+    if (bits & kEpCapacityExceeded) {
+      what += " a rank needed more padded rows than receive_capacity (OverflowPolicy::Error);";
+    }
+    what.pop_back();
+    throw_invalid(bits & kEpInvalidRouting ? "topk_idx" : "receive_capacity",
+                  "a dispatch every rank accepts (SPEC §7; nothing was stored)",
+                  str("the device checks of an expert-parallel dispatch refused it:", what,
+                      (bits & ~(kEpInvalidRouting | kEpCapacityExceeded))
+                          ? str(" (other error bits ", bits, ")")
+                          : std::string()));
+  }
   std::string seen = "device counts that the kernel found invalid (nothing was written):";
   if (bits & kNegativeCount) seen += " a negative count;";
   if (bits & kCountsExceedRows) seen += " a total S larger than the T rows presented;";

@@ -24,6 +24,7 @@
 #include <span>
 
 #include "core/checks.h"
+#include "ep/ep_device.h"
 #include "moekit/core/error.h"
 
 namespace moekit {
@@ -46,6 +47,10 @@ struct EpRouting {
   std::vector<int64_t> padded;                   // [L] padded counts
   int64_t rows = 0;                              // S
   std::vector<int64_t> pad_rows;                 // padding rows of recv (zero-filled)
+  // GPU engines: the same routing, on the device (src/ep/ep_device.h); the host vectors above
+  // stay empty (only T is known on the host).
+  detail::EpDeviceRouting dev;
+  int64_t generation = 0;  // GPU engines: which dispatch of its ExpertParallel this is
 };
 
 struct ExpertParallel::State {
@@ -54,6 +59,14 @@ struct ExpertParallel::State {
   int W = 1, r = 0;
   SymmetricMemory stage_x, meta_e, meta_j, meta_w, counts, ret, ret_flag, ret_w;
   SymmetricMemory combine_mem, dbw_mem;
+  bool gpu = false;                 // a CUDA engine: the device kernels (src/ep/ep_device.h)
+  SymmetricMemory meta_q, status;   // GPU engines only (ep_device.h's layout)
+  // GPU engines: the device routing and the splits, allocated once at construction (so that a
+  // captured layer step allocates nothing); each dispatch overwrites them, so only the latest
+  // dispatch's handle is valid there (one layer step in flight, as for the zero-copy buffers).
+  detail::EpDeviceRouting dev_rt;
+  Tensor dev_splits, dev_tokens_per_expert;  // [L] i64 each
+  int64_t dispatches = 0;
   Tensor combine_input, dbw_input;  // [R, H] views of combine_mem / dbw_mem
   EpTraffic traffic;
 
@@ -135,6 +148,10 @@ void check_handle(const ExpertParallel::Handle& h, const ExpertParallel::State* 
   if (h.routing->owner != s) {
     throw_invalid("handle", "a handle of this ExpertParallel's dispatch",
                   "a handle of another ExpertParallel");
+  }
+  if (s->gpu && h.routing->generation != s->dispatches) {
+    throw_invalid("handle", "the latest dispatch's handle (a GPU engine keeps one routing)",
+                  str("the handle of dispatch ", h.routing->generation, " of ", s->dispatches));
   }
 }
 
@@ -293,6 +310,71 @@ int64_t per_slot_bytes(const ExpertParallel::State& s, const EpRouting& rt) {
   return n * static_cast<int64_t>(s.row_bytes());
 }
 
+// ---- GPU engines: the same protocol, each phase a kernel of src/backends/cuda/ep/ queued on the
+// rank's stream (no host synchronisation: capturable). Barriers between the store and read
+// phases are the Communicator's (stream-ordered; CudaRanks: events, nothing with one rank).
+detail::EpDeviceArgs device_args(const ExpertParallel::State& s) {
+  detail::EpDeviceArgs a = detail::ep_device_args(s.comm->context());
+  a.W = s.W;
+  a.r = s.r;
+  a.L = s.c.experts_per_rank;
+  a.H = s.c.hidden;
+  a.k = s.c.topk;
+  a.Tm = s.c.max_tokens;
+  a.R = s.c.receive_capacity;
+  a.A = s.c.alignment;
+  a.dtype = static_cast<int>(s.c.dtype);
+  a.drop = s.c.overflow == OverflowPolicy::Drop;
+  auto peers = [&](const SymmetricMemory& m) {
+    detail::EpPeers p;
+    for (int r = 0; r < s.W; ++r) p.p[r] = m.peers[static_cast<size_t>(r)];
+    return p;
+  };
+  a.stage_x = peers(s.stage_x);
+  a.meta_e = peers(s.meta_e);
+  a.meta_j = peers(s.meta_j);
+  a.meta_w = peers(s.meta_w);
+  a.meta_q = peers(s.meta_q);
+  a.counts = peers(s.counts);
+  a.status = peers(s.status);
+  a.ret = peers(s.ret);
+  a.ret_flag = peers(s.ret_flag);
+  a.ret_w = peers(s.ret_w);
+  return a;
+}
+
+ExpertParallel::Dispatched dispatch_on_device(ExpertParallel::State& s,
+                                              std::shared_ptr<EpRouting> rt, const Tensor& tokens,
+                                              const Tensor& topk_idx, const Tensor& topk_weights,
+                                              const ExpertParallel::DispatchBuffers& buffers) {
+  const Context& ctx = s.comm->context();
+  const ExpertParallelConfig& c = s.c;
+  rt->dev = s.dev_rt;
+  rt->generation = ++s.dispatches;
+  const detail::EpDeviceRouting& d = rt->dev;
+  ExpertParallel::Dispatched out;
+  const Tensor& splits = s.dev_splits;
+  out.tokens_per_expert = s.dev_tokens_per_expert;
+  out.recv = buffers.recv.defined() ? buffers.recv
+                                    : Tensor::empty({c.receive_capacity, c.hidden}, c.dtype, ctx);
+  out.weights = buffers.weights.defined()
+                    ? buffers.weights
+                    : Tensor::empty({c.receive_capacity}, DType::F32, ctx);  // [R]
+  const detail::EpDeviceArgs a = device_args(s);
+  if (s.W > 1) s.comm->barrier();  // every rank is done with the previous call's buffers
+  detail::ep_count(ctx, a, topk_idx, rt->T, d);  // own status + counts block
+  s.comm->barrier();
+  detail::ep_plan(ctx, a, d, splits, out.tokens_per_expert);  // the verdict, on every rank
+  detail::ep_send(ctx, a, d, tokens, rt->T, topk_weights);
+  s.comm->barrier();
+  detail::ep_expand(ctx, a, d, out.recv, out.weights, true);
+  out.splits = Splits::device(splits);
+  out.rows = -1;  // on the device: the sum of splits
+  out.dropped = -1;
+  out.handle.routing = std::move(rt);
+  return out;
+}
+
 }  // namespace
 
 ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& config)
@@ -320,11 +402,19 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
     if (!is_compute_dtype(c.dtype)) {
       throw_invalid("dtype", "f32, f16 or bf16", std::string(name(c.dtype)));
     }
-    if (!comm.context().device().is_cpu()) {
+    if (comm.context().device().is_cuda()) {
+      if (s.W > detail::kEpMaxRanks) {
+        throw_error(ErrorKind::Unsupported,
+                    str("ExpertParallel on CUDA: at most ", detail::kEpMaxRanks,
+                        " ranks (one NVLink domain), the group has ", s.W));
+      }
+      if (c.topk > detail::kEpMaxTopk) {
+        throw_error(ErrorKind::Unsupported, str("ExpertParallel on CUDA: topk at most ",
+                                                detail::kEpMaxTopk, ", got ", c.topk));
+      }
+    } else if (!comm.context().device().is_cpu()) {
       throw_error(ErrorKind::Unsupported,
-                  str("ExpertParallel on ", comm.context().device().to_string(),
-                      ": only the CPU ranks engine is built (the GPU engine is designed, "
-                      "design/ARCHITECTURE.md)"));
+                  str("ExpertParallel on ", comm.context().device().to_string()));
     }
   });
   // Every rank's config must be the same one: the symmetric allocations below check the sizes.
@@ -350,6 +440,26 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
   s.ret_w = comm.allocate(W * Tm * k * 4);
   s.combine_mem = comm.allocate(R * s.row_bytes());
   s.dbw_mem = comm.allocate(R * s.row_bytes());
+  s.gpu = comm.context().device().is_cuda();
+  if (s.gpu) {
+    s.meta_q = comm.allocate(W * Tm * k * 4);
+    s.status = comm.allocate(64);
+    const Context& ctx = comm.context();
+    const auto w = static_cast<int64_t>(W), tm = c.max_tokens, kk = c.topk;
+    const int64_t l = c.experts_per_rank;
+    detail::EpDeviceRouting& d = s.dev_rt;
+    d.plan = Tensor::empty({detail::ep_plan_words(w, l)}, DType::I64, ctx);
+    d.src_pos = Tensor::empty({tm, w}, DType::I32, ctx);      // [Tm, W]
+    d.src_topk = Tensor::empty({tm, kk}, DType::I32, ctx);    // [Tm, k]
+    d.src_q = Tensor::empty({tm, kk}, DType::I32, ctx);       // [Tm, k]
+    d.dst_e = Tensor::empty({w, tm, kk}, DType::I32, ctx);    // [W src, Tm, k]
+    d.dst_j = Tensor::empty({w, tm, kk}, DType::I32, ctx);
+    d.dst_row = Tensor::empty({w, tm, kk}, DType::I32, ctx);
+    s.dev_splits = Tensor::empty({l}, DType::I64, ctx);
+    s.dev_tokens_per_expert = Tensor::empty({l}, DType::I64, ctx);
+    // A handle used before any dispatch on this rank finds plan[0] = 0 (refused: no stores).
+    fill(ctx, d.plan, 0.0);
+  }
   const Device dev = comm.context().device();
   s.combine_input =
       Tensor::wrap(s.combine_mem.local.data(), {c.receive_capacity, c.hidden}, c.dtype, dev);
@@ -420,6 +530,7 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
           {{"tokens", tokens}, {"topk_idx", topk_idx}, {"topk_weights", topk_weights}});
     }
     rt->T = T;
+    if (s.gpu) return;  // the values are checked on the device (ep_count / ep_plan)
     rt->topk_idx.resize(static_cast<size_t>(T * k));
     for (int64_t i = 0; i < T * k; ++i) {
       rt->topk_idx[static_cast<size_t>(i)] = topk_idx.dtype() == DType::I32
@@ -444,6 +555,7 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
   });
   agree(comm, kDispatch, bad);
   s.traffic = {};
+  if (s.gpu) return dispatch_on_device(s, std::move(rt), tokens, topk_idx, topk_weights, buffers);
   const int64_t T = rt->T;
   const float* w = topk_weights.data_as<float>();
 
@@ -617,6 +729,16 @@ Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out,
   agree(*s.comm, kCombine, bad);
   s.traffic = {};
   const EpRouting& rt = *handle.routing;
+  if (s.gpu) {
+    const detail::EpDeviceArgs a = device_args(s);
+    const Context& ctx = context();
+    if (s.W > 1) s.comm->barrier();  // every rank is done with the previous call's buffers
+    detail::ep_reduce(ctx, a, rt.dev, expert_out, {});
+    s.comm->barrier();
+    Tensor out = output.defined() ? output : Tensor::empty({rt.T, s.c.hidden}, s.c.dtype, ctx);
+    detail::ep_sum(ctx, a, rt.dev, rt.T, out, {});
+    return out;
+  }
   reduce_and_return(s, rt, expert_out, nullptr);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
@@ -638,6 +760,18 @@ Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad
   agree(*s.comm, kCombineBackward, bad);
   s.traffic = {};
   const EpRouting& rt = *handle.routing;
+  if (s.gpu) {
+    const detail::EpDeviceArgs a = device_args(s);
+    const Context& ctx = context();
+    if (s.W > 1) s.comm->barrier();
+    detail::ep_send(ctx, a, rt.dev, grad_output, rt.T, {});
+    s.comm->barrier();
+    Tensor out = output.defined()
+                     ? output
+                     : Tensor::empty({s.c.receive_capacity, s.c.hidden}, s.c.dtype, ctx);
+    detail::ep_expand(ctx, a, rt.dev, out, {}, false);
+    return out;
+  }
   send_rows(s, rt, grad_output);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
   s.comm->barrier();
@@ -678,6 +812,23 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(
   agree(*s.comm, kDispatchBackward, bad);
   s.traffic = {};
   const EpRouting& rt = *handle.routing;
+  if (s.gpu) {
+    const detail::EpDeviceArgs a = device_args(s);
+    const Context& ctx = context();
+    if (s.W > 1) s.comm->barrier();
+    detail::ep_reduce(ctx, a, rt.dev, grad_recv, grad_weights);
+    s.comm->barrier();
+    DispatchGrads g;
+    g.tokens = buffers.tokens.defined() ? buffers.tokens
+                                        : Tensor::empty({rt.T, s.c.hidden}, s.c.dtype, ctx);
+    if (grad_weights.defined()) {
+      g.topk_weights = buffers.topk_weights.defined()
+                           ? buffers.topk_weights
+                           : Tensor::empty({rt.T, s.c.topk}, DType::F32, ctx);  // [T, k]
+    }
+    detail::ep_sum(ctx, a, rt.dev, rt.T, g.tokens, g.topk_weights);
+    return g;
+  }
   reduce_and_return(s, rt, grad_recv,
                     grad_weights.defined() ? grad_weights.data_as<float>() : nullptr);
   s.traffic.per_slot_bytes = per_slot_bytes(s, rt);

@@ -66,6 +66,12 @@ class Context {
   static constexpr uint32_t kCountsExceedRows = 2;  // S = sum of the counts > T rows presented
   static constexpr uint32_t kCountsMisaligned = 4;  // a count not a multiple its format needs
                                                     // (NVFP4's columnwise copy: even rows)
+  // Expert parallelism on a GPU engine (SPEC §7): ExpertParallel::dispatch checks topk_idx and
+  // the receive capacity on the device; a refused call stores nothing and sets, on every rank:
+  static constexpr uint32_t kEpInvalidRouting = 8;     // some rank's topk_idx had an expert out
+                                                       // of [0, E) or the same expert twice
+  static constexpr uint32_t kEpCapacityExceeded = 16;  // OverflowPolicy::Error and some rank
+                                                       // needed more than receive_capacity rows
   uint32_t device_error_bits() const;
   void check_device_errors() const;
 

@@ -10,7 +10,8 @@
 // Every call is collective: each rank makes the same calls in the same order.
 //
 // Engines live behind it. Built: CpuRanks — N ranks as threads of one process over shared host
-// memory, each rank with its own CPU context. If one rank's code throws, the group is aborted: the
+// memory, each rank with its own CPU context; CudaRanks — N ranks as threads of one process,
+// each driving one GPU of the node through peer pointers. If one rank's code throws, the group is aborted: the
 // others' pending and later collective calls throw ErrorKind::Communication naming that rank, so
 // a failure never hangs the group.
 //
@@ -86,6 +87,38 @@ class CpuRanks {
  private:
   std::shared_ptr<Group> group_;
   std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+/// W ranks as host threads of one process driving W GPUs of a node (the single-process GPU
+/// engine, "cuda-ranks"): rank r runs on its own CUDA context (Context::cuda(devices[r]), a stream
+/// of its own, or a context the caller gives). Peer access is enabled between every pair of the
+/// ranks' devices (cudaDeviceEnablePeerAccess; the devices' stream-ordered memory pools are
+/// opened to each other), so a symmetric block — allocated by every rank from its own context,
+/// the same size, bases exchanged at the collective — is loadable and storable by every rank.
+/// barrier() is stream-ordered, no host synchronisation: every rank records an event on its
+/// stream, the host threads meet, every rank's stream waits for every other rank's event. With
+/// W = 1 it queues nothing (stream order is the barrier), so a layer step on one GPU captures in
+/// a CUDA graph; with W > 1 the cross-device event waits are not captured (run eagerly). A rank
+/// that throws aborts the group as CpuRanks does. Unsupported when two devices lack peer access;
+/// InvalidArgument for a repeated device or more than 8 ranks.
+class CudaRanks {
+ public:
+  explicit CudaRanks(const std::vector<int>& devices);
+  /// One CUDA context per rank (e.g. on the caller's streams), each on a different device.
+  explicit CudaRanks(const std::vector<Context>& contexts);
+  ~CudaRanks();
+  CudaRanks(const CudaRanks&) = delete;
+  CudaRanks& operator=(const CudaRanks&) = delete;
+
+  int world_size() const;
+  Communicator& communicator(int rank);
+  /// As CpuRanks::run: fn(communicator(r)) on one host thread per rank, joined; errors rethrown.
+  void run(const std::function<void(Communicator&)>& fn);
+
+  struct Impl;  // src/ep/cuda_ranks.cpp
+
+ private:
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace moekit

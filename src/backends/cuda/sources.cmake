@@ -10,6 +10,14 @@ target_sources(moekit PRIVATE
   backends/cuda/quantized_gemm_emulation.cu
   backends/cuda/pointer_arrays.cu
   backends/cuda/grouped_gemm_cublas.cpp
+  # expert parallelism's GPU engine (src/ep/ep_device.h), one idea per file
+  backends/cuda/ep/ep_runtime.cpp
+  backends/cuda/ep/ep_count.cu
+  backends/cuda/ep/ep_plan.cu
+  backends/cuda/ep/ep_send.cu
+  backends/cuda/ep/ep_expand.cu
+  backends/cuda/ep/ep_reduce.cu
+  backends/cuda/ep/ep_sum.cu
 )
 # One CUDA runtime per process, shared with the programs that link moekit (benchmarks, tests).
 set_target_properties(moekit PROPERTIES CUDA_RUNTIME_LIBRARY Shared)

@@ -1,0 +1,378 @@
+// Expert parallelism on the GPU engine (SPEC §7; src/ep/ep_device.h, src/backends/cuda/ep/):
+// CudaRanks against CpuRanks on the same data, bit for bit — dispatch (recv, weights, splits,
+// tokens per expert), combine, combine_backward, dispatch_backward — with fuzzed routing,
+// zero-token experts, int32 indices, capacity overflow both ways, malformed topk_idx (the device
+// checks set the context's error word; every output keeps its sentinel), W = 2 on two GPUs, and
+// the layer step captured in a CUDA graph and replayed with new routing, bit-identical to eager.
+//
+// Every test needs a GPU: it skips only when moekit has no CUDA backend or no device exists; on a
+// machine with a GPU an engine that cannot run fails the test.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "moekit/moekit.h"
+#include "support/cuda_graph.h"
+#include "support/test_util.h"
+
+namespace moekit::test {
+namespace {
+
+#define MOEKIT_EP_REQUIRE_GPUS(n)                                                            \
+  do {                                                                                       \
+    if (!Context::built_with_cuda()) GTEST_SKIP() << "built without the CUDA backend";        \
+    if (Context::cuda_device_count() < (n)) {                                                \
+      GTEST_SKIP() << "needs " << (n) << " GPU(s), cudaGetDeviceCount() = "                  \
+                   << Context::cuda_device_count();                                          \
+    }                                                                                        \
+  } while (0)
+
+struct Cfg {
+  int64_t L = 4, H = 40, k = 3, Tm = 48, R = 0, A = 1;
+  DType dt = DType::BF16;
+  OverflowPolicy overflow = OverflowPolicy::Error;
+  bool i32 = false;
+  int64_t skip_expert = -1;  // an expert no token picks (zero-token expert)
+  enum Bad { kNone, kOutOfRange, kDuplicate } bad = kNone;
+};
+
+ExpertParallelConfig config_of(const Cfg& c, int W) {
+  ExpertParallelConfig e;
+  e.experts_per_rank = c.L;
+  e.hidden = c.H;
+  e.dtype = c.dt;
+  e.topk = c.k;
+  e.max_tokens = c.Tm;
+  e.receive_capacity = c.R > 0 ? c.R : W * c.Tm * c.k + c.L * c.A;  // room for every row
+  e.alignment = c.A;
+  e.overflow = c.overflow;
+  return e;
+}
+
+// One rank's inputs, on the host.
+struct Data {
+  int64_t T = 0;
+  Tensor x, idx, w, dy;  // [T, H], [T, k] i64|i32, [T, k] f32, [T, H]
+  Tensor y, dX, dp;      // [R, H] (expert outputs), [R, H], [R] f32
+};
+
+Data make_data(const Cfg& c, int W, int64_t T, uint64_t seed) {
+  const int64_t E = c.L * W, R = config_of(c, W).receive_capacity;
+  Data d;
+  d.T = T;
+  d.x = random_normal({T, c.H}, c.dt, seed);
+  d.dy = random_normal({T, c.H}, c.dt, seed + 1);
+  d.y = random_normal({R, c.H}, c.dt, seed + 2);
+  d.dX = random_normal({R, c.H}, c.dt, seed + 3);
+  d.dp = random_normal({R}, DType::F32, seed + 4);
+  d.w = random_normal({T, c.k}, DType::F32, seed + 5);
+  d.idx = Tensor::empty({T, c.k}, c.i32 ? DType::I32 : DType::I64, Context::cpu());
+  std::mt19937_64 rng(seed + 6);
+  std::vector<int64_t> experts;
+  for (int64_t g = 0; g < E; ++g) {
+    if (g != c.skip_expert) experts.push_back(g);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    std::shuffle(experts.begin(), experts.end(), rng);
+    for (int64_t j = 0; j < c.k; ++j) {
+      int64_t v = experts[static_cast<size_t>(j)];
+      if (t == T / 2 && j == c.k - 1 && c.bad == Cfg::kOutOfRange) v = E + 3;
+      if (t == T / 2 && j == c.k - 1 && c.bad == Cfg::kDuplicate) v = experts[0];
+      if (c.i32) {
+        d.idx.data_as<int32_t>()[t * c.k + j] = static_cast<int32_t>(v);
+      } else {
+        d.idx.data_as<int64_t>()[t * c.k + j] = v;
+      }
+    }
+  }
+  return d;
+}
+
+// What one rank's chain wrote: every output a sentinel-filled caller buffer (byte images).
+struct Result {
+  std::vector<uint8_t> recv, weights, splits, tpe, y, cb, dtok, dgw;
+  uint32_t bits = 0;
+  std::string error;
+};
+
+Result run_chain(Communicator& comm, const Cfg& c, const Data& d) {
+  const Context& ctx = comm.context();
+  const ExpertParallelConfig cfg = config_of(c, comm.world_size());
+  const int64_t R = cfg.receive_capacity, T = d.T;
+  ExpertParallel ep(comm, cfg);
+  const Tensor x = to_device(ctx, d.x), idx = to_device(ctx, d.idx), w = to_device(ctx, d.w);
+  const Tensor dy = to_device(ctx, d.dy), y = to_device(ctx, d.y), dX = to_device(ctx, d.dX);
+  const Tensor dp = to_device(ctx, d.dp);
+  const Tensor recv = filled(ctx, {R, c.H}, c.dt, kSentinel);
+  const Tensor wts = filled(ctx, {R}, DType::F32, kSentinel);
+  const Tensor out = filled(ctx, {T, c.H}, c.dt, kSentinel);
+  const Tensor cb = filled(ctx, {R, c.H}, c.dt, kSentinel);
+  const Tensor dtok = filled(ctx, {T, c.H}, c.dt, kSentinel);
+  const Tensor dgw = filled(ctx, {T, c.k}, DType::F32, kSentinel);
+  Result r;
+  try {
+    const ExpertParallel::Dispatched D = ep.dispatch(x, idx, w, {recv, wts});
+    ep.combine(D.handle, y, out);
+    ep.combine_backward(D.handle, dy, cb);
+    ep.dispatch_backward(D.handle, dX, dp, {dtok, dgw});
+    r.splits = bytes_of(ctx, D.splits.device_counts());
+    r.tpe = bytes_of(ctx, D.tokens_per_expert);
+  } catch (const Error& e) {
+    r.error = e.what();
+  }
+  r.recv = bytes_of(ctx, recv);
+  r.weights = bytes_of(ctx, wts);
+  r.y = bytes_of(ctx, out);
+  r.cb = bytes_of(ctx, cb);
+  r.dtok = bytes_of(ctx, dtok);
+  r.dgw = bytes_of(ctx, dgw);
+  r.bits = ctx.device_error_bits();
+  return r;
+}
+
+std::vector<Result> run_cpu(const Cfg& c, const std::vector<Data>& data) {
+  const int W = static_cast<int>(data.size());
+  std::vector<Result> out(static_cast<size_t>(W));
+  CpuRanks ranks(W);
+  ranks.run([&](Communicator& comm) {
+    out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
+  });
+  return out;
+}
+
+std::vector<Result> run_gpu(const Cfg& c, const std::vector<Data>& data) {
+  const int W = static_cast<int>(data.size());
+  std::vector<int> devices(static_cast<size_t>(W));
+  std::iota(devices.begin(), devices.end(), 0);
+  std::vector<Result> out(static_cast<size_t>(W));
+  CudaRanks ranks(devices);  // a GPU machine whose engine cannot run fails here (no skip)
+  ranks.run([&](Communicator& comm) {
+    EXPECT_EQ(comm.engine(), "cuda-ranks");
+    out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
+  });
+  return out;
+}
+
+void expect_same(const Result& gpu, const Result& cpu, DType dt, bool compare_counts) {
+  EXPECT_TRUE(bit_identical(gpu.recv, cpu.recv, dt)) << "recv";
+  EXPECT_TRUE(bit_identical(gpu.weights, cpu.weights, DType::F32)) << "weights";
+  if (compare_counts) {
+    EXPECT_TRUE(bit_identical(gpu.splits, cpu.splits, DType::I64)) << "splits";
+    EXPECT_TRUE(bit_identical(gpu.tpe, cpu.tpe, DType::I64)) << "tokens_per_expert";
+  }
+  EXPECT_TRUE(bit_identical(gpu.y, cpu.y, dt)) << "combine";
+  EXPECT_TRUE(bit_identical(gpu.cb, cpu.cb, dt)) << "combine_backward";
+  EXPECT_TRUE(bit_identical(gpu.dtok, cpu.dtok, dt)) << "dispatch_backward tokens";
+  EXPECT_TRUE(bit_identical(gpu.dgw, cpu.dgw, DType::F32)) << "dispatch_backward topk_weights";
+}
+
+void expect_gpu_matches_cpu(const Cfg& c, const std::vector<int64_t>& tokens, uint64_t seed) {
+  std::vector<Data> data;
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    data.push_back(make_data(c, static_cast<int>(tokens.size()), tokens[r], seed + 100 * r));
+  }
+  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(c, data);
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(cpu[r].error, "") << "the CPU engine refused a valid case";
+    EXPECT_EQ(gpu[r].error, "");
+    EXPECT_EQ(gpu[r].bits, 0u) << "valid routing flagged by the device checks";
+    expect_same(gpu[r], cpu[r], c.dt, true);
+  }
+}
+
+TEST(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const DType dtypes[] = {DType::BF16, DType::F16, DType::F32};
+  uint64_t seed = 1;
+  for (DType dt : dtypes) {
+    for (int64_t A : {1, 8}) {
+      for (int64_t k : {1, 3, 8}) {
+        Cfg c;
+        c.dt = dt;
+        c.A = A;
+        c.k = k;
+        c.L = k == 8 ? 16 : 4;
+        c.H = dt == DType::F32 ? 36 : 40;  // 16-byte rows and rows that need the 2-byte path
+        c.skip_expert = seed % 2 ? 1 : -1;
+        c.i32 = seed % 3 == 0;
+        SCOPED_TRACE(str(name(dt), " A=", A, " k=", k, " i32=", c.i32));
+        for (int64_t T : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{48}}) {
+          SCOPED_TRACE("T=" + std::to_string(T));
+          expect_gpu_matches_cpu(c, {T}, seed++);
+        }
+      }
+    }
+  }
+}
+
+TEST(EpCuda, CapacityDropKeepsTheSameRowsAsCpuRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  for (int64_t A : {1, 4}) {
+    Cfg c;
+    c.overflow = OverflowPolicy::Drop;
+    c.A = A;
+    c.R = 30;  // 48 tokens · top-3 = 144 rows wanted
+    SCOPED_TRACE("A=" + std::to_string(A));
+    expect_gpu_matches_cpu(c, {48}, 7 + static_cast<uint64_t>(A));
+  }
+}
+
+// A refused dispatch on the GPU: the device checks set the bit, every output keeps its sentinel
+// (so the GPU's buffers equal the CPU engine's, which refused before writing anything), and the
+// handle's combine / backward passes store nothing either.
+void expect_refused(const Cfg& c, uint32_t bit, const char* argument) {
+  const std::vector<Data> data = {make_data(c, 1, 40, 11)};
+  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(c, data);
+  EXPECT_THAT(cpu[0].error, ::testing::HasSubstr(argument));
+  EXPECT_EQ(gpu[0].error, "") << "the GPU path must not read topk_idx on the host";
+  EXPECT_EQ(gpu[0].bits, bit);
+  expect_same(gpu[0], cpu[0], c.dt, false);
+  // The error is raised by check_device_errors, naming the argument.
+  CudaRanks ranks(std::vector<int>{0});
+  ranks.run([&](Communicator& comm) {
+    ExpertParallel ep(comm, config_of(c, 1));
+    const Context& ctx = comm.context();
+    ep.dispatch(to_device(ctx, data[0].x), to_device(ctx, data[0].idx), to_device(ctx, data[0].w));
+    try {
+      ctx.check_device_errors();
+      ADD_FAILURE() << "no error raised";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(argument));
+    }
+  });
+}
+
+TEST(EpCuda, MalformedTopkIdxSetsTheErrorBitAndWritesNothing) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  for (bool i32 : {false, true}) {
+    Cfg c;
+    c.i32 = i32;
+    c.bad = Cfg::kOutOfRange;
+    expect_refused(c, Context::kEpInvalidRouting, "topk_idx");
+    c.bad = Cfg::kDuplicate;
+    expect_refused(c, Context::kEpInvalidRouting, "topk_idx");
+  }
+}
+
+TEST(EpCuda, CapacityOverflowErrorSetsTheErrorBitAndWritesNothing) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  Cfg c;
+  c.R = 30;
+  expect_refused(c, Context::kEpCapacityExceeded, "receive_capacity");
+}
+
+TEST(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(2);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Cfg c;
+    c.dt = dt;
+    c.A = 4;
+    c.skip_expert = 5;
+    SCOPED_TRACE(name(dt));
+    expect_gpu_matches_cpu(c, {48, 17}, 21);
+    expect_gpu_matches_cpu(c, {0, 30}, 22);  // a rank with no tokens
+  }
+  Cfg drop;
+  drop.overflow = OverflowPolicy::Drop;
+  drop.R = 40;
+  expect_gpu_matches_cpu(drop, {48, 48}, 23);
+}
+
+// The layer step — dispatch, an expert kernel reading the device splits (grouped_bias_add: rows
+// of each local expert + its bias, scaled by the routing weights), combine, combine_backward,
+// dispatch_backward — captured once in a CUDA graph on one GPU, then replayed after only the
+// routing (and tokens) changed in place: every output bit-identical to the same step run eagerly
+// on a second ExpertParallel; a malformed routing replayed sets the error bit and writes nothing.
+TEST(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToEager) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const CudaGraphApi& api = CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  const OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
+  Cfg c;
+  c.A = 8;
+  c.k = 4;
+  c.L = 8;
+  const int64_t T = 48;
+  const ExpertParallelConfig cfg = config_of(c, 1);
+  const int64_t R = cfg.receive_capacity, H = c.H;
+  CudaRanks ranks(std::vector<Context>{Context::cuda(0, stream)});
+  ranks.run([&](Communicator& comm) {
+    const Context& ctx = comm.context();
+    ExpertParallel graphed(comm, cfg), eager(comm, cfg);
+    const Data d0 = make_data(c, 1, T, 31);
+    const Tensor x = to_device(ctx, d0.x), idx = to_device(ctx, d0.idx), w = to_device(ctx, d0.w);
+    const Tensor dy = to_device(ctx, d0.dy), dp = to_device(ctx, d0.dp);
+    const Tensor bias = to_device(ctx, random_normal({c.L, H}, c.dt, 39));
+    struct Outs {
+      Tensor recv, wts, y_exp, out, cb, dtok, dgw;
+    };
+    auto make_outs = [&] {
+      return Outs{filled(ctx, {R, H}, c.dt, kSentinel),     filled(ctx, {R}, DType::F32, kSentinel),
+                  filled(ctx, {R, H}, c.dt, kSentinel),     filled(ctx, {T, H}, c.dt, kSentinel),
+                  filled(ctx, {R, H}, c.dt, kSentinel),     filled(ctx, {T, H}, c.dt, kSentinel),
+                  filled(ctx, {T, c.k}, DType::F32, kSentinel)};
+    };
+    auto step = [&](ExpertParallel& ep, const Outs& o) {
+      const ExpertParallel::Dispatched D = ep.dispatch(x, idx, w, {o.recv, o.wts});
+      grouped_bias_add(ctx, o.recv, bias, o.wts, D.splits, o.y_exp);
+      ep.combine(D.handle, o.y_exp, o.out);
+      ep.combine_backward(D.handle, dy, o.cb);
+      ep.dispatch_backward(D.handle, o.cb, dp, {o.dtok, o.dgw});
+    };
+    auto refill = [&](const Outs& o) {
+      for (const Tensor* t : {&o.recv, &o.wts, &o.y_exp, &o.out, &o.cb, &o.dtok, &o.dgw}) {
+        fill(ctx, *t, kSentinel);
+      }
+    };
+    const Outs g = make_outs(), e = make_outs();
+    ctx.synchronize();
+    void* graph = nullptr;
+    void* exec = nullptr;
+    ASSERT_EQ(api.capture(stream, [&] { step(graphed, g); }, &graph), "");
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+    for (int round = 0; round < 4; ++round) {
+      SCOPED_TRACE("replay " + std::to_string(round));
+      Cfg cr = c;
+      cr.i32 = false;
+      cr.skip_expert = round == 1 ? 2 : -1;
+      cr.bad = round == 3 ? Cfg::kDuplicate : Cfg::kNone;
+      const Data d = make_data(cr, 1, T, 40 + static_cast<uint64_t>(round));
+      copy(ctx, d.x, x);
+      copy(ctx, d.idx, idx);
+      copy(ctx, d.w, w);
+      refill(g);
+      ASSERT_EQ(api.launch(exec, stream), 0);
+      ASSERT_EQ(api.stream_sync(stream), 0);
+      const uint32_t graph_bits = ctx.device_error_bits();
+      refill(e);
+      step(eager, e);
+      const uint32_t eager_bits = ctx.device_error_bits();
+      EXPECT_EQ(graph_bits, round == 3 ? Context::kEpInvalidRouting : 0u);
+      EXPECT_EQ(eager_bits, graph_bits);
+      for (auto [a, b, dt, what] :
+           {std::tuple{g.recv, e.recv, c.dt, "recv"}, {g.wts, e.wts, DType::F32, "weights"},
+            {g.y_exp, e.y_exp, c.dt, "expert output"}, {g.out, e.out, c.dt, "combine"},
+            {g.cb, e.cb, c.dt, "combine_backward"}, {g.dtok, e.dtok, c.dt, "dx"},
+            {g.dgw, e.dgw, DType::F32, "d topk_weights"}}) {
+        const std::vector<uint8_t> got = bytes_of(ctx, a);
+        EXPECT_TRUE(bit_identical(got, bytes_of(ctx, b), dt)) << what;
+        if (round == 3) {
+          EXPECT_TRUE(bit_identical(got, bytes_of(ctx, filled(ctx, a.shape(), dt, kSentinel)), dt))
+              << what << ": a refused step wrote something";
+        }
+      }
+    }
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+    ctx.synchronize();
+  });
+}
+
+}  // namespace
+}  // namespace moekit::test
