@@ -81,21 +81,6 @@ __device__ void fill_group_offsets(const DeviceCounts& c, int64_t* off) {
   __syncthreads();
 }
 
-/// The group of a valid row r < S: the last g with off[g] <= r, which is non-empty
-/// (off[g + 1] > r), so zero-row groups are skipped.
-__device__ __forceinline__ int64_t group_of_row(const int64_t* off, int64_t groups, int64_t r) {
-  int64_t lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) >> 1;
-    if (off[mid] <= r) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 // ---------------------------------------------------------------- kernels (device counts)
 
 // dy: [T, N] row stride ld; probs: [T] or nullptr; db: [G, N] contiguous. Dynamic shared memory:

@@ -1,10 +1,28 @@
-// Internal (device code): fp32 conversions of the storage types and a deterministic block sum.
+// Internal (device code): fp32 conversions of the storage types, a deterministic block sum, and
+// the group of a row in a prefix table of group offsets.
 #pragma once
+
+#include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace moekit::cuda {
+
+/// The group of a valid row r < off[groups]: the last g with off[g] <= r, which is non-empty
+/// (off[g + 1] > r), so zero-row groups are skipped. off[0..groups]: prefix offsets.
+__device__ __forceinline__ int64_t group_of_row(const int64_t* off, int64_t groups, int64_t r) {
+  int64_t lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (off[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }

@@ -78,19 +78,6 @@ __device__ __forceinline__ uint8_t encode(const QuantParams& p, float v) {
   }
 }
 
-// The group holding index i of a prefix array off[0..G] (off[g] <= i < off[g+1]): binary search.
-__device__ __forceinline__ int64_t group_of(const int64_t* off, int64_t G, int64_t i) {
-  int64_t lo = 0, hi = G - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (off[mid] <= i)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 __global__ void quant_setup_kernel(DeviceCounts counts, QuantParams p) {
   int64_t S = block_valid_rows(counts);  // every thread; reports invalid counts once
   if (threadIdx.x != 0) return;
@@ -137,7 +124,7 @@ __global__ void group_amax_kernel(QuantParams p) {
       if (other > m) m = other;
     }
     if (lane == 0 && m > 0.0f) {
-      const int64_t g = group_of(offsets(p), p.G, t);
+      const int64_t g = group_of_row(offsets(p), p.G, t);
       atomicMax(reinterpret_cast<unsigned int*>(p.amax + g), __float_as_uint(m));
     }
   }
@@ -203,7 +190,7 @@ __global__ void rowwise_blocks_kernel(QuantParams p) {
       const float v = qm::abs_f(load<T>(p, t, c));
       if (v > a) a = v;
     }
-    const int64_t g = p.scaling == Scaling::Nv ? group_of(offsets(p), p.G, t) : 0;
+    const int64_t g = p.scaling == Scaling::Nv ? group_of_row(offsets(p), p.G, t) : 0;
     const float f = block_scale(p, a, g, p.row_scale, t * cb + j);
     if (fp4) {  // C even, blocks of 16: whole bytes
       for (int64_t c = c0; c < c1; c += 2) {
@@ -227,7 +214,7 @@ __global__ void columnwise_blocks_kernel(QuantParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks * p.C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t k = i / p.C, c = i % p.C;  // neighbouring threads: neighbouring columns
-    const int64_t g = group_of(rb, p.G, k);
+    const int64_t g = group_of_row(rb, p.G, k);
     const int64_t end = offsets(p)[g + 1];
     const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block;
     const int64_t t1 = t0 + p.block < end ? t0 + p.block : end;
@@ -259,7 +246,7 @@ __global__ void tile_blocks_kernel(QuantParams p) {
   const int64_t cb = (p.C + p.block - 1) / p.block, tiles = rb[p.G] * cb;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t k = tile / cb, j = tile % cb;
-    const int64_t g = group_of(rb, p.G, k);
+    const int64_t g = group_of_row(rb, p.G, k);
     const int64_t end = offsets(p)[g + 1];
     const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block,
                   t1 = t0 + p.block < end ? t0 + p.block : end;
@@ -302,7 +289,7 @@ __global__ void per_group_kernel(QuantParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.C, c = i % p.C;
-    const int64_t g = group_of(offsets(p), p.G, t);
+    const int64_t g = group_of_row(offsets(p), p.G, t);
     const float s =
         qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
     const uint8_t code = encode(p, load<T>(p, t, c) * s);
@@ -389,7 +376,7 @@ __global__ void dequantize_kernel(DequantParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.C, c = i % p.C;
-    const int64_t g = group_of(off, p.G, t), local = t - off[g];
+    const int64_t g = group_of_row(off, p.G, t), local = t - off[g];
     int64_t si;
     switch (p.scaling) {
       case Scaling::PerGroup:

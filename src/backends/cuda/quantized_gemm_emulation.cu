@@ -27,18 +27,6 @@ namespace {
 
 constexpr int kTile = 16;
 
-__device__ __forceinline__ int64_t group_of_tile(const int64_t* off, int64_t G, int64_t i) {
-  int64_t lo = 0, hi = G - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (off[mid] <= i)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // out[t, j] = Σ_r a[t, r] · b_g[j · ldb + r] (+ bias[g, j]) for the rows t of group g.
 template <class T>
 __global__ void emulated_group_m_kernel(const float* a, const float* b, int64_t b_group_stride,
@@ -49,7 +37,7 @@ __global__ void emulated_group_m_kernel(const float* a, const float* b, int64_t 
   const int64_t* tiles = ws + 2 + G;
   const int64_t k = blockIdx.x;
   if (k >= tiles[G]) return;
-  const int64_t g = group_of_tile(tiles, G, k);
+  const int64_t g = group_of_row(tiles, G, k);
   const int64_t t0 = off[g] + (k - tiles[g]) * kTile, t_end = off[g + 1];
   const int64_t t = t0 + threadIdx.y, j = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.x;
   const float* bg = b + g * b_group_stride;
