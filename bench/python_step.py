@@ -26,7 +26,8 @@ import torch
 from moekit.torch import ops
 
 
-def moekit_torch_ms(run, steps, device, warmup=3):
+def moekit_torch_step(run, device):
+    """(step, mlp): one forward + backward of the run's problem through moekit.torch."""
     E, H, F = len(run["counts"]), run["hidden"], run["ffn"]
     counts = run["counts"]
     S = sum(counts)
@@ -38,13 +39,18 @@ def moekit_torch_ms(run, steps, device, warmup=3):
                            "interleaved32" else None)
     fc2 = ops.GroupedLinear(E, F, H, bias=False, device=device, dtype=bf16)
     mlp = ops.Sequential(fc1, act, fc2)
+    # The data of `moekit run` (tools/moekit/expert_step.cpp): weights N(0, 1/fan_in), x and dy
+    # N(0, 1), probs U(0.05, 1). Under the board's power cap a GEMM's speed depends on its data's
+    # bits, so both peers multiply numbers drawn the same way.
+    with torch.no_grad():
+        fc1.weight.normal_(0.0, H ** -0.5, generator=g)
+        fc2.weight.normal_(0.0, F ** -0.5, generator=g)
     x = torch.randn(T, H, device=device, dtype=bf16, generator=g).requires_grad_()
-    probs = torch.rand(T, device=device, generator=g).add_(0.1).requires_grad_()
+    probs = (torch.rand(T, device=device, generator=g) * 0.95 + 0.05).requires_grad_()
     dy = torch.randn(T, H, device=device, dtype=bf16, generator=g)
     splits = torch.tensor(counts, dtype=torch.int32, device=device)
     y_buf = torch.empty(T, H, device=device, dtype=bf16)
     dx_buf = torch.empty(T, H, device=device, dtype=bf16)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step():
         for p in (x, probs, fc1.weight, fc2.weight):
@@ -53,9 +59,19 @@ def moekit_torch_ms(run, steps, device, warmup=3):
                 op_kwargs={fc2: {"output": y_buf.detach()}, fc1: {"grad_input": dx_buf.detach()}})
         y.backward(dy)
 
+    return step, mlp
+
+
+def moekit_torch_ms(run, steps, device, warmup=3, warmup_ms=0.0):
+    step, mlp = moekit_torch_step(run, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(warmup):
         step()
     sync()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:  # sustained load, as `moekit run --warmup-ms`
+        step()
+        sync()
     ms = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -71,19 +87,22 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--warmup-ms", type=float, default=0.0,
+                    help="sustained load before timing, each peer (give `moekit run` the same)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("python_step.py: torch sees no CUDA device (--device cpu for a dry run)")
         return 2
     with open(args.run) as f:
         run = json.loads(f.read().strip().splitlines()[-1])
-    py_ms, plan = moekit_torch_ms(run, args.steps, args.device)
+    py_ms, plan = moekit_torch_ms(run, args.steps, args.device, warmup_ms=args.warmup_ms)
     cpp_ms = run["step_ms"]
     torch_ms = None
     if args.device == "cuda":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from mlp_peer import torch_mlp_ms
-        torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps)
+        torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps,
+                                warmup_ms=args.warmup_ms)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     lines = [
         f"# grouped MLP step from Python (moekit.torch) vs C++ (`moekit run`) vs torch ops — {name}",
