@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -87,6 +88,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--moekit", help="the moekit program: run it again after the Python step "
+                    "(same preset, routing, --steps, --warmup-ms) and compare with that run")
     ap.add_argument("--warmup-ms", type=float, default=0.0,
                     help="sustained load before timing, each peer (give `moekit run` the same)")
     args = ap.parse_args()
@@ -97,6 +100,17 @@ def main():
         run = json.loads(f.read().strip().splitlines()[-1])
     py_ms, plan = moekit_torch_ms(run, args.steps, args.device, warmup_ms=args.warmup_ms)
     cpp_ms = run["step_ms"]
+    if args.moekit:
+        # `moekit run` again, right after the Python step, under the same sustained load: a GPU
+        # that has been busy runs slower (power cap) than the one the first run found.
+        again = json.loads(subprocess.run(
+            [args.moekit, "run", "--device", args.device, "--preset", run["preset"], "--routing",
+             run["routing"], "--steps", str(args.steps), "--warmup-ms", str(int(args.warmup_ms)),
+             "--json"], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        if again["counts"] != run["counts"]:
+            raise SystemExit("python_step.py: --moekit's run has other counts than the run given")
+        print(f"moekit run: {cpp_ms:.3f} ms before, {again['step_ms']:.3f} ms after the Python step")
+        cpp_ms = again["step_ms"]
     torch_ms = None
     if args.device == "cuda":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -65,12 +65,39 @@ def main():
     splits = _moekit.Splits.device(dl(counts))
     y_buf, dx_buf = torch.empty_like(x), torch.empty_like(x)
 
-    def raw_step():
+    def raw_step_on(seq, o1, o2, host=None):
+        t0 = time.perf_counter()
         _, tape = seq.forward(dl(x), splits, probs=dl(probs),
                               op_args=[(o2, dl(y_buf), None), (o1, None, dl(dx_buf))], save=True)
+        t1 = time.perf_counter()
         seq.backward(tape, dl(dy), defer_weight_grads=False)
-    w, e = timed(raw_step)
-    print(f"bindings only (no autograd):  step {w:.3f} ms, enqueue {e:.3f} ms")
+        if host is not None:
+            host.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+
+    host = []
+    w, e = timed(lambda: raw_step_on(seq, o1, o2, host))
+    f, b = (statistics.median(v) for v in zip(*host))
+    print(f"bindings only (no autograd):  step {w:.3f} ms, enqueue {e:.3f} ms "
+          f"(forward call {f:.3f}, backward call {b:.3f}) on torch's stream {ctx.stream:#x}")
+    # The same on a stream moekit makes (non-blocking), not the legacy default stream.
+    own = _moekit.Context.cuda(torch.cuda.current_device(), 0)
+    p1 = _moekit.GroupedLinearOp(own, E, H, 2 * F, "bf16")
+    p2 = _moekit.GroupedLinearOp(own, E, F, H, "bf16")
+    p1.set_weight(dl(fc1.weight))
+    p2.set_weight(dl(fc2.weight))
+    act2 = _moekit.ScaledSwiGLU(own, "interleaved32") if run.get("glu", "interleaved32") == \
+        "interleaved32" else _moekit.ScaledSwiGLU(own)
+    seq2 = _moekit.Sequential([p1, act2, p2])
+    torch.cuda.synchronize()
+    host = []
+
+    def own_step():
+        raw_step_on(seq2, p1, p2, host)
+        own.synchronize()
+    w, e = timed(own_step)
+    f, b = (statistics.median(v) for v in zip(*host))
+    print(f"bindings only, moekit's own stream: step {w:.3f} ms (forward call {f:.3f}, "
+          f"backward call {b:.3f})")
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         step2, _ = moekit_torch_step(run, "cuda")
