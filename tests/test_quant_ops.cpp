@@ -271,19 +271,34 @@ TEST_P(QuantLinear, ACopyWithAnotherWeightUsesItsOwnQuantizedWeight) {
   EXPECT_NE(ya, yb);
 }
 
-// On a GPU: MXFP8 and NVFP4 run as emulation (cuda/quantized_gemm_emulation.cu) and match the
-// same references, with host and device counts; fp8-current and fp8-block, whose GPU path is the
-// (not yet built) sm_90a FP8 GEMM, are refused before any work, naming the recipe. Written for a
-// GPU: without one it skips.
-TEST_P(QuantLinear, OnAGpuEmulatedRecipesMatchAndTheOthersAreUnsupported) {
+// On a GPU (SPEC §6d, GPU paths): a recipe whose scales are all powers of two (fp8-block by
+// default, mxfp8, fp8-current with power_2_scales) runs on the bf16 tensor cores ("cuda-bf16":
+// exact bf16 operands, the sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation ("cuda"), as
+// mxfp8 does when forced there; each matches the same references, with host and device counts.
+// fp8 recipes with fp32 scales (fp8-current's default, fp8-block without power_2_scales) have no
+// GPU path until the native FP8 GEMMs exist: refused before any work, naming the recipe. Written
+// for a GPU: without one it skips.
+TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupported) {
   if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cuda(0));
-  if (recipe.kind == RecipeKind::Mxfp8 || recipe.kind == RecipeKind::Nvfp4) {
-    check_forward_backward(ctx, recipe, false);
-    check_forward_backward(ctx, recipe, true);
-    return;
+  auto runs_on = [&](const Context& c, const Recipe& r, const char* backend) {
+    SCOPED_TRACE(str("recipe ", r.name(), r.power_2_scales ? " (power-of-two scales)" : "",
+                     " on backend ", backend));
+    check_forward_backward(c, r, false);
+    check_forward_backward(c, r, true);
+    EXPECT_EQ(last_backend(c, "grouped_gemm_group_m_quantized"), backend);
+    EXPECT_EQ(last_backend(c, "grouped_gemm_group_k_quantized"), backend);
+  };
+  if (recipe.kind == RecipeKind::Nvfp4) return runs_on(ctx, recipe, "cuda");
+  if (recipe.kind == RecipeKind::Mxfp8) {
+    runs_on(ctx, recipe, "cuda-bf16");
+    return runs_on(ctx.with_backend("cuda"), recipe, "cuda");
   }
+  if (recipe.power_2_scales) return runs_on(ctx, recipe, "cuda-bf16");
+  Recipe pow2 = recipe;  // the same recipe with power-of-two scales has the bf16 path
+  pow2.power_2_scales = true;
+  runs_on(ctx, pow2, "cuda-bf16");
   GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::BF16, .recipe = recipe}, ctx);
   const Tensor x = to_device(ctx, random_normal({64, 64}, DType::BF16, 3));
   GuardedBuffer y_buf(ctx, {64, 64}, DType::BF16);

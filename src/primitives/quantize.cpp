@@ -34,12 +34,14 @@ const Backend<detail::DequantizeArgs> kDequantize[] = {
 };
 const Backend<detail::QuantGroupMArgs> kQuantGroupM[] = {
 #ifdef MOEKIT_HAS_CUDA
-    cuda::kEmulatedQuantGroupM,  // mxfp8, nvfp4 (emulation); fp8-current / fp8-block: refused
+    cuda::kBf16QuantGroupM,      // power-of-two scales: exact bf16 operands, the sm_90a GEMMs
+    cuda::kEmulatedQuantGroupM,  // the rest of mxfp8 and nvfp4 (fp32 SIMT); other fp8: refused
 #endif
     cpu::kQuantGroupM,
 };
 const Backend<detail::QuantGroupKArgs> kQuantGroupK[] = {
 #ifdef MOEKIT_HAS_CUDA
+    cuda::kBf16QuantGroupK,
     cuda::kEmulatedQuantGroupK,
 #endif
     cpu::kQuantGroupK,

@@ -155,22 +155,61 @@ def test_delayed_weight_gradients_on_the_side_stream_equal_the_joined_ones():
     assert torch.equal(layer.bias.grad, ref.bias.grad)
 
 
-@pytest.mark.parametrize("recipe_name", ["fp8-current", "fp8-block"])
+def _recipe(name):
+    from moekit.torch.recipe import (Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling,
+                                     NVFP4BlockScaling)
+    return {"fp8-current": lambda: Float8CurrentScaling(),
+            "fp8-current-pow2": lambda: Float8CurrentScaling(use_power_2_scales=True),
+            "fp8-block": lambda: Float8BlockScaling(),
+            "fp8-block-fp32-scales": lambda: Float8BlockScaling(use_power_2_scales=False),
+            "mxfp8": lambda: MXFP8BlockScaling(),
+            "nvfp4": lambda: NVFP4BlockScaling()}[name]()
+
+
+@pytest.mark.parametrize("recipe_name", ["fp8-current", "fp8-block-fp32-scales"])
 def test_recipes_without_a_gpu_path_raise_naming_the_recipe(recipe_name):
-    """SPEC §6d: fp8-current / fp8-block have no GPU path yet: NotImplementedError naming the
-    recipe, before any work (never a silent fallback). Fails (not skips) once one lands: then
-    this test becomes a check against the CPU reference."""
+    """SPEC §6d: fp8 recipes with fp32 scales have no GPU path yet (the native FP8 GEMMs):
+    NotImplementedError naming the recipe, before any work (never a silent fallback)."""
     built_for("cuda")
-    from moekit.torch.recipe import Float8BlockScaling, Float8CurrentScaling
-    recipe = Float8CurrentScaling() if recipe_name == "fp8-current" else Float8BlockScaling()
     layer = mt.GroupedLinear(2, 128, 128, bias=False, params_dtype=BF16, device="cuda")
     x = torch.randn(256, 128, dtype=BF16, device="cuda")
     out = torch.full((256, 128), 7.0, dtype=BF16, device="cuda")
-    with mt.autocast(recipe=recipe):
-        with pytest.raises(NotImplementedError, match=recipe_name):
+    with mt.autocast(recipe=_recipe(recipe_name)):
+        with pytest.raises(NotImplementedError, match=recipe_name.replace("-fp32-scales", "")):
             layer(x, [128, 128], out=out)
     torch.cuda.synchronize()
     assert torch.all(out == 7.0)  # nothing written
+
+
+@pytest.mark.parametrize("recipe_name", ["fp8-block", "mxfp8", "fp8-current-pow2"])
+def test_power_of_two_recipes_on_the_gpu_match_the_cpu_in_bf16(recipe_name):
+    """SPEC §6d: a recipe whose scales are powers of two runs on the bf16 tensor cores (exact
+    bf16 operands); forward and backward equal the CPU reference up to the fp32 summation order,
+    i.e. within one bf16 rounding of each output, with device split counts."""
+    built_for("cuda")
+    G, K, N, T = 3, 128, 128, 256
+    splits = [128, 0, 96]
+    cpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cpu")
+    gpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cuda")
+    with torch.no_grad():
+        gpu.weight.copy_(cpu.weight)
+        cpu.bias.normal_()
+        gpu.bias.copy_(cpu.bias)
+    x = torch.randn(T, K, dtype=BF16, requires_grad=True)
+    xg = x.detach().cuda().requires_grad_(True)
+    dy = torch.randn(T, N, dtype=BF16)
+    with mt.autocast(recipe=_recipe(recipe_name)):
+        y = cpu(x, splits)
+        yg = gpu(xg, torch.tensor(splits, dtype=torch.int32, device="cuda"))
+    y.backward(dy)
+    yg.backward(dy.cuda())
+    S = sum(splits)
+    for got, want in ((yg[:S], y[:S]), (xg.grad[:S], x.grad[:S]),
+                      (gpu.weight.grad, cpu.weight.grad), (gpu.bias.grad, cpu.bias.grad)):
+        got, want = got.float().cpu(), want.float()
+        scale = want.abs().max().item()
+        # one bf16 rounding apart at most (2^-8 relative), plus the fp32 order at small values
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -12 * scale)
 
 
 @pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])

@@ -1,8 +1,9 @@
 // Internal: the CUDA backend's entries in the quantize tables. quantize.cu: quantize and
 // dequantize of every recipe, bit for bit the CPU reference's (cpu_quantize.cpp), with the counts
 // read on the device (graph-safe; invalid counts write nothing and set the context's error word).
-// quantized_gemm_emulation.cu: the quantized GEMMs of MXFP8 and NVFP4 as emulation (they have no
-// Hopper tensor-core path).
+// quantized_gemm_bf16.cu: the quantized GEMMs of the recipes with power-of-two scales on the bf16
+// tensor cores (exact bf16 operands, the sm_90a grouped GEMMs). quantized_gemm_emulation.cu: the
+// rest of MXFP8 and NVFP4 (f16 outputs, NVFP4's fp32 scales) as an fp32 SIMT emulation.
 #pragma once
 
 #include "backends/contract/backend_table.h"
@@ -12,6 +13,8 @@ namespace moekit::cuda {
 
 extern const detail::Backend<detail::QuantizeArgs> kQuantize;
 extern const detail::Backend<detail::DequantizeArgs> kDequantize;
+extern const detail::Backend<detail::QuantGroupMArgs> kBf16QuantGroupM;
+extern const detail::Backend<detail::QuantGroupKArgs> kBf16QuantGroupK;
 extern const detail::Backend<detail::QuantGroupMArgs> kEmulatedQuantGroupM;
 extern const detail::Backend<detail::QuantGroupKArgs> kEmulatedQuantGroupK;
 

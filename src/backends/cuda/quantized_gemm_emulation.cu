@@ -6,8 +6,10 @@
 // cpu::quant_group_m_run / quant_group_k_run (cpu_quantize.cpp): the same products in fp32, in
 // another summation order (the GPU matches within the fp32 accumulation tolerance). Counts are
 // read on the device (graph-safe); invalid counts write nothing (quantize.cu's setup kernel sets
-// the error word). fp8-current and fp8-block are refused here: their GPU path is the sm_90a FP8
-// grouped GEMM (ARCHITECTURE.md "Quantized recipes"), not an emulation.
+// the error word). The table tries quantized_gemm_bf16.cu's tensor-core path first (every recipe
+// with power-of-two scales and bf16 outputs: mxfp8 lands here only for f16 / f32 outputs or when
+// forced); fp8-current and fp8-block are refused here: their fp32-scaled forms wait for the
+// sm_90a FP8 grouped GEMM (ARCHITECTURE.md "Quantized recipes"), not an emulation.
 //
 // Tiles: 16×16 outputs per CTA of 16×16 threads, the reduction walked in steps of 16 through
 // shared memory, each thread summing its output in order (deterministic run to run). Group-M: a
@@ -96,8 +98,9 @@ std::string reject_unless_emulated(const Context& ctx, RecipeKind recipe) {
   if (!why.empty()) return why;
   if (recipe == RecipeKind::Mxfp8 || recipe == RecipeKind::Nvfp4) return "";
   return str("recipe ", Recipe{recipe}.name(),
-             " has no GPU path yet: the sm_90a FP8 grouped GEMMs are not built (issue 40); only "
-             "mxfp8 and nvfp4 run on the GPU, as emulation");
+             " with fp32 scales has no GPU path yet: the bf16 tensor-core path (cuda-bf16) needs "
+             "power-of-two scales (power_2_scales), and the native sm_90a FP8 grouped GEMMs are not "
+             "built (issue 40); this fp32 emulation takes mxfp8 and nvfp4 only");
 }
 
 Tensor dequantized(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
