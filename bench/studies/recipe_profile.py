@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""bench/studies/recipe_profile.py — where a quantized GroupedLinear step spends its GPU time
+(issue 40's bandwidth targets): one layer of the qwen3 preset's fc1 shape (E 16, 16384 rows,
+K 4096, N 3072, bf16, device counts) forward + backward under each recipe given, after a
+warm-up, traced by torch.profiler: milliseconds per step per kernel, largest first. A study.
+
+    PYTHONPATH=build/python python3 bench/studies/recipe_profile.py [none fp8-block mxfp8 ...]
+"""
+import sys
+
+import torch
+
+import moekit.torch as mt
+from moekit.torch.recipe import Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, \
+    NVFP4BlockScaling
+
+RECIPES = {"fp8-block": Float8BlockScaling, "mxfp8": MXFP8BlockScaling,
+           "nvfp4": NVFP4BlockScaling,
+           "fp8-current-pow2": lambda: Float8CurrentScaling(use_power_2_scales=True)}
+
+
+def main():
+    names = sys.argv[1:] or ["none", "fp8-block", "mxfp8"]
+    E, T, K, N = 16, 16384, 4096, 3072
+    layer = mt.GroupedLinear(E, K, N, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(T, K, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    dy = torch.randn(T, N, dtype=torch.bfloat16, device="cuda")
+    splits = torch.full((E,), T // E, dtype=torch.int32, device="cuda")
+    from torch.profiler import ProfilerActivity, profile
+    for name in names:
+        def step():
+            x.grad = None
+            layer.weight.grad = None
+            if name == "none":
+                layer(x, splits).backward(dy)
+            else:
+                with mt.autocast(recipe=RECIPES[name]()):
+                    layer(x, splits).backward(dy)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        by = {}
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                n, ms = by.get(ev.name, (0, 0.0))
+                by[ev.name] = (n + 1, ms + ev.device_time / 1e3)
+        total = sum(ms for _, ms in by.values()) / 3
+        print(f"== {name}: {total:.3f} ms of kernels per step")
+        for k, (n, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])[:12]:
+            print(f"  {ms / 3:8.3f} ms  x{n // 3:<3} {k[:120]}")
+
+
+if __name__ == "__main__":
+    main()
