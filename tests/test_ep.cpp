@@ -104,6 +104,34 @@ std::vector<RankInput> make_inputs(const Case& c, const std::vector<int64_t>& to
   return in;
 }
 
+// The ExpertParallel of a case, each rank receiving at most `receive_capacity` rows.
+ExpertParallelConfig config_of(const Case& c, int64_t receive_capacity) {
+  return {.experts_per_rank = c.L,
+          .hidden = c.H,
+          .dtype = c.dtype,
+          .topk = c.k,
+          .max_tokens = c.Tm,
+          .receive_capacity = receive_capacity,
+          .alignment = c.A,
+          .overflow = c.overflow};
+}
+
+// A rank's routing as dispatch takes it: idx [T, k] i64 and w [T, k] f32, host tensors viewing
+// copies of the rank's vectors (Tensor::wrap views mutable memory). Not copyable: the views
+// point into it.
+struct HostRouting {
+  HostRouting(const RankInput& ri, int64_t k)
+      : idx_data(ri.idx),
+        w_data(ri.w),
+        idx(Tensor::wrap(idx_data.data(), {ri.T, k}, DType::I64, Device::cpu())),
+        w(Tensor::wrap(w_data.data(), {ri.T, k}, DType::F32, Device::cpu())) {}
+  HostRouting(const HostRouting&) = delete;
+  HostRouting& operator=(const HostRouting&) = delete;
+  std::vector<int64_t> idx_data;
+  std::vector<float> w_data;
+  Tensor idx, w;
+};
+
 std::vector<int64_t> default_tokens(const Case& c) {
   std::vector<int64_t> t;
   for (int r = 0; r < c.W; ++r) t.push_back(c.Tm - 3 * (r % 3));  // ranks differ; some at max
@@ -260,19 +288,9 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     const int r = comm.rank();
     const Context& ctx = comm.context();
     const RankInput& ri = in[static_cast<size_t>(r)];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = R,
-                             .alignment = c.A,
-                             .overflow = c.overflow});
-    std::vector<int64_t> idx = ri.idx;
-    std::vector<float> w = ri.w;
-    Tensor idx_t = Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu());
-    Tensor w_t = Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu());
-    auto d = ep.dispatch(to_device(ctx, ri.x), idx_t, w_t);
+    ExpertParallel ep(comm, config_of(c, R));
+    const HostRouting routing(ri, c.k);
+    auto d = ep.dispatch(to_device(ctx, ri.x), routing.idx, routing.w);
     RankResult& out = res[static_cast<size_t>(r)];
     out.dispatch_traffic = ep.last_traffic();
     out.rows = d.rows;
@@ -569,23 +587,15 @@ TEST(EpZeroCopy, CombineAndDispatchBackwardReadTheirInputBuffersInPlace) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
     const Context& ctx = comm.context();
     ctx.allocator().reset_stats();
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = c.R});
+    ExpertParallel ep(comm, config_of(c, c.R));
     const int64_t es = 2, buffer_bytes = c.R * c.H * es;
     // Both buffers are part of what the constructor allocated (the engine's memory), not later.
     EXPECT_GE(ctx.allocator().stats().bytes, 2 * buffer_bytes);
     EXPECT_EQ(ep.combine_input().shape(), (Shape{c.R, c.H}));
     EXPECT_EQ(ep.dispatch_backward_input().shape(), (Shape{c.R, c.H}));
     EXPECT_FALSE(overlaps(ep.combine_input(), ep.dispatch_backward_input()));
-    std::vector<int64_t> idx = ri.idx;
-    std::vector<float> w = ri.w;
-    auto d = ep.dispatch(to_device(ctx, ri.x),
-                         Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
-                         Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
+    const HostRouting routing(ri, c.k);
+    auto d = ep.dispatch(to_device(ctx, ri.x), routing.idx, routing.w);
     copy(ctx, d.recv, ep.combine_input());  // the "experts": identity, written into the buffer
     ctx.allocator().reset_stats();
     Tensor o = ep.combine(d.handle, ep.combine_input());
@@ -667,12 +677,7 @@ TEST(EpEdges, EmptyRankInt32IndicesAndRepeatability) {
   std::vector<std::vector<uint8_t>> recv32(static_cast<size_t>(c.W));
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = c.R});
+    ExpertParallel ep(comm, config_of(c, c.R));
     std::vector<int32_t> idx(ri.idx.begin(), ri.idx.end());
     std::vector<float> w = ri.w;
     auto d = ep.dispatch(to_device(comm.context(), ri.x),
@@ -702,18 +707,10 @@ TEST(EpCallerBuffers, EveryOutputIsWrittenInPlaceAndAWrongOneWritesNothing) {
     const int r = comm.rank();
     const Context& ctx = comm.context();
     const RankInput& ri = in[static_cast<size_t>(r)];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = c.R,
-                             .alignment = c.A});
-    std::vector<int64_t> idx = ri.idx;
-    std::vector<float> w = ri.w;
+    ExpertParallel ep(comm, config_of(c, c.R));
+    const HostRouting routing(ri, c.k);
     const Tensor x = to_device(ctx, ri.x), dy = to_device(ctx, ri.dy);
-    const Tensor idx_t = Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu());
-    const Tensor w_t = Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu());
+    const Tensor &idx_t = routing.idx, &w_t = routing.w;
     const auto internal = ep.dispatch(x, idx_t, w_t);
     const Tensor recv = filled(ctx, {c.R, c.H}, c.dtype, kSentinel);
     const Tensor weights = filled(ctx, {c.R}, DType::F32, kSentinel);
@@ -781,20 +778,11 @@ TEST(EpCapacity, OverflowIsAnErrorOnEveryRankNamingRankNeededAndCapacity) {
   std::vector<int64_t> allocations(static_cast<size_t>(c.W), -1);
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = needed - 1});
-    std::vector<int64_t> idx = ri.idx;
-    std::vector<float> w = ri.w;
+    ExpertParallel ep(comm, config_of(c, needed - 1));
+    const HostRouting routing(ri, c.k);
     Tensor x = to_device(comm.context(), ri.x);
     comm.context().allocator().reset_stats();
-    auto e = caught([&] {
-      ep.dispatch(x, Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
-                  Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
-    });
+    auto e = caught([&] { ep.dispatch(x, routing.idx, routing.w); });
     allocations[static_cast<size_t>(comm.rank())] = comm.context().allocator().stats().count;
     if (e) {
       EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
@@ -843,22 +831,13 @@ std::vector<std::string> dispatch_errors(const Case& c, std::vector<RankInput> i
   std::mutex m;
   ranks.run([&](Communicator& comm) {
     const RankInput& ri = in[static_cast<size_t>(comm.rank())];
-    ExpertParallel ep(comm, {.experts_per_rank = c.L,
-                             .hidden = c.H,
-                             .dtype = c.dtype,
-                             .topk = c.k,
-                             .max_tokens = c.Tm,
-                             .receive_capacity = 1000});
+    ExpertParallel ep(comm, config_of(c, 1000));
     fill(comm.context(), ep.combine_input(), kSentinel);
     const auto before = bytes_of(comm.context(), ep.combine_input());
-    std::vector<int64_t> idx = ri.idx;
-    std::vector<float> w = ri.w;
+    const HostRouting routing(ri, c.k);
     Tensor x = to_device(comm.context(), ri.x);
     comm.context().allocator().reset_stats();
-    auto e = caught([&] {
-      ep.dispatch(x, Tensor::wrap(idx.data(), {ri.T, c.k}, DType::I64, Device::cpu()),
-                  Tensor::wrap(w.data(), {ri.T, c.k}, DType::F32, Device::cpu()));
-    });
+    auto e = caught([&] { ep.dispatch(x, routing.idx, routing.w); });
     std::lock_guard lock(m);
     (*allocations)[static_cast<size_t>(comm.rank())] = comm.context().allocator().stats().count;
     (*combine_input_intact)[static_cast<size_t>(comm.rank())] =

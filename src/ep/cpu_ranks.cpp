@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ep/rank_collectives.h"
 #include "moekit/core/error.h"
 #include "moekit/ep/communicator.h"
 
@@ -88,16 +89,7 @@ class CpuRankCommunicator final : public Communicator {
   }
 
   SymmetricMemory allocate(size_t bytes) override {
-    // Sizes first, so that a mismatch is an error on every rank before anything is allocated.
-    const std::vector<std::string> sizes = all_gather(std::to_string(bytes));
-    for (const std::string& s : sizes) {
-      if (s != sizes[0]) {
-        std::string all;
-        for (size_t r = 0; r < sizes.size(); ++r)
-          all += str(r ? ", " : "", "rank ", r, ": ", sizes[r]);
-        throw_invalid("bytes", "the same size on every rank (a collective allocation)", all);
-      }
-    }
+    detail::agree_allocation_size(*this, bytes);
     SymmetricMemory m;
     m.local = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, ctx_);
     Group& g = *group_;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ep/ep_device.h"
+#include "ep/rank_collectives.h"
 #include "moekit/core/error.h"
 #include "moekit/ep/communicator.h"
 
@@ -30,15 +31,7 @@ class CudaRankCommunicator final : public Communicator {
   }
 
   SymmetricMemory allocate(size_t bytes) override {
-    const std::vector<std::string> sizes = host_->all_gather(std::to_string(bytes));
-    for (const std::string& s : sizes) {
-      if (s != sizes[0]) {
-        std::string all;
-        for (size_t r = 0; r < sizes.size(); ++r)
-          all += str(r ? ", " : "", "rank ", r, ": ", sizes[r]);
-        throw_invalid("bytes", "the same size on every rank (a collective allocation)", all);
-      }
-    }
+    detail::agree_allocation_size(*host_, bytes);
     SymmetricMemory m;
     m.local = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, ctx_);
     void* base = m.local.data();

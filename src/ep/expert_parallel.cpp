@@ -115,6 +115,11 @@ std::optional<Error> validated(F&& f) {
   return std::nullopt;
 }
 
+// The caller's buffer when one was given, else a new tensor of `shape` on ctx.
+Tensor given_or_new(const Tensor& given, const Shape& shape, DType dtype, const Context& ctx) {
+  return given.defined() ? given : Tensor::empty(shape, dtype, ctx);
+}
+
 int64_t round_up(int64_t n, int64_t a) {
   return (n + a - 1) / a * a;
 }
@@ -231,10 +236,9 @@ void reduce_and_return(ExpertParallel::State& s, const EpRouting& rt, const Tens
   }
 }
 
-// Source side: out[t] = the tree over ranks of the partials returned for t, rounded once.
-Tensor sum_returned(ExpertParallel::State& s, const EpRouting& rt, const Tensor& given) {
+// Source side: out[t] ([T, H]) = the tree over ranks of the partials returned for t, rounded once.
+void sum_returned(const ExpertParallel::State& s, const EpRouting& rt, const Tensor& out) {
   const int64_t H = s.c.hidden, T = rt.T;
-  Tensor out = given.defined() ? given : Tensor::empty({T, H}, s.c.dtype, s.comm->context());
   const int32_t* flags = s.ret_flag.peer_as<int32_t>(s.r);
   std::vector<float> scratch(static_cast<size_t>(s.W * H));
   std::vector<int64_t> keys;
@@ -265,7 +269,21 @@ Tensor sum_returned(ExpertParallel::State& s, const EpRouting& rt, const Tensor&
     tree_reduce(keys, rows, H);
     from_f32(rows[0], dst, s.c.dtype, static_cast<size_t>(H));
   }
-  return out;
+}
+
+// Source side of dispatch_backward: gw[t, j] (the [T, k] f32 d(topk_weights)) = what the rank
+// owning column j's expert returned for it.
+void gather_returned_weights(const ExpertParallel::State& s, const EpRouting& rt,
+                             const Tensor& gw) {
+  const int64_t T = rt.T, k = s.c.topk, L = s.c.experts_per_rank;
+  float* out = gw.data_as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t d = rt.topk_idx[static_cast<size_t>(t * k + j)] / L;
+      const int64_t slot = rt.pos[static_cast<size_t>(t * s.W + d)];
+      out[t * k + j] = s.ret_w.peer_as<float>(s.r)[s.meta_index(d, slot, j)];
+    }
+  }
 }
 
 // Source side of dispatch / combine_backward: each row of `src_rows` [T, H] stored once into the
@@ -308,6 +326,42 @@ int64_t per_slot_bytes(const ExpertParallel::State& s, const EpRouting& rt) {
   int64_t n = 0;
   for (int64_t v : rt.topk_idx) n += (v / s.c.experts_per_rank != s.r);
   return n * static_cast<int64_t>(s.row_bytes());
+}
+
+// The checks of combine and combine_backward: the handle, then `in` and the caller's `output` (if
+// given), one of them [T, H] (tokens) and the other [R, H] (`in_is_tokens`: `in` is the [T, H]).
+std::optional<Error> check_rows_call(const ExpertParallel::State& s,
+                                     const ExpertParallel::Handle& handle, const char* in_name,
+                                     const Tensor& in, bool in_is_tokens, const Tensor& output) {
+  return validated([&] {
+    check_handle(handle, &s);
+    const Shape tokens{handle.routing->T, s.c.hidden}, recv{s.c.receive_capacity, s.c.hidden};
+    const Device dev = s.comm->context().device();
+    check_input(in_name, in, in_is_tokens ? tokens : recv, s.c.dtype, dev);
+    if (output.defined()) {
+      check_caller_buffer("output", output, in_is_tokens ? recv : tokens, s.c.dtype, dev,
+                          {{in_name, in}});
+    }
+  });
+}
+
+// Step (1)'s end for combine, combine_backward and dispatch_backward: every rank's verdict
+// (`bad`: this rank's), the traffic counters started over; returns the call's routing. A GPU
+// engine's kernels run on streams, so it meets the other ranks once more before its stores (every
+// rank is done with the previous call's buffers); on the CPU the agreement's all_gather did that.
+const EpRouting& agreed(ExpertParallel::State& s, Call call, const ExpertParallel::Handle& handle,
+                        const std::optional<Error>& bad) {
+  agree(*s.comm, call, bad);
+  s.traffic = {};
+  if (s.gpu && s.W > 1) s.comm->barrier();
+  return *handle.routing;
+}
+
+// Between step (2) and (3): this rank's stores are done (the CPU engine counts their per-slot
+// comparison); the barrier after which every rank reads its own staging.
+void stores_done(ExpertParallel::State& s, const EpRouting& rt) {
+  if (!s.gpu) s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
+  s.comm->barrier();
 }
 
 // ---- GPU engines: the same protocol, each phase a kernel of src/backends/cuda/ep/ queued on the
@@ -355,11 +409,8 @@ ExpertParallel::Dispatched dispatch_on_device(ExpertParallel::State& s,
   ExpertParallel::Dispatched out;
   const Tensor& splits = s.dev_splits;
   out.tokens_per_expert = s.dev_tokens_per_expert;
-  out.recv = buffers.recv.defined() ? buffers.recv
-                                    : Tensor::empty({c.receive_capacity, c.hidden}, c.dtype, ctx);
-  out.weights = buffers.weights.defined()
-                    ? buffers.weights
-                    : Tensor::empty({c.receive_capacity}, DType::F32, ctx);  // [R]
+  out.recv = given_or_new(buffers.recv, {c.receive_capacity, c.hidden}, c.dtype, ctx);
+  out.weights = given_or_new(buffers.weights, {c.receive_capacity}, DType::F32, ctx);  // [R]
   const detail::EpDeviceArgs a = device_args(s);
   if (s.W > 1) s.comm->barrier();  // every rank is done with the previous call's buffers
   detail::ep_count(ctx, a, topk_idx, rt->T, d);  // own status + counts block
@@ -449,10 +500,10 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
     const int64_t l = c.experts_per_rank;
     detail::EpDeviceRouting& d = s.dev_rt;
     d.plan = Tensor::empty({detail::ep_plan_words(w, l)}, DType::I64, ctx);
-    d.src_pos = Tensor::empty({tm, w}, DType::I32, ctx);      // [Tm, W]
-    d.src_topk = Tensor::empty({tm, kk}, DType::I32, ctx);    // [Tm, k]
-    d.src_q = Tensor::empty({tm, kk}, DType::I32, ctx);       // [Tm, k]
-    d.dst_e = Tensor::empty({w, tm, kk}, DType::I32, ctx);    // [W src, Tm, k]
+    d.src_pos = Tensor::empty({tm, w}, DType::I32, ctx);    // [Tm, W]
+    d.src_topk = Tensor::empty({tm, kk}, DType::I32, ctx);  // [Tm, k]
+    d.src_q = Tensor::empty({tm, kk}, DType::I32, ctx);     // [Tm, k]
+    d.dst_e = Tensor::empty({w, tm, kk}, DType::I32, ctx);  // [W src, Tm, k]
     d.dst_j = Tensor::empty({w, tm, kk}, DType::I32, ctx);
     d.dst_row = Tensor::empty({w, tm, kk}, DType::I32, ctx);
     s.dev_splits = Tensor::empty({l}, DType::I64, ctx);
@@ -681,13 +732,9 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
     }
   }
   const Context& ctx = context();
-  out.recv = buffers.recv.defined()
-                 ? buffers.recv
-                 : Tensor::empty({c.receive_capacity, H}, c.dtype, ctx);  // [R, H]
+  out.recv = given_or_new(buffers.recv, {c.receive_capacity, H}, c.dtype, ctx);  // [R, H]
   expand_rows(s, *rt, out.recv);
-  out.weights = buffers.weights.defined()
-                    ? buffers.weights
-                    : Tensor::empty({c.receive_capacity}, DType::F32, ctx);  // [R]
+  out.weights = given_or_new(buffers.weights, {c.receive_capacity}, DType::F32, ctx);  // [R]
   float* rw = out.weights.data_as<float>();
   const float* mw = s.meta_w.peer_as<float>(s.r);
   for (int src = 0; src < s.W; ++src) {
@@ -717,68 +764,43 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
 Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out,
                                const Tensor& output) {
   State& s = *s_;
-  std::optional<Error> bad = validated([&] {
-    check_handle(handle, &s);
-    check_input("expert_out", expert_out, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
-                context().device());
-    if (output.defined()) {
-      check_caller_buffer("output", output, {handle.routing->T, s.c.hidden}, s.c.dtype,
-                          context().device(), {{"expert_out", expert_out}});
-    }
-  });
-  agree(*s.comm, kCombine, bad);
-  s.traffic = {};
-  const EpRouting& rt = *handle.routing;
+  const std::optional<Error> bad =
+      check_rows_call(s, handle, "expert_out", expert_out, false, output);
+  const EpRouting& rt = agreed(s, kCombine, handle, bad);
   if (s.gpu) {
-    const detail::EpDeviceArgs a = device_args(s);
-    const Context& ctx = context();
-    if (s.W > 1) s.comm->barrier();  // every rank is done with the previous call's buffers
-    detail::ep_reduce(ctx, a, rt.dev, expert_out, {});
-    s.comm->barrier();
-    Tensor out = output.defined() ? output : Tensor::empty({rt.T, s.c.hidden}, s.c.dtype, ctx);
-    detail::ep_sum(ctx, a, rt.dev, rt.T, out, {});
-    return out;
+    detail::ep_reduce(context(), device_args(s), rt.dev, expert_out, {});
+  } else {
+    reduce_and_return(s, rt, expert_out, nullptr);
   }
-  reduce_and_return(s, rt, expert_out, nullptr);
-  s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
-  s.comm->barrier();
-  return sum_returned(s, rt, output);
+  stores_done(s, rt);
+  Tensor out = given_or_new(output, {rt.T, s.c.hidden}, s.c.dtype, context());  // [T, H]
+  if (s.gpu) {
+    detail::ep_sum(context(), device_args(s), rt.dev, rt.T, out, {});
+  } else {
+    sum_returned(s, rt, out);
+  }
+  return out;
 }
 
 Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad_output,
                                         const Tensor& output) {
   State& s = *s_;
-  std::optional<Error> bad = validated([&] {
-    check_handle(handle, &s);
-    check_input("grad_output", grad_output, {handle.routing->T, s.c.hidden}, s.c.dtype,
-                context().device());
-    if (output.defined()) {
-      check_caller_buffer("output", output, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
-                          context().device(), {{"grad_output", grad_output}});
-    }
-  });
-  agree(*s.comm, kCombineBackward, bad);
-  s.traffic = {};
-  const EpRouting& rt = *handle.routing;
+  const std::optional<Error> bad =
+      check_rows_call(s, handle, "grad_output", grad_output, true, output);
+  const EpRouting& rt = agreed(s, kCombineBackward, handle, bad);
   if (s.gpu) {
-    const detail::EpDeviceArgs a = device_args(s);
-    const Context& ctx = context();
-    if (s.W > 1) s.comm->barrier();
-    detail::ep_send(ctx, a, rt.dev, grad_output, rt.T, {});
-    s.comm->barrier();
-    Tensor out = output.defined()
-                     ? output
-                     : Tensor::empty({s.c.receive_capacity, s.c.hidden}, s.c.dtype, ctx);
-    detail::ep_expand(ctx, a, rt.dev, out, {}, false);
-    return out;
+    detail::ep_send(context(), device_args(s), rt.dev, grad_output, rt.T, {});
+  } else {
+    send_rows(s, rt, grad_output);
   }
-  send_rows(s, rt, grad_output);
-  s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
-  s.comm->barrier();
-  Tensor out = output.defined()
-                   ? output
-                   : Tensor::empty({s.c.receive_capacity, s.c.hidden}, s.c.dtype, context());
-  expand_rows(s, rt, out);
+  stores_done(s, rt);
+  Tensor out = given_or_new(output, {s.c.receive_capacity, s.c.hidden}, s.c.dtype,
+                            context());  // [R, H]
+  if (s.gpu) {
+    detail::ep_expand(context(), device_args(s), rt.dev, out, {}, false);
+  } else {
+    expand_rows(s, rt, out);
+  }
   return out;
 }
 
@@ -809,45 +831,25 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(
                           {{"grad_recv", grad_recv}, {"grad_weights", grad_weights}});
     }
   });
-  agree(*s.comm, kDispatchBackward, bad);
-  s.traffic = {};
-  const EpRouting& rt = *handle.routing;
+  const EpRouting& rt = agreed(s, kDispatchBackward, handle, bad);
   if (s.gpu) {
-    const detail::EpDeviceArgs a = device_args(s);
-    const Context& ctx = context();
-    if (s.W > 1) s.comm->barrier();
-    detail::ep_reduce(ctx, a, rt.dev, grad_recv, grad_weights);
-    s.comm->barrier();
-    DispatchGrads g;
-    g.tokens = buffers.tokens.defined() ? buffers.tokens
-                                        : Tensor::empty({rt.T, s.c.hidden}, s.c.dtype, ctx);
-    if (grad_weights.defined()) {
-      g.topk_weights = buffers.topk_weights.defined()
-                           ? buffers.topk_weights
-                           : Tensor::empty({rt.T, s.c.topk}, DType::F32, ctx);  // [T, k]
-    }
-    detail::ep_sum(ctx, a, rt.dev, rt.T, g.tokens, g.topk_weights);
-    return g;
+    detail::ep_reduce(context(), device_args(s), rt.dev, grad_recv, grad_weights);
+  } else {
+    reduce_and_return(s, rt, grad_recv,
+                      grad_weights.defined() ? grad_weights.data_as<float>() : nullptr);
   }
-  reduce_and_return(s, rt, grad_recv,
-                    grad_weights.defined() ? grad_weights.data_as<float>() : nullptr);
-  s.traffic.per_slot_bytes = per_slot_bytes(s, rt);
-  s.comm->barrier();
+  stores_done(s, rt);
   DispatchGrads g;
-  g.tokens = sum_returned(s, rt, buffers.tokens);
+  g.tokens = given_or_new(buffers.tokens, {rt.T, s.c.hidden}, s.c.dtype, context());  // [T, H]
   if (grad_weights.defined()) {
-    const int64_t T = rt.T, k = s.c.topk, L = s.c.experts_per_rank;
-    g.topk_weights = buffers.topk_weights.defined()
-                         ? buffers.topk_weights
-                         : Tensor::empty({T, k}, DType::F32, context());  // [T, k]
-    float* gw = g.topk_weights.data_as<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t d = rt.topk_idx[static_cast<size_t>(t * k + j)] / L;
-        const int64_t slot = rt.pos[static_cast<size_t>(t * s.W + d)];
-        gw[t * k + j] = s.ret_w.peer_as<float>(s.r)[s.meta_index(d, slot, j)];
-      }
-    }
+    g.topk_weights =
+        given_or_new(buffers.topk_weights, {rt.T, s.c.topk}, DType::F32, context());  // [T, k]
+  }
+  if (s.gpu) {
+    detail::ep_sum(context(), device_args(s), rt.dev, rt.T, g.tokens, g.topk_weights);
+  } else {
+    sum_returned(s, rt, g.tokens);
+    if (grad_weights.defined()) gather_returned_weights(s, rt, g.topk_weights);
   }
   return g;
 }

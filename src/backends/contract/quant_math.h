@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "moekit/core/dtype.h"
+
 #if defined(__CUDACC__)
 #define MOEKIT_HD __host__ __device__ __forceinline__
 #else
@@ -147,6 +149,22 @@ MOEKIT_HD float scale_from_amax(float amax, float fp8_max, bool power_2, float e
   if (is_inf(scale)) scale = value_for_inf;
   if (power_2) scale = from_bits(bits(scale) & 0xFF800000u);
   return scale;
+}
+
+/// scale_from_amax's value_for_inf as TE's kernels take it (host code): current scaling's kernel
+/// (one scale per group) FLT_MAX, the block kernels the source type's largest finite value (TE's
+/// compute_scale_from_types).
+inline float value_for_infinite_scale(bool per_group, DType source) {
+  constexpr float kFltMax = 3.40282347e38f;
+  if (per_group) return kFltMax;
+  switch (source) {
+    case DType::BF16:
+      return from_bits(0x7F7F0000u);  // bf16's largest finite value
+    case DType::F16:
+      return 65504.0f;
+    default:
+      return kFltMax;
+  }
 }
 
 /// Decodes e4m3 (for NVFP4's block scales): exact.

@@ -18,21 +18,11 @@
 
 #include "backends/contract/backend_table.h"
 #include "backends/contract/quant_args.h"
+#include "backends/contract/quant_math.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cpu {
 namespace {
-
-float max_finite_of(DType t) {
-  switch (t) {
-    case DType::BF16:
-      return bf16_to_f32(0x7F7F);
-    case DType::F16:
-      return 65504.0f;
-    default:
-      return FLT_MAX;
-  }
-}
 
 // amax as TE's kernels take it (fmaxf): NaN never wins, inf does.
 inline void amax_update(float& amax, float v) {
@@ -59,9 +49,8 @@ struct ScaleMath {
       case Scaling::PerGroup:
       case Scaling::Block1D:
       case Scaling::Block2D: {
-        // Current scaling's kernel takes FLT_MAX for an infinite scale; the block kernels the
-        // source type's largest finite value (TE's compute_scale_from_types).
-        const float inf_value = spec.scaling == Scaling::PerGroup ? FLT_MAX : max_finite_of(source);
+        const float inf_value =
+            quant_math::value_for_infinite_scale(spec.scaling == Scaling::PerGroup, source);
         const float scale =
             scale_from_amax(amax, fp8_max(), spec.power_2_scales, spec.amax_epsilon, inf_value);
         s.encode_factor = scale;

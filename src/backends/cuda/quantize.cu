@@ -298,17 +298,6 @@ __global__ void per_group_kernel(QuantParams p) {
   }
 }
 
-float max_finite_of(DType t) {
-  switch (t) {
-    case DType::BF16:
-      return bf16_to_f32(0x7F7F);
-    case DType::F16:
-      return 65504.0f;
-    default:
-      return 3.40282347e38f;
-  }
-}
-
 unsigned grid_for(int64_t work, int threads, int sms) {
   const int64_t blocks = (work + threads - 1) / threads;
   const int64_t cap = static_cast<int64_t>(sms) * 8;
@@ -484,8 +473,7 @@ void quantize_run(const detail::QuantizeArgs& a) {
   p.power_2 = q.spec.power_2_scales;
   p.epsilon = q.spec.amax_epsilon;
   p.fp8_max = max_finite(q.spec.format) * qm::exp2i(-q.spec.margin);
-  p.value_for_inf =
-      q.spec.scaling == Scaling::PerGroup ? 3.40282347e38f : max_finite_of(a.x.dtype());
+  p.value_for_inf = qm::value_for_infinite_scale(q.spec.scaling == Scaling::PerGroup, a.x.dtype());
   p.max_norm_rcp = static_cast<float>(1.0 / max_finite(q.spec.format));
   p.row = q.has_rowwise() ? q.rowwise.data_as<uint8_t>() : nullptr;
   p.col = q.has_columnwise() ? q.columnwise.data_as<uint8_t>() : nullptr;
