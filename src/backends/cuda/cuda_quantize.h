@@ -20,6 +20,11 @@ extern const detail::Backend<detail::QuantGroupKArgs> kEmulatedQuantGroupK;
 
 /// dequantize's run (quantize.cu), for the emulated GEMMs.
 void dequantize_run(const detail::DequantizeArgs& args);
+/// One copy of q dequantized into out, bf16 [T, C] whichever copy (a columnwise one is transposed
+/// back), valid rows only, one pass (quantize.cu). For values exact in bf16 (power-of-two scales
+/// on e4m3 / e5m2: quantized_gemm_bf16.cu); otherwise each is rounded once to bf16.
+void dequantize_bf16_rows(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
+                          QuantUsage which, const Tensor& out);
 /// Validates the counts on the device and writes, into ws (i64 [2·groups + 3]): S (or -1 when
 /// the counts are invalid: the error word's bit is set), the row offsets [G+1] and the offsets of
 /// each group's blocks of `block` rows [G+1] (quantize.cu's setup kernel).

@@ -23,6 +23,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backends/contract/quant_args.h"
 #include "backends/contract/quant_math.h"
 #include "backends/cuda/check.h"
@@ -355,43 +357,79 @@ __device__ __forceinline__ float decode_code(QuantFormat f, uint8_t c) {
   }
 }
 
-__global__ void dequantize_kernel(DequantParams p) {
-  const int64_t S = p.ws[0];
-  if (S < 0) return;
+// The value of element (t, c) of X (row t < S, column c) in the copy p names: decode(code) ·
+// its scale, in fp32 (the CPU reference's arithmetic).
+__device__ __forceinline__ float dequantized_value(const DequantParams& p, int64_t t, int64_t c) {
   const int64_t* off = p.ws + 1;
   const int64_t* rb = p.ws + 2 + p.G;
   const int64_t cb = p.block > 0 ? (p.C + p.block - 1) / p.block : 0;
   const bool fp4 = p.format == QuantFormat::E2M1;
+  const int64_t g = group_of_row(off, p.G, t), local = t - off[g];
+  int64_t si;
+  switch (p.scaling) {
+    case Scaling::PerGroup:
+      si = g;
+      break;
+    case Scaling::Block2D:
+      si = (rb[g] + local / p.block) * cb + c / p.block;
+      break;
+    default:
+      si = p.rowwise ? t * cb + c / p.block : c * p.RB + rb[g] + local / p.block;
+  }
+  const int64_t r = p.rowwise ? t : c, k = p.rowwise ? c : t;  // element (r, k) of the copy
+  uint8_t code = fp4 ? p.data[r * p.ld + k / 2] : p.data[r * p.ld + k];
+  if (fp4) code = (k % 2 == 0) ? (code & 0xF) : (code >> 4);
+  float scale;
+  switch (p.scaling) {
+    case Scaling::Mx:
+      scale = qm::e8m0_value(static_cast<const uint8_t*>(p.scales)[si]);
+      break;
+    case Scaling::Nv:
+      scale = qm::decode_e4m3(static_cast<const uint8_t*>(p.scales)[si]) * p.group_dec[g];
+      break;
+    default:
+      scale = static_cast<const float*>(p.scales)[si];
+  }
+  return decode_code(p.format, code) * scale;
+}
+
+// f32 out, in the copy's layout ([T, C] rowwise, [C, T] columnwise), valid rows only.
+__global__ void dequantize_kernel(DequantParams p) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.C, c = i % p.C;
-    const int64_t g = group_of_row(off, p.G, t), local = t - off[g];
-    int64_t si;
-    switch (p.scaling) {
-      case Scaling::PerGroup:
-        si = g;
-        break;
-      case Scaling::Block2D:
-        si = (rb[g] + local / p.block) * cb + c / p.block;
-        break;
-      default:
-        si = p.rowwise ? t * cb + c / p.block : c * p.RB + rb[g] + local / p.block;
+    p.out[p.rowwise ? t * p.C + c : c * p.T + t] = dequantized_value(p, t, c);
+  }
+}
+
+// bf16 out [T, C] from either copy, valid rows only (the values exact in bf16: the caller's
+// rule). 32×32 tiles through shared memory, so both the copy's reads (along its own rows) and
+// out's writes (along c) are coalesced: a columnwise copy is read along t.
+constexpr int kDqTile = 32;
+__global__ void dequantize_bf16_rows_kernel(DequantParams p, __nv_bfloat16* out) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  __shared__ float tile[kDqTile][kDqTile + 1];
+  const int64_t t_tiles = (S + kDqTile - 1) / kDqTile, c_tiles = (p.C + kDqTile - 1) / kDqTile;
+  for (int64_t b = blockIdx.x; b < t_tiles * c_tiles; b += gridDim.x) {
+    const int64_t t0 = (b / c_tiles) * kDqTile, c0 = (b % c_tiles) * kDqTile;
+    for (int i = threadIdx.y; i < kDqTile; i += blockDim.y) {
+      // rowwise: lanes along c; columnwise: lanes along t (the copy's contiguous dimension)
+      const int64_t t = p.rowwise ? t0 + i : t0 + threadIdx.x;
+      const int64_t c = p.rowwise ? c0 + threadIdx.x : c0 + i;
+      if (t < S && c < p.C) {
+        const float v = dequantized_value(p, t, c);
+        if (p.rowwise) tile[i][threadIdx.x] = v; else tile[threadIdx.x][i] = v;
+      }
     }
-    const int64_t r = p.rowwise ? t : c, k = p.rowwise ? c : t;  // element (r, k) of the copy
-    uint8_t code = fp4 ? p.data[r * p.ld + k / 2] : p.data[r * p.ld + k];
-    if (fp4) code = (k % 2 == 0) ? (code & 0xF) : (code >> 4);
-    float scale;
-    switch (p.scaling) {
-      case Scaling::Mx:
-        scale = qm::e8m0_value(static_cast<const uint8_t*>(p.scales)[si]);
-        break;
-      case Scaling::Nv:
-        scale = qm::decode_e4m3(static_cast<const uint8_t*>(p.scales)[si]) * p.group_dec[g];
-        break;
-      default:
-        scale = static_cast<const float*>(p.scales)[si];
+    __syncthreads();
+    for (int i = threadIdx.y; i < kDqTile; i += blockDim.y) {
+      const int64_t t = t0 + i, c = c0 + threadIdx.x;
+      if (t < S && c < p.C) out[t * p.C + c] = __float2bfloat16_rn(tile[i][threadIdx.x]);
     }
-    p.out[p.rowwise ? t * p.C + c : c * p.T + t] = decode_code(p.format, code) * scale;
+    __syncthreads();
   }
 }
 
@@ -413,20 +451,21 @@ std::string dequantize_rejects(const detail::DequantizeArgs& a) {
   return reject_unless_cuda(a.ctx);
 }
 
-void dequantize_run(const detail::DequantizeArgs& a) {
-  const QuantizedTensor& q = a.q;
-  if (q.groups == 0) return;
-  CudaResources& res = resources(a.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, q.rows);
-  const Tensor ws = Tensor::empty({2 * q.groups + 3}, DType::I64, a.ctx);
+namespace {
+
+// The setup kernel's workspace (S, offsets, row-block offsets) for q's splits, and the params of
+// one copy of q; ws must outlive the kernels (stream order).
+DequantParams dequant_params(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
+                             QuantUsage which, const Tensor& ws) {
+  CudaResources& res = resources(ctx);
+  const CountsOnDevice counts = counts_on_device(ctx, splits, q.rows);
   QuantParams setup{};  // only what the setup kernel reads
   setup.G = q.groups;
   setup.block = q.spec.block;
   setup.ws = ws.data_as<int64_t>();
   quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, setup);
   MOEKIT_CUDA_CHECK_LAUNCH();
-  const bool rowwise = a.which == QuantUsage::Rowwise;
+  const bool rowwise = which == QuantUsage::Rowwise;
   const Tensor& copy = rowwise ? q.rowwise : q.columnwise;
   DequantParams p{};
   p.data = copy.data_as<const uint8_t>();
@@ -441,9 +480,35 @@ void dequantize_run(const detail::DequantizeArgs& a) {
   p.scaling = q.spec.scaling;
   p.scales = (rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv).data();
   p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<const float>() : nullptr;
-  p.out = a.out.data_as<float>();
   p.ws = ws.data_as<int64_t>();
+  return p;
+}
+
+}  // namespace
+
+void dequantize_run(const detail::DequantizeArgs& a) {
+  const QuantizedTensor& q = a.q;
+  if (q.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const Tensor ws = Tensor::empty({2 * q.groups + 3}, DType::I64, a.ctx);
+  DequantParams p = dequant_params(a.ctx, q, a.splits, a.which, ws);
+  p.out = a.out.data_as<float>();
   dequantize_kernel<<<grid_for(q.rows * q.cols, 256, res.sm_count), 256, 0, res.stream>>>(p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_bf16_rows(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
+                          QuantUsage which, const Tensor& out) {
+  if (q.groups == 0 || q.rows == 0 || q.cols == 0) return;
+  CudaResources& res = resources(ctx);
+  DeviceGuard guard(res.device);
+  const Tensor ws = Tensor::empty({2 * q.groups + 3}, DType::I64, ctx);
+  const DequantParams p = dequant_params(ctx, q, splits, which, ws);
+  const int64_t tiles = ((q.rows + kDqTile - 1) / kDqTile) * ((q.cols + kDqTile - 1) / kDqTile);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{res.sm_count} * 16));
+  dequantize_bf16_rows_kernel<<<blocks, dim3(kDqTile, 8), 0, res.stream>>>(
+      p, out.data_as<__nv_bfloat16>());
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,8 +1,9 @@
 // The quantized grouped GEMMs on Hopper's bf16 tensor cores, for the recipes whose every scale is
 // a power of two (SPEC §6d, "GPU paths"): fp8-block (TE's default power_2_scales), mxfp8 (e8m0
 // scales), fp8-current with power_2_scales. An e4m3 or e5m2 code times a power of two is exact in
-// bf16 (8 significant bits, fp32's exponent range), so each operand is dequantized (quantize.cu's
-// dequantize, bit for bit the CPU's) and converted to bf16 without rounding, then multiplied by
+// bf16 (8 significant bits, fp32's exponent range), so each operand is dequantized to bf16 in one pass
+// (quantize.cu's dequantize_bf16_rows: the CPU's fp32 values, converted without rounding; a
+// columnwise copy transposed back to rows), then multiplied by
 // the library's own bf16 grouped GEMMs (grouped_gemm.h: the sm_90a kernels, device splits,
 // graph-safe), fp32 accumulation, one rounding, written straight into `out` / `dw` (the caller's
 // buffers). The result is the CPU reference's (dequantize + fp32 GEMM) up to the fp32 summation
@@ -13,7 +14,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "backends/contract/quant_args.h"
@@ -24,31 +24,6 @@
 
 namespace moekit::cuda {
 namespace {
-
-constexpr int kTile = 32;
-
-// out [C, R] bf16 = in [R, C] f32 transposed (values exact in bf16: no rounding happens).
-__global__ void transpose_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out,
-                                  int64_t R, int64_t C) {
-  __shared__ float tile[kTile][kTile + 1];
-  const int64_t c0 = int64_t{blockIdx.x} * kTile, r0 = int64_t{blockIdx.y} * kTile;
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < R && c < C) tile[i][threadIdx.x] = in[r * C + c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < R && c < C) out[c * R + r] = __float2bfloat16_rn(tile[threadIdx.x][i]);
-  }
-}
-
-__global__ void to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = __float2bfloat16_rn(in[i]);
-  }
-}
 
 // Every scale of `spec` a power of two (so every dequantized value is exact in bf16).
 bool power_of_two_scales(const QuantSpec& spec) {
@@ -86,30 +61,13 @@ std::string rejects_bf16(const Context& ctx, std::initializer_list<const QuantSp
   return "";
 }
 
-// One copy of q in bf16: rowwise → [T, C]; columnwise ([C, T] as stored) → transposed to [T, C].
+// One copy of q in bf16 [T, C] (a columnwise copy transposed back), in one pass (quantize.cu).
 Tensor bf16_copy(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
                  QuantUsage which) {
-  const bool row = which == QuantUsage::Rowwise;
-  const Tensor f32 =
-      Tensor::empty(row ? Shape{q.rows, q.cols} : Shape{q.cols, q.rows}, DType::F32, ctx);
-  // Elements outside the valid rows are never read by the GEMMs (each group's rows are bounded
-  // by its count), so no fill is needed.
-  dequantize_run(detail::DequantizeArgs{ctx, q, splits, which, f32});
+  // Rows past the valid count are never written, and never read by the GEMMs (each group's rows
+  // are bounded by its count).
   Tensor out = Tensor::empty({q.rows, q.cols}, DType::BF16, ctx);
-  CudaResources& res = resources(ctx);
-  const int64_t n = q.rows * q.cols;
-  if (n == 0) return out;
-  if (row) {
-    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
-    to_bf16<<<static_cast<unsigned>(blocks), 256, 0, res.stream>>>(
-        f32.data_as<const float>(), out.data_as<__nv_bfloat16>(), n);
-  } else {
-    const dim3 grid(static_cast<unsigned>((q.rows + kTile - 1) / kTile),
-                    static_cast<unsigned>((q.cols + kTile - 1) / kTile));
-    transpose_to_bf16<<<grid, dim3(kTile, 8), 0, res.stream>>>(
-        f32.data_as<const float>(), out.data_as<__nv_bfloat16>(), q.cols, q.rows);
-  }
-  MOEKIT_CUDA_CHECK_LAUNCH();
+  dequantize_bf16_rows(ctx, q, splits, which, out);
   return out;
 }
 
