@@ -176,65 +176,107 @@ __device__ __forceinline__ float block_scale(const QuantParams& p, float a, int6
   }
 }
 
-// Rowwise 1×b blocks: one thread per (row, block).
+// Rowwise 1×b blocks: one warp per (row, block), its lanes along the row (coalesced loads and
+// stores); the block's amax by a warp reduction (a max: the same value as any order), its scale
+// from lane 0.
 template <class T>
 __global__ void rowwise_blocks_kernel(QuantParams p) {
   const int64_t S = p.ws[0];
   if (S < 0) return;
   const int64_t cb = (p.C + p.block - 1) / p.block;
   const bool fp4 = p.format == QuantFormat::E2M1;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * cb;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / cb, j = i % cb, c0 = j * p.block;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t per_cta = blockDim.x / 32, warps = static_cast<int64_t>(gridDim.x) * per_cta;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * per_cta + threadIdx.x / 32; w < S * cb;
+       w += warps) {  // w is the warp's: every lane takes the same trips
+    const int64_t t = w / cb, j = w % cb, c0 = j * p.block;
     const int64_t c1 = c0 + p.block < p.C ? c0 + p.block : p.C;
     float a = 0.0f;
-    for (int64_t c = c0; c < c1; ++c) {
+    for (int64_t c = c0 + lane; c < c1; c += 32) {
       const float v = qm::abs_f(load<T>(p, t, c));
-      if (v > a) a = v;
+      if (v > a) a = v;  // NaN never wins, as in the CPU's loop
     }
-    const int64_t g = p.scaling == Scaling::Nv ? group_of_row(offsets(p), p.G, t) : 0;
-    const float f = block_scale(p, a, g, p.row_scale, t * cb + j);
-    if (fp4) {  // C even, blocks of 16: whole bytes
-      for (int64_t c = c0; c < c1; c += 2) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, a, o);
+      if (other > a) a = other;
+    }
+    float f = 0.0f;
+    if (lane == 0) {
+      const int64_t g = p.scaling == Scaling::Nv ? group_of_row(offsets(p), p.G, t) : 0;
+      f = block_scale(p, a, g, p.row_scale, t * cb + j);
+    }
+    f = __shfl_sync(0xffffffffu, f, 0);
+    if (fp4) {  // C even, blocks of 16: whole bytes, a pair per lane
+      for (int64_t c = c0 + 2 * lane; c < c1; c += 64) {
         const uint8_t lo = encode(p, load<T>(p, t, c) * f),
                       hi = encode(p, load<T>(p, t, c + 1) * f);
         p.row[t * p.row_ld + c / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
       }
     } else {
-      for (int64_t c = c0; c < c1; ++c) p.row[t * p.row_ld + c] = encode(p, load<T>(p, t, c) * f);
+      for (int64_t c = c0 + lane; c < c1; c += 32) p.row[t * p.row_ld + c] = encode(p, load<T>(p, t, c) * f);
     }
   }
 }
 
-// Columnwise b×1 blocks down each group's rows: one thread per (row block, column).
+// Columnwise b×1 blocks down each group's rows (b <= 128): one CTA of 8 warps per (row block, 32
+// columns). Loads along the columns (coalesced); each column's amax by 8 partial maxima (a max:
+// any order gives the CPU's value), its scale from warp 0; the codes staged in shared memory and
+// stored along each column's row of the copy (coalesced bytes instead of one per column).
+constexpr int kColStrip = 32, kColWarps = 8, kColMaxBlock = 128;
 template <class T>
-__global__ void columnwise_blocks_kernel(QuantParams p) {
+__global__ void __launch_bounds__(kColStrip * kColWarps) columnwise_blocks_kernel(QuantParams p) {
   if (p.ws[0] < 0) return;
+  __shared__ float part[kColWarps][kColStrip];
+  __shared__ float factor[kColStrip];
+  __shared__ uint8_t codes[kColStrip][kColMaxBlock + 4];
   const int64_t* rb = rb_offsets(p);
-  const int64_t blocks = rb[p.G];
+  const int64_t strips = (p.C + kColStrip - 1) / kColStrip, tiles = rb[p.G] * strips;
   const bool fp4 = p.format == QuantFormat::E2M1;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks * p.C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t k = i / p.C, c = i % p.C;  // neighbouring threads: neighbouring columns
+  const int lane = static_cast<int>(threadIdx.x % kColStrip), warp = static_cast<int>(threadIdx.x / kColStrip);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
+    const int64_t k = tile / strips, c0 = (tile % strips) * kColStrip;
     const int64_t g = group_of_row(rb, p.G, k);
     const int64_t end = offsets(p)[g + 1];
     const int64_t t0 = offsets(p)[g] + (k - rb[g]) * p.block;
     const int64_t t1 = t0 + p.block < end ? t0 + p.block : end;
+    const int64_t c = c0 + lane;
+    const bool in = c < p.C;
     float a = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) {
-      const float v = qm::abs_f(load<T>(p, t, c));
-      if (v > a) a = v;
-    }
-    const float f = block_scale(p, a, g, p.col_scale, c * p.RB + k);
-    if (fp4) {  // the group's rows even: whole bytes
-      for (int64_t t = t0; t < t1; t += 2) {
-        const uint8_t lo = encode(p, load<T>(p, t, c) * f),
-                      hi = encode(p, load<T>(p, t + 1, c) * f);
-        p.col[c * p.col_ld + t / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
+    if (in) {
+      for (int64_t t = t0 + warp; t < t1; t += kColWarps) {
+        const float v = qm::abs_f(load<T>(p, t, c));
+        if (v > a) a = v;  // NaN never wins, as in the CPU's loop
       }
-    } else {
-      for (int64_t t = t0; t < t1; ++t) p.col[c * p.col_ld + t] = encode(p, load<T>(p, t, c) * f);
     }
+    part[warp][lane] = a;
+    __syncthreads();
+    if (warp == 0) {
+      float m = 0.0f;
+      for (int w = 0; w < kColWarps; ++w) m = part[w][lane] > m ? part[w][lane] : m;
+      if (in) factor[lane] = block_scale(p, m, g, p.col_scale, c * p.RB + k);
+    }
+    __syncthreads();
+    if (in) {
+      const float f = factor[lane];
+      for (int64_t t = t0 + warp; t < t1; t += kColWarps) {
+        codes[lane][t - t0] = encode(p, load<T>(p, t, c) * f);
+      }
+    }
+    __syncthreads();
+    // Column c0 + j of the strip is row c0 + j of the copy: warp w stores columns w, w + 8, ...
+    const int64_t n = t1 - t0;
+    for (int j = warp; j < kColStrip && c0 + j < p.C; j += kColWarps) {
+      uint8_t* row = p.col + (c0 + j) * p.col_ld;
+      if (fp4) {  // the group's rows even (t0 even): whole bytes, rows (t, t + 1) in one
+        for (int64_t e = 2 * lane; e < n; e += 2 * kColStrip) {
+          row[(t0 + e) / 2] =
+              static_cast<uint8_t>((codes[j][e] & 0xF) | (codes[j][e + 1] << 4));
+        }
+      } else {
+        for (int64_t e = lane; e < n; e += kColStrip) row[t0 + e] = codes[j][e];
+      }
+    }
+    __syncthreads();  // part, factor, codes reused by the next tile
   }
 }
 
@@ -325,9 +367,14 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
   } else {
     if (p.row)
-      rowwise_blocks_kernel<T>
-          <<<grid_for(p.T * ((p.C + p.block - 1) / p.block), 256, sms), 256, 0, stream>>>(p);
-    if (p.col) columnwise_blocks_kernel<T><<<grid_for(p.RB * p.C, 256, sms), 256, 0, stream>>>(p);
+      rowwise_blocks_kernel<T>  // a warp per (row, block)
+          <<<grid_for(p.T * ((p.C + p.block - 1) / p.block) * 32, 256, sms), 256, 0, stream>>>(p);
+    if (p.col) {
+      const int64_t strips = (p.C + kColStrip - 1) / kColStrip;
+      columnwise_blocks_kernel<T><<<grid_for(p.RB * strips * kColStrip * kColWarps,
+                                             kColStrip * kColWarps, sms),
+                                    kColStrip * kColWarps, 0, stream>>>(p);
+    }
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
 }
@@ -337,6 +384,8 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
 struct DequantParams {
   const uint8_t* data;  // the copy: [T, C] or [C, T] (e2m1 packed)
   int64_t ld, T, C, G, block, RB;
+  int block_shift;  // log2(block): every block size (16, 32, 128) is a power of two; 0 per group
+  int64_t cb;       // blocks per row of the rowwise scales, ⌈C / block⌉ (0 per group)
   bool rowwise;
   QuantFormat format;
   Scaling scaling;
@@ -362,19 +411,20 @@ __device__ __forceinline__ float decode_code(QuantFormat f, uint8_t c) {
 __device__ __forceinline__ float dequantized_value(const DequantParams& p, int64_t t, int64_t c) {
   const int64_t* off = p.ws + 1;
   const int64_t* rb = p.ws + 2 + p.G;
-  const int64_t cb = p.block > 0 ? (p.C + p.block - 1) / p.block : 0;
   const bool fp4 = p.format == QuantFormat::E2M1;
   const int64_t g = group_of_row(off, p.G, t), local = t - off[g];
+  // Shifts, not 64-bit divisions: the index math is most of this kernel's work.
+  const int sh = p.block_shift;
   int64_t si;
   switch (p.scaling) {
     case Scaling::PerGroup:
       si = g;
       break;
     case Scaling::Block2D:
-      si = (rb[g] + local / p.block) * cb + c / p.block;
+      si = (rb[g] + (local >> sh)) * p.cb + (c >> sh);
       break;
     default:
-      si = p.rowwise ? t * cb + c / p.block : c * p.RB + rb[g] + local / p.block;
+      si = p.rowwise ? t * p.cb + (c >> sh) : c * p.RB + rb[g] + (local >> sh);
   }
   const int64_t r = p.rowwise ? t : c, k = p.rowwise ? c : t;  // element (r, k) of the copy
   uint8_t code = fp4 ? p.data[r * p.ld + k / 2] : p.data[r * p.ld + k];
@@ -457,6 +507,11 @@ namespace {
 // one copy of q; ws must outlive the kernels (stream order).
 DequantParams dequant_params(const Context& ctx, const QuantizedTensor& q, const Splits& splits,
                              QuantUsage which, const Tensor& ws) {
+  int shift = 0;  // check_spec allows blocks of 16, 32, 128 only: powers of two
+  while (q.spec.block > 0 && (int64_t{1} << shift) < q.spec.block) ++shift;
+  if (q.spec.block > 0 && (int64_t{1} << shift) != q.spec.block) {
+    throw_invalid("spec.block", "a power of two", std::to_string(q.spec.block));
+  }
   CudaResources& res = resources(ctx);
   const CountsOnDevice counts = counts_on_device(ctx, splits, q.rows);
   QuantParams setup{};  // only what the setup kernel reads
@@ -474,6 +529,8 @@ DequantParams dequant_params(const Context& ctx, const QuantizedTensor& q, const
   p.C = q.cols;
   p.G = q.groups;
   p.block = q.spec.block;
+  p.block_shift = shift;
+  p.cb = p.block > 0 ? (q.cols + p.block - 1) / p.block : 0;
   p.RB = q.row_block_capacity();
   p.rowwise = rowwise;
   p.format = q.spec.format;
