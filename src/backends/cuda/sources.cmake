@@ -7,6 +7,7 @@ target_sources(moekit PRIVATE
   backends/cuda/bias.cu
   backends/cuda/activation.cu
   backends/cuda/quantize.cu
+  backends/cuda/router.cu
   backends/cuda/quantized_gemm_emulation.cu
   backends/cuda/pointer_arrays.cu
   backends/cuda/grouped_gemm_cublas.cpp
