@@ -58,9 +58,9 @@ double rounded(double v, DType dt) {  // v rounded once to dt, as fp64
 
 // The reference (host fp64, the header's math and order).
 struct Ref {
-  std::vector<double> scores;  // [T, E]
-  std::vector<int64_t> idx;    // [T, k]
-  std::vector<double> w;       // [T, k], rounded to f32
+  std::vector<double> scores;     // [T, E]
+  std::vector<int64_t> idx;       // [T, k]
+  std::vector<double> w;          // [T, k], rounded to f32
   std::vector<double> dgate, dx;  // [E, H], [T, H], rounded to the dtype
 };
 Ref reference(const Case& c, const Tensor& x, const Tensor& gate, const Tensor& gw,
@@ -72,7 +72,8 @@ Ref reference(const Case& c, const Tensor& x, const Tensor& gate, const Tensor& 
   r.idx.assign(static_cast<size_t>(T * k), -1);
   r.w.assign(static_cast<size_t>(T * k), 0);
   std::vector<double> dg(static_cast<size_t>(E * H), 0.0);
-  std::vector<double> dx = dxe.defined() ? f64(dxe) : std::vector<double>(static_cast<size_t>(T * H));
+  std::vector<double> dx =
+      dxe.defined() ? f64(dxe) : std::vector<double>(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) {
     double* s = &r.scores[static_cast<size_t>(t * E)];
     for (int64_t e = 0; e < E; ++e) {
@@ -100,8 +101,7 @@ Ref reference(const Case& c, const Tensor& x, const Tensor& gate, const Tensor& 
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[static_cast<size_t>(j)];
       r.idx[static_cast<size_t>(t * k + j)] = e;
-      r.w[static_cast<size_t>(t * k + j)] =
-          static_cast<float>(c.o.normalize ? s[e] / zk : s[e]);
+      r.w[static_cast<size_t>(t * k + j)] = static_cast<float>(c.o.normalize ? s[e] / zk : s[e]);
       if (c.o.normalize) gdotw += g[static_cast<size_t>(t * k + j)] * s[e] / zk;
     }
     for (int64_t j = 0; j < k; ++j) {
@@ -113,15 +113,18 @@ Ref reference(const Case& c, const Tensor& x, const Tensor& gate, const Tensor& 
     if (c.o.score == RouterScore::Softmax) {
       double dot = 0;
       for (int64_t e = 0; e < E; ++e) dot += ds[static_cast<size_t>(e)] * s[e];
-      for (int64_t e = 0; e < E; ++e) dl[static_cast<size_t>(e)] = s[e] * (ds[static_cast<size_t>(e)] - dot);
+      for (int64_t e = 0; e < E; ++e)
+        dl[static_cast<size_t>(e)] = s[e] * (ds[static_cast<size_t>(e)] - dot);
     } else {
       for (int64_t e = 0; e < E; ++e)
         dl[static_cast<size_t>(e)] = ds[static_cast<size_t>(e)] * s[e] * (1 - s[e]);
     }
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t h = 0; h < H; ++h) {
-        dg[static_cast<size_t>(e * H + h)] += dl[static_cast<size_t>(e)] * xv[static_cast<size_t>(t * H + h)];
-        dx[static_cast<size_t>(t * H + h)] += dl[static_cast<size_t>(e)] * gv[static_cast<size_t>(e * H + h)];
+        dg[static_cast<size_t>(e * H + h)] +=
+            dl[static_cast<size_t>(e)] * xv[static_cast<size_t>(t * H + h)];
+        dx[static_cast<size_t>(t * H + h)] +=
+            dl[static_cast<size_t>(e)] * gv[static_cast<size_t>(e * H + h)];
       }
     }
   }
@@ -136,7 +139,8 @@ Ref reference(const Case& c, const Tensor& x, const Tensor& gate, const Tensor& 
 ::testing::AssertionResult matches(const char* what, const std::vector<double>& got,
                                    const std::vector<double>& want, DType dt, bool exact) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, want " << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": " << got.size() << " elements, want " << want.size();
   double mag = 0;
   for (double v : want) mag = std::max(mag, std::fabs(v));
   for (size_t i = 0; i < want.size(); ++i) {
@@ -181,7 +185,8 @@ class RouterPrimitive : public DeviceTest {
 
     // Backward out of place (dx_e kept), then in place (dx into dx_e), then without dx_e.
     const Tensor gw = to_device(ctx_, gw_h), dxe = to_device(ctx_, dxe_h);
-    Tensor dgate = filled(ctx_, {E, H}, c.dt, kSentinel), dx = filled(ctx_, {T, H}, c.dt, kSentinel);
+    Tensor dgate = filled(ctx_, {E, H}, c.dt, kSentinel),
+           dx = filled(ctx_, {T, H}, c.dt, kSentinel);
     router_topk_backward(ctx_, x, gate, scores, idx, gw, dxe, c.o, dgate, dx);
     EXPECT_TRUE(matches("grad_gate", to_doubles(ctx_, dgate), ref.dgate, c.dt, exact()));
     EXPECT_TRUE(matches("grad_input", to_doubles(ctx_, dx), ref.dx, c.dt, exact()));
@@ -258,7 +263,8 @@ TEST_P(RouterPrimitive, ArgumentErrorsNameTheArgumentAndWriteNothing) {
   const int64_t T = 4, E = 3, H = 5;
   const Tensor x = to_device(ctx_, random_normal({T, H}, DType::F32, 1));
   const Tensor gate = to_device(ctx_, random_normal({E, H}, DType::F32, 2));
-  Tensor idx = filled(ctx_, {T, 4}, DType::I64, kSentinel), w = filled(ctx_, {T, 4}, DType::F32, kSentinel);
+  Tensor idx = filled(ctx_, {T, 4}, DType::I64, kSentinel),
+         w = filled(ctx_, {T, 4}, DType::F32, kSentinel);
   Tensor scores = filled(ctx_, {T, E}, DType::I64, kSentinel);
   auto e = caught([&] { router_topk(ctx_, x, gate, {.topk = 4}, idx, w, scores); });
   ASSERT_TRUE(e);

@@ -69,9 +69,9 @@ detail::Plan detail::bind_router_topk(const Context& ctx, const Tensor& x, const
   check_caller_buffer("topk_idx", topk_idx, {s.T, k}, DType::I64, dev, {{"x", x}, {"gate", gate}});
   check_caller_buffer("topk_weights", topk_weights, {s.T, k}, DType::F32, dev,
                       {{"x", x}, {"gate", gate}, {"topk_idx", topk_idx}});
-  check_caller_buffer("scores", scores, {s.T, s.E}, DType::I64, dev,
-                      {{"x", x}, {"gate", gate}, {"topk_idx", topk_idx},
-                       {"topk_weights", topk_weights}});
+  check_caller_buffer(
+      "scores", scores, {s.T, s.E}, DType::I64, dev,
+      {{"x", x}, {"gate", gate}, {"topk_idx", topk_idx}, {"topk_weights", topk_weights}});
   return detail::bind<detail::RouterTopkArgs>(
       "router_topk", kRouterTopk, ctx,
       {ctx, x, gate, options, topk_idx, topk_weights, scores, s.T, s.H, s.E});
@@ -105,15 +105,15 @@ detail::Plan detail::bind_router_topk_backward(
                        {"grad_expert_input", grad_expert_input}});
   // grad_input may be grad_expert_input itself (in place), and overlaps nothing else.
   const Tensor none;
-  check_caller_buffer("grad_input", grad_input, {s.T, s.H}, dt, dev,
-                      {{"x", x},
-                       {"gate", gate},
-                       {"scores", scores},
-                       {"topk_idx", topk_idx},
-                       {"grad_topk_weights", grad_topk_weights},
-                       {"grad_expert_input",
-                        same_view(grad_input, grad_expert_input) ? none : grad_expert_input},
-                       {"grad_gate", grad_gate}});
+  check_caller_buffer(
+      "grad_input", grad_input, {s.T, s.H}, dt, dev,
+      {{"x", x},
+       {"gate", gate},
+       {"scores", scores},
+       {"topk_idx", topk_idx},
+       {"grad_topk_weights", grad_topk_weights},
+       {"grad_expert_input", same_view(grad_input, grad_expert_input) ? none : grad_expert_input},
+       {"grad_gate", grad_gate}});
   // The CUDA entry's d logits [T, E] fp64, between its kernels (the CPU keeps one row at a time).
   Tensor grad_logits;
   if (dev.is_cuda()) grad_logits = Tensor::empty({s.T, s.E}, DType::I64, ctx);

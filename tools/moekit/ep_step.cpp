@@ -273,17 +273,17 @@ std::string EpStepReport::table() const {
     o << "  bytes/rank  not measured on the GPU engine (ExpertParallel::last_traffic() is zeros "
          "there)\n";
   } else {
-  std::snprintf(b, sizeof b,
-                "  bytes/rank  dispatch %.3f MB to other ranks + %.3f MB to self (a per-slot "
-                "all-to-all: %.3f MB to other ranks)\n",
-                mb(dispatch_remote), mb(dispatch_local), mb(dispatch_per_slot));
-  o << b;
-  std::snprintf(b, sizeof b,
-                "              combine  %.3f MB to other ranks + %.3f MB to self (a row in the "
-                "dtype or an fp32 sum per (token, rank); "
-                "per-slot: %.3f MB)\n",
-                mb(combine_remote), mb(combine_local), mb(combine_per_slot));
-  o << b;
+    std::snprintf(b, sizeof b,
+                  "  bytes/rank  dispatch %.3f MB to other ranks + %.3f MB to self (a per-slot "
+                  "all-to-all: %.3f MB to other ranks)\n",
+                  mb(dispatch_remote), mb(dispatch_local), mb(dispatch_per_slot));
+    o << b;
+    std::snprintf(b, sizeof b,
+                  "              combine  %.3f MB to other ranks + %.3f MB to self (a row in the "
+                  "dtype or an fp32 sum per (token, rank); "
+                  "per-slot: %.3f MB)\n",
+                  mb(combine_remote), mb(combine_local), mb(combine_per_slot));
+    o << b;
   }
   o << "  zero copy   MLP output is the combine's input, MLP grad_input the dispatch-backward's "
        "input: "

@@ -13,8 +13,8 @@ namespace moekit::detail {
 /// router_topk: logits → scores → top-k of each token.
 struct RouterTopkArgs {
   Context ctx;
-  Tensor x;             // [T, H] dtype
-  Tensor gate;          // [E, H] dtype
+  Tensor x;     // [T, H] dtype
+  Tensor gate;  // [E, H] dtype
   RouterOptions options;
   Tensor topk_idx;      // [T, k] i64
   Tensor topk_weights;  // [T, k] f32
@@ -32,8 +32,8 @@ struct RouterTopkBackwardArgs {
   Tensor grad_topk_weights;  // [T, k] f32
   Tensor grad_expert_input;  // [T, H] dtype or undefined (0)
   RouterOptions options;
-  Tensor grad_gate;   // [E, H] dtype
-  Tensor grad_input;  // [T, H] dtype; may be grad_expert_input itself
+  Tensor grad_gate;    // [E, H] dtype
+  Tensor grad_input;   // [T, H] dtype; may be grad_expert_input itself
   Tensor grad_logits;  // [T, E] fp64 bytes: the backend's workspace (allocated at bind on CUDA)
   int64_t tokens, hidden, experts;
 };

@@ -23,7 +23,9 @@ std::string reject_unless_cpu(const Context& ctx) {
   return ctx.device().is_cpu() ? "" : str("the context's device is ", ctx.device().to_string());
 }
 
-std::string router_topk_rejects(const detail::RouterTopkArgs& a) { return reject_unless_cpu(a.ctx); }
+std::string router_topk_rejects(const detail::RouterTopkArgs& a) {
+  return reject_unless_cpu(a.ctx);
+}
 
 void router_topk_run(const detail::RouterTopkArgs& a) {
   const int64_t T = a.tokens, H = a.hidden, E = a.experts, k = a.options.topk;

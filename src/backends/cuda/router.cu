@@ -191,8 +191,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class In>
 __global__ void __launch_bounds__(kThreads)
     router_dx_kernel(const double* __restrict__ dlogits, const In* __restrict__ gate,
-                     const In* dx_expert, int64_t tokens, int64_t hidden, int64_t experts,
-                     In* dx) {
+                     const In* dx_expert, int64_t tokens, int64_t hidden, int64_t experts, In* dx) {
   const int64_t n = tokens * hidden;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -263,10 +262,14 @@ void router_topk_run(const detail::RouterTopkArgs& a) {
   CudaResources& res = resources(a.ctx);
   DeviceGuard guard(res.device);
   switch (a.x.dtype()) {
-    case DType::F32: return router_topk_typed<float>(a, res);
-    case DType::F16: return router_topk_typed<__half>(a, res);
-    case DType::BF16: return router_topk_typed<__nv_bfloat16>(a, res);
-    default: throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
+    case DType::F32:
+      return router_topk_typed<float>(a, res);
+    case DType::F16:
+      return router_topk_typed<__half>(a, res);
+    case DType::BF16:
+      return router_topk_typed<__nv_bfloat16>(a, res);
+    default:
+      throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
   }
 }
 
@@ -281,10 +284,14 @@ void router_topk_backward_run(const detail::RouterTopkBackwardArgs& a) {
   CudaResources& res = resources(a.ctx);
   DeviceGuard guard(res.device);
   switch (a.x.dtype()) {
-    case DType::F32: return router_topk_backward_typed<float>(a, res);
-    case DType::F16: return router_topk_backward_typed<__half>(a, res);
-    case DType::BF16: return router_topk_backward_typed<__nv_bfloat16>(a, res);
-    default: throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
+    case DType::F32:
+      return router_topk_backward_typed<float>(a, res);
+    case DType::F16:
+      return router_topk_backward_typed<__half>(a, res);
+    case DType::BF16:
+      return router_topk_backward_typed<__nv_bfloat16>(a, res);
+    default:
+      throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
   }
 }
 
