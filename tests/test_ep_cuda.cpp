@@ -3,7 +3,9 @@
 // tokens per expert), combine, combine_backward, dispatch_backward — with fuzzed routing,
 // zero-token experts, int32 indices, capacity overflow both ways, malformed topk_idx (the device
 // checks set the context's error word; every output keeps its sentinel), W = 2 on two GPUs, and
-// the layer step captured in a CUDA graph and replayed with new routing, bit-identical to eager.
+// the layer step captured in a CUDA graph and replayed with new routing, bit-identical to eager;
+// the MoE layer (router on the device) on CudaRanks against CpuRanks (W = 1, and W = 2 on two
+// GPUs); the router primitives captured in a CUDA graph.
 //
 // Every test needs a GPU: it skips only when moekit has no CUDA backend or no device exists; on a
 // machine with a GPU an engine that cannot run fails the test.
@@ -11,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -372,6 +375,235 @@ TEST(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToEag
     api.graph_destroy(graph);
     ctx.synchronize();
   });
+}
+
+// ---------------------------------------------------------------- the MoE layer on CUDA ranks
+//
+// MoELayer (router primitive → dispatch → GroupedMLP → combine, and back) on CudaRanks against the
+// same layer, same data, on CpuRanks. Both allocators poison (unwritten memory is NaN, which no
+// comparison passes). What must agree and how:
+//  - the routing (saved topk_idx) exactly, and the topk weights within one f32 ulp: the router is
+//    the same fp64 arithmetic on both (moekit/primitives/router.h), only exp() may differ by an
+//    fp64 ulp;
+//  - y, dx, dWg, dW1, dW2 within rtol·(|ref| + rms(ref)), rtol = 2·ε_dtype (bf16: 2⁻⁶): the GPU's
+//    grouped GEMMs sum in another order than the CPU's, so the bf16 intermediates (h, z, dX) may
+//    round one ulp apart and the final rounding another ulp — while a wrong element (a wrong
+//    expert, a dropped or doubled row, a missing router term) is O(rms);
+//  - an expert no token picks (its gate row makes its logit ≈ −30 for every token): never in
+//    topk_idx, and its dW1 / dW2 exactly 0 on the GPU.
+struct LayerCfg {
+  int W = 1;
+  int64_t L = 4, H = 64, F = 96, k = 2, T = 40;
+  DType dt = DType::BF16;
+  RouterScore score = RouterScore::Softmax;
+  bool normalize = false;
+  int64_t zero_expert = 1;  // global expert no token picks
+  uint64_t seed = 7;
+};
+
+struct LayerHostData {
+  Tensor gate, w1, w2;        // [E, H], [E, 2F, H], [E, H, F]
+  std::vector<Tensor> x, dy;  // per rank [T_r, H]
+};
+
+LayerHostData make_layer_host(const LayerCfg& c) {
+  const int64_t E = c.L * c.W;
+  LayerHostData d{random_normal({E, c.H}, c.dt, c.seed, 0.3),
+                  random_normal({E, 2 * c.F, c.H}, c.dt, c.seed + 1, 1.0 / std::sqrt(double(c.H))),
+                  random_normal({E, c.H, c.F}, c.dt, c.seed + 2, 1.0 / std::sqrt(double(c.F))),
+                  {},
+                  {}};
+  // x[:, 0] = 4 on every token and gate[z] = (-8, 0, ..., 0): logit_z = -32, far below the rest.
+  std::vector<double> g(static_cast<size_t>(E * c.H));
+  to_f64(d.gate.data(), c.dt, g.data(), g.size());
+  for (int64_t h = 0; h < c.H; ++h) g[static_cast<size_t>(c.zero_expert * c.H + h)] = h == 0 ? -8 : 0;
+  from_f64(g.data(), d.gate.data(), c.dt, g.size());
+  for (int r = 0; r < c.W; ++r) {
+    const int64_t T = c.T - 3 * r;  // ranks differ in T
+    Tensor x = random_normal({T, c.H}, c.dt, c.seed * 10 + 100 + static_cast<uint64_t>(r));
+    std::vector<double> xv(static_cast<size_t>(T * c.H));
+    to_f64(x.data(), c.dt, xv.data(), xv.size());
+    for (int64_t t = 0; t < T; ++t) xv[static_cast<size_t>(t * c.H)] = 4;
+    from_f64(xv.data(), x.data(), c.dt, xv.size());
+    d.x.push_back(x);
+    d.dy.push_back(random_normal({T, c.H}, c.dt, c.seed * 10 + 200 + static_cast<uint64_t>(r)));
+  }
+  return d;
+}
+
+struct LayerResult {
+  std::vector<double> idx, w, y, dx, dgate, dw1, dw2;
+};
+
+// The layer's forward + backward on each rank of `ranks` (CpuRanks or CudaRanks).
+template <class Ranks>
+std::vector<LayerResult> run_layer(Ranks& ranks, const LayerCfg& c, const LayerHostData& d) {
+  std::vector<LayerResult> out(static_cast<size_t>(c.W));
+  ranks.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    const Context& ctx = comm.context();
+    const int64_t Tm = c.T;
+    MoELayer moe(comm, {.ep = {.experts_per_rank = c.L,
+                               .hidden = c.H,
+                               .dtype = c.dt,
+                               .topk = c.k,
+                               .max_tokens = Tm,
+                               .receive_capacity = Tm * c.W * c.k},
+                        .ffn = c.F,
+                        .score = c.score,
+                        .normalize_topk = c.normalize});
+    copy(ctx, d.gate, moe.gate_weight());
+    copy(ctx, d.w1.rows(r * c.L, (r + 1) * c.L), moe.experts().fc1()->linear().weight());
+    copy(ctx, d.w2.rows(r * c.L, (r + 1) * c.L), moe.experts().fc2()->linear().weight());
+    const Tensor x = to_device(ctx, d.x[static_cast<size_t>(r)]);
+    const Tensor dy = to_device(ctx, d.dy[static_cast<size_t>(r)]);
+    MoELayer::Saved saved;
+    const Tensor y = moe.forward(x, &saved);
+    const MoELayer::Grads g = moe.backward(saved, dy);
+    ctx.check_device_errors();
+    out[static_cast<size_t>(r)] = {to_doubles(ctx, saved.topk_idx), to_doubles(ctx, saved.topk_weights),
+                                   to_doubles(ctx, y), to_doubles(ctx, g.input),
+                                   to_doubles(ctx, g.gate), to_doubles(ctx, g.experts.fc1.weight),
+                                   to_doubles(ctx, g.experts.fc2.weight)};
+  });
+  return out;
+}
+
+// |got − ref| ≤ rtol·(|ref| + rms(ref)) for every element (NaN never passes); the reference must
+// not be all zeros (a comparison that cannot fail).
+::testing::AssertionResult layer_close(const char* what, const std::vector<double>& got,
+                                       const std::vector<double>& ref, double rtol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << ref.size();
+  double ss = 0;
+  for (double v : ref) ss += v * v;
+  const double rms = std::sqrt(ss / static_cast<double>(std::max<size_t>(1, ref.size())));
+  if (rms == 0) return ::testing::AssertionFailure() << what << ": the reference is all zeros";
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = rtol * (std::fabs(ref[i]) + rms);
+    if (!(std::fabs(got[i] - ref[i]) <= tol)) {
+      return ::testing::AssertionFailure() << what << "[" << i << "]: cuda " << got[i] << ", cpu "
+                                           << ref[i] << " (tolerance " << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void expect_layer_matches(const LayerCfg& c, const std::vector<LayerResult>& gpu,
+                          const std::vector<LayerResult>& cpu) {
+  const double rtol = 2 * epsilon(c.dt);
+  for (int r = 0; r < c.W; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const LayerResult& a = gpu[static_cast<size_t>(r)];
+    const LayerResult& b = cpu[static_cast<size_t>(r)];
+    ASSERT_EQ(a.idx, b.idx) << "the routing differs";
+    for (double e : a.idx) EXPECT_NE(e, static_cast<double>(c.zero_expert)) << "zero-token expert chosen";
+    ASSERT_EQ(a.w.size(), b.w.size());
+    for (size_t i = 0; i < a.w.size(); ++i)
+      EXPECT_LE(std::fabs(a.w[i] - b.w[i]), std::ldexp(std::fabs(b.w[i]), -23)) << "weight " << i;
+    EXPECT_TRUE(layer_close("y", a.y, b.y, rtol));
+    EXPECT_TRUE(layer_close("dx", a.dx, b.dx, rtol));
+    EXPECT_TRUE(layer_close("dgate", a.dgate, b.dgate, rtol));
+    EXPECT_TRUE(layer_close("dW1", a.dw1, b.dw1, rtol));
+    EXPECT_TRUE(layer_close("dW2", a.dw2, b.dw2, rtol));
+    if (c.zero_expert / c.L == r) {  // this rank owns the zero-token expert: its grads are 0
+      const int64_t e = c.zero_expert % c.L, n1 = 2 * c.F * c.H, n2 = c.H * c.F;
+      for (int64_t i = 0; i < n1; ++i) ASSERT_EQ(a.dw1[static_cast<size_t>(e * n1 + i)], 0.0) << i;
+      for (int64_t i = 0; i < n2; ++i) ASSERT_EQ(a.dw2[static_cast<size_t>(e * n2 + i)], 0.0) << i;
+    }
+  }
+}
+
+TEST(EpCuda, MoELayerWorldSizeOneMatchesCpuRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  for (const auto& [score, normalize, k] :
+       {std::tuple{RouterScore::Softmax, false, int64_t{2}},
+        std::tuple{RouterScore::Sigmoid, true, int64_t{3}},
+        std::tuple{RouterScore::Softmax, true, int64_t{1}}}) {
+    LayerCfg c;
+    c.score = score;
+    c.normalize = normalize;
+    c.k = k;
+    SCOPED_TRACE(str(score == RouterScore::Softmax ? "softmax" : "sigmoid",
+                     normalize ? " normalized" : "", " k=", k));
+    const LayerHostData d = make_layer_host(c);
+    CpuRanks cpu(1, [](int) { return poisoned(Context::cpu(1)); });
+    CudaRanks gpu(std::vector<Context>{poisoned(Context::cuda(0))});
+    const auto want = run_layer(cpu, c, d);
+    const auto got = run_layer(gpu, c, d);
+    expect_layer_matches(c, got, want);
+  }
+}
+
+TEST(EpCuda, MoELayerWorldSizeTwoOnTwoGpusMatchesCpuRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(2);
+  LayerCfg c;
+  c.W = 2;
+  c.k = 3;
+  c.zero_expert = 6;  // on rank 1
+  const LayerHostData d = make_layer_host(c);
+  CpuRanks cpu(2, [](int) { return poisoned(Context::cpu(1)); });
+  CudaRanks gpu(std::vector<Context>{poisoned(Context::cuda(0)), poisoned(Context::cuda(1))});
+  const auto want = run_layer(cpu, c, d);
+  const auto got = run_layer(gpu, c, d);
+  expect_layer_matches(c, got, want);
+}
+
+// The router primitives on one GPU, captured in a CUDA graph (caller buffers; the backward's
+// d-logits workspace is a stream-ordered allocation inside the capture) and replayed after x and
+// d topk_weights changed in place: every output bit-identical to the same calls run eagerly.
+TEST(EpCuda, RouterCapturedInACudaGraphReplaysBitIdenticalToEager) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const CudaGraphApi& api = CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  const OwnedStream owned(api);
+  void* const stream = owned.get();
+  ASSERT_NE(stream, nullptr);
+  const Context ctx = Context::cuda(0, stream);
+  const int64_t T = 50, E = 16, H = 72;
+  const DType dt = DType::BF16;
+  const RouterOptions o{.topk = 4, .score = RouterScore::Softmax, .normalize = true};
+  const Tensor x = to_device(ctx, random_normal({T, H}, dt, 1));
+  const Tensor gate = to_device(ctx, random_normal({E, H}, dt, 2, 0.5));
+  const Tensor gw = to_device(ctx, random_normal({T, o.topk}, DType::F32, 3));
+  const Tensor dxe = to_device(ctx, random_normal({T, H}, dt, 4));
+  struct Outs {
+    Tensor idx, w, scores, dgate, dx;
+  };
+  auto make_outs = [&] {
+    return Outs{filled(ctx, {T, o.topk}, DType::I64, kSentinel),
+                filled(ctx, {T, o.topk}, DType::F32, kSentinel),
+                filled(ctx, {T, E}, DType::I64, kSentinel), filled(ctx, {E, H}, dt, kSentinel),
+                filled(ctx, {T, H}, dt, kSentinel)};
+  };
+  auto step = [&](const Outs& q) {
+    router_topk(ctx, x, gate, o, q.idx, q.w, q.scores);
+    router_topk_backward(ctx, x, gate, q.scores, q.idx, gw, dxe, o, q.dgate, q.dx);
+  };
+  const Outs g = make_outs(), e = make_outs();
+  ctx.synchronize();
+  void* graph = nullptr;
+  void* exec = nullptr;
+  ASSERT_EQ(api.capture(stream, [&] { step(g); }, &graph), "");
+  ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("replay " + std::to_string(round));
+    copy(ctx, random_normal({T, H}, dt, 10 + static_cast<uint64_t>(round)), x);
+    copy(ctx, random_normal({T, o.topk}, DType::F32, 20 + static_cast<uint64_t>(round)), gw);
+    for (const Tensor* t : {&g.idx, &g.w, &g.scores, &g.dgate, &g.dx}) fill(ctx, *t, kSentinel);
+    ASSERT_EQ(api.launch(exec, stream), 0);
+    ASSERT_EQ(api.stream_sync(stream), 0);
+    step(e);
+    for (auto [a, b, t, what] :
+         {std::tuple{g.idx, e.idx, DType::I64, "topk_idx"}, {g.w, e.w, DType::F32, "topk_weights"},
+          {g.scores, e.scores, DType::I64, "scores"}, {g.dgate, e.dgate, dt, "grad_gate"},
+          {g.dx, e.dx, dt, "grad_input"}}) {
+      EXPECT_TRUE(bit_identical(bytes_of(ctx, a), bytes_of(ctx, b), t)) << what;
+    }
+  }
+  api.exec_destroy(exec);
+  api.graph_destroy(graph);
+  ctx.synchronize();
 }
 
 }  // namespace

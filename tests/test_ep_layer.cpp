@@ -298,10 +298,10 @@ TEST(MoELayerZeroCopy, TheMlpWritesTheEpBuffersInPlace) {
     Tensor y = moe.forward(x, &saved);
     const Allocator::Stats fw = ctx.allocator().stats();
     EXPECT_EQ(saved.expert_out.data(), moe.ep().combine_input().data());
-    // router idx + weights; dispatch recv, row weights, tokens per expert, padded counts; the
-    // MLP's h and z; the combine's output. Nothing [R, H] beyond recv.
+    // router idx + weights + fp64 scores [T, E]; dispatch recv, row weights, tokens per expert,
+    // padded counts; the MLP's h and z; the combine's output. Nothing [R, H] beyond recv.
     const int64_t es = 4;
-    EXPECT_EQ(fw.bytes, T * k * 8 + T * k * 4 + R * H * es + R * 4 + L * 8 + L * 8 +
+    EXPECT_EQ(fw.bytes, T * k * 8 + T * k * 4 + T * c.E * 8 + R * H * es + R * 4 + L * 8 + L * 8 +
                             R * 2 * F * es + R * F * es + T * H * es);
     ctx.allocator().reset_stats();
     MoELayer::Grads g = moe.backward(saved, dy);

@@ -22,3 +22,4 @@
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
 #include "moekit/primitives/quantize.h"
+#include "moekit/primitives/router.h"

@@ -9,6 +9,7 @@
 #include "moekit/primitives/grouped_bias.h"
 #include "moekit/primitives/grouped_gemm.h"
 #include "moekit/primitives/quantize.h"
+#include "moekit/primitives/router.h"
 #include "backends/contract/backend_table.h"
 
 namespace moekit::detail {
@@ -44,5 +45,16 @@ Plan bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a, const 
                             BOp op, const Splits& splits, const Tensor& out, const Tensor& bias = {});
 Plan bind_group_k_quantized(const Context& ctx, const QuantizedTensor& dy, const QuantizedTensor& x,
                             const Splits& splits, const Tensor& dw, bool accumulate);
+
+/// The router (moekit/primitives/router.h). The backward allocates the CUDA entry's [T, E] fp64
+/// d-logits workspace here, at bind.
+Plan bind_router_topk(const Context& ctx, const Tensor& x, const Tensor& gate,
+                      const RouterOptions& options, const Tensor& topk_idx,
+                      const Tensor& topk_weights, const Tensor& scores);
+Plan bind_router_topk_backward(const Context& ctx, const Tensor& x, const Tensor& gate,
+                               const Tensor& scores, const Tensor& topk_idx,
+                               const Tensor& grad_topk_weights, const Tensor& grad_expert_input,
+                               const RouterOptions& options, const Tensor& grad_gate,
+                               const Tensor& grad_input);
 
 }  // namespace moekit::detail

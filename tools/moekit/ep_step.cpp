@@ -1,5 +1,6 @@
-// `moekit run --ep N`: the MoE layer on N CPU ranks (moekit/ep/moe_layer.h), checked against the
-// same layer on one rank holding every expert and every rank's tokens.
+// `moekit run --ep N`: the MoE layer on N CPU ranks, or N GPUs with --device cuda (CudaRanks: one
+// rank per GPU) (moekit/ep/moe_layer.h), checked against the same layer on one rank (of the same
+// engine) holding every expert and every rank's tokens.
 #include "ep_step.h"
 
 #include <algorithm>
@@ -23,9 +24,15 @@ Tensor random_tensor(const Shape& shape, DType dtype, double stddev, std::mt1993
   from_f64(v.data(), t.data(), dtype, v.size());
   return t;
 }
-std::vector<double> f64(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  to_f64(t.data(), t.dtype(), v.data(), v.size());
+// t's elements in fp64, copied to the host on ctx's stream first when t is on a GPU.
+std::vector<double> f64(const Context& ctx, const Tensor& t) {
+  Tensor h = t;
+  if (!t.device().is_cpu()) {
+    h = Tensor::empty(t.shape(), t.dtype(), Context::cpu(1));
+    copy(ctx, t, h);  // ends on the host: waits for ctx's stream
+  }
+  std::vector<double> v(static_cast<size_t>(h.numel()));
+  to_f64(h.data(), h.dtype(), v.data(), v.size());
   return v;
 }
 Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) {
@@ -78,8 +85,7 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
     }
     std::mutex m;
     bool all_zero_copy = true;
-    CpuRanks group(ranks);
-    group.run([&](Communicator& comm) {
+    auto body = [&](Communicator& comm) {
       const int r = comm.rank();
       const Context& ctx = comm.context();
       MoELayer moe(comm, {.ep = {.experts_per_rank = L,
@@ -88,7 +94,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
                                  .topk = k,
                                  .max_tokens = Tr,
                                  .receive_capacity = Tr * ranks * std::min(k, L)},
-                          .ffn = F});
+                          .ffn = F,
+                          .time_phases = cfg.cuda});  // on a GPU: each phase's device time
       copy(ctx, gate, moe.gate_weight());
       copy(ctx, w1.rows(r * L, (r + 1) * L), moe.experts().fc1()->linear().weight());
       copy(ctx, w2.rows(r * L, (r + 1) * L), moe.experts().fc2()->linear().weight());
@@ -102,6 +109,7 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
         MoELayer::Saved saved;
         y = moe.forward(xr, &saved);
         g = moe.backward(saved, dyr);
+        ctx.synchronize();  // the step's device work (a no-op on CPU ranks)
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
@@ -123,6 +131,7 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
         for (int i = 0; i < 3; ++i) {
           const auto c0 = std::chrono::steady_clock::now();
           copy(ctx, staged, buf);
+          ctx.synchronize();
           t.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
                   .count());
@@ -132,11 +141,20 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
         staged_bytes = static_cast<double>(buf.nbytes());
       }
       Results& out = res[static_cast<size_t>(r)];
-      out = {f64(y), f64(g.input), f64(g.gate), f64(g.experts.fc1.weight),
-             f64(g.experts.fc2.weight)};
+      out = {f64(ctx, y), f64(ctx, g.input), f64(ctx, g.gate), f64(ctx, g.experts.fc1.weight),
+             f64(ctx, g.experts.fc2.weight)};
       std::lock_guard lock(m);
       all_zero_copy = all_zero_copy && zc;
-    });
+    };
+    if (cfg.cuda) {
+      std::vector<int> devices(static_cast<size_t>(ranks));
+      for (int r = 0; r < ranks; ++r) devices[static_cast<size_t>(r)] = r;
+      CudaRanks group(devices);
+      group.run(body);
+    } else {
+      CpuRanks group(ranks);
+      group.run(body);
+    }
     if (zero_copy) *zero_copy = all_zero_copy;
     return res;
   };
@@ -224,8 +242,9 @@ std::string EpStepReport::table() const {
   char b[320];
   o << "moekit run --ep " << cfg.ranks << ": MoE layer (preset " << preset << ", " << cfg.experts
     << " experts, " << cfg.experts / cfg.ranks << " per rank, top-" << cfg.topk << ", "
-    << name(cfg.dtype) << ") on " << cfg.ranks << " CPU ranks (cpu-ranks engine, threads over "
-    << "shared memory)\n";
+    << name(cfg.dtype) << ") on " << cfg.ranks
+    << (cfg.cuda ? " CUDA ranks (cuda-ranks engine, one GPU per rank, peer stores)\n"
+                 : " CPU ranks (cpu-ranks engine, threads over shared memory)\n");
   std::snprintf(b, sizeof b,
                 "  shapes      x [%lld, %lld] per rank, fc1 [%lld, %lld, %lld], fc2 [%lld, %lld, "
                 "%lld] per rank\n",
@@ -235,8 +254,10 @@ std::string EpStepReport::table() const {
                 static_cast<long long>(cfg.experts / cfg.ranks), static_cast<long long>(cfg.hidden),
                 static_cast<long long>(cfg.ffn));
   o << b;
-  o << "  phase (ms, slowest rank, median; an EP phase includes waiting for the other ranks)\n"
-       "                                       forward   backward\n";
+  o << "  phase (ms, slowest rank, median; an EP phase includes waiting for the other ranks"
+    << (cfg.cuda ? ";\n  each phase ends with a synchronisation on the GPU, so it is device time)\n"
+                 : ")\n")
+    << "                                       forward   backward\n";
   auto line = [&](const char* n, double f, double bw) {
     std::snprintf(b, sizeof b, "    %-32s %8.3f  %9.3f\n", n, f, bw);
     o << b;
@@ -248,17 +269,22 @@ std::string EpStepReport::table() const {
   std::snprintf(b, sizeof b, "  step        %.3f ms forward + backward\n", step_ms);
   o << b;
   auto mb = [](double v) { return v / 1e6; };
-  std::snprintf(b, sizeof b,
-                "  bytes/rank  dispatch %.3f MB to other ranks + %.3f MB to self (a per-slot "
-                "all-to-all: %.3f MB to other ranks)\n",
-                mb(dispatch_remote), mb(dispatch_local), mb(dispatch_per_slot));
-  o << b;
-  std::snprintf(b, sizeof b,
-                "              combine  %.3f MB to other ranks + %.3f MB to self (a row in the "
-                "dtype or an fp32 sum per (token, rank); "
-                "per-slot: %.3f MB)\n",
-                mb(combine_remote), mb(combine_local), mb(combine_per_slot));
-  o << b;
+  if (cfg.cuda) {
+    o << "  bytes/rank  not measured on the GPU engine (ExpertParallel::last_traffic() is zeros "
+         "there)\n";
+  } else {
+    std::snprintf(b, sizeof b,
+                  "  bytes/rank  dispatch %.3f MB to other ranks + %.3f MB to self (a per-slot "
+                  "all-to-all: %.3f MB to other ranks)\n",
+                  mb(dispatch_remote), mb(dispatch_local), mb(dispatch_per_slot));
+    o << b;
+    std::snprintf(b, sizeof b,
+                  "              combine  %.3f MB to other ranks + %.3f MB to self (a row in the "
+                  "dtype or an fp32 sum per (token, rank); "
+                  "per-slot: %.3f MB)\n",
+                  mb(combine_remote), mb(combine_local), mb(combine_per_slot));
+    o << b;
+  }
   o << "  zero copy   MLP output is the combine's input, MLP grad_input the dispatch-backward's "
        "input: "
     << (zero_copy ? "yes" : "NO") << "\n";
@@ -285,7 +311,7 @@ std::string EpStepReport::json() const {
   nlohmann::ordered_json j = {
       {"layer", "MoE"},
       {"preset", preset},
-      {"engine", "cpu-ranks"},
+      {"engine", cfg.cuda ? "cuda-ranks" : "cpu-ranks"},
       {"ranks", cfg.ranks},
       {"experts", cfg.experts},
       {"topk", cfg.topk},

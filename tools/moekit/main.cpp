@@ -4,7 +4,8 @@
 //              [--device cpu|cuda] [--dtype bf16|f16|f32] [--steps N] [--seed S] [--json]
 //              [--recipe none|fp8-current|fp8-block|mxfp8|nvfp4]
 //              [--no-check] [--no-fuse] [--glu L] [--host-splits] [--internal-buffers]
-//   moekit run --ep N [--topk K] ...   the MoE layer (router → dispatch → MLP → combine) on N ranks
+//   moekit run --ep N [--topk K] [--device cpu|cuda] ...   the MoE layer (router → dispatch → MLP
+//              → combine) on N CPU ranks (the default) or N GPUs
 //
 // The step is forward + backward of the expert layer, writing its output and its input gradient
 // into caller-owned buffers (as an expert-parallel combine/dispatch would own them), then checked
@@ -71,7 +72,7 @@ struct Options {
   bool no_fuse = false;
   std::string glu = "interleaved32";
   bool host_splits = false, internal_buffers = false;
-  std::optional<int64_t> ep;  // --ep N: the MoE layer on N CPU ranks
+  std::optional<int64_t> ep;  // --ep N: the MoE layer on N CPU ranks (or N GPUs: --device cuda)
   int64_t topk = 2;
 };
 
@@ -169,8 +170,10 @@ void add_run_options(CLI::App& run, Options& o) {
                "let the ops allocate y and dx (default: caller buffers, written in place)");
   run.add_option("--ep", o.ep,
                  "run the whole MoE layer (router -> dispatch -> grouped MLP -> combine) on N\n"
-                 "CPU ranks (threads over shared memory): --experts in all, --tokens per rank;\n"
-                 "per-phase times, bytes moved, check against one dense rank")
+                 "CPU ranks (threads over shared memory; the default for --ep) or, with\n"
+                 "--device cuda, on N GPUs (one rank per GPU; needs N visible GPUs):\n"
+                 "--experts in all, --tokens per rank; per-phase times, bytes moved, check\n"
+                 "against one dense rank")
       ->type_name("N")
       ->transform(integer_in<int64_t>(1, 64));
   run.add_option("--topk", o.topk, "with --ep: experts per token (default 2)")
@@ -212,20 +215,30 @@ Context make_context(const std::optional<std::string>& device) {
   return Context::cuda(0);
 }
 
-// `moekit run --ep N`: the MoE layer on N CPU ranks (tools/moekit/ep_step.cpp).
+// `moekit run --ep N`: the MoE layer on N CPU ranks, or with --device cuda on N GPUs (one rank
+// per GPU, the cuda-ranks engine) (tools/moekit/ep_step.cpp).
 int run_ep(const Options& o) {
   const Preset& p = kPresets.at(o.preset);
-  if (o.device && *o.device == "cuda") {
-    throw RunFailure(
-        "--ep with --device cuda: the GPU engine of expert parallelism is designed, not built; "
-        "--ep runs on CPU ranks (--device cpu)");
+  const bool cuda = o.device && *o.device == "cuda";
+  const int ranks = static_cast<int>(*o.ep);
+  if (cuda) {  // before any work: N ranks need N GPUs
+    const int gpus = Context::built_with_cuda() ? Context::cuda_device_count() : 0;
+    if (gpus < ranks) {
+      throw RunFailure(str("--ep ", ranks, " with --device cuda: expects ", ranks,
+                           " GPU(s) (one rank per GPU), found ", gpus,
+                           Context::built_with_cuda()
+                               ? " (see nvidia-smi and CUDA_VISIBLE_DEVICES)"
+                               : " (this moekit was built without CUDA)"));
+    }
   }
   tools::EpStepConfig cfg;
-  cfg.ranks = static_cast<int>(*o.ep);
+  cfg.ranks = ranks;
+  cfg.cuda = cuda;
   cfg.hidden = p.hidden;
   cfg.ffn = p.ffn;
   cfg.experts = o.experts.value_or(p.experts);
-  cfg.tokens = o.tokens.value_or(std::max<int64_t>(1, p.tokens_cpu / cfg.ranks));
+  cfg.tokens =
+      o.tokens.value_or(std::max<int64_t>(1, (cuda ? p.tokens_gpu : p.tokens_cpu) / cfg.ranks));
   cfg.topk = o.topk;
   cfg.dtype = parse_dtype(o.dtype);
   cfg.seed = o.seed;
@@ -241,10 +254,10 @@ int run_ep(const Options& o) {
   }
   std::fprintf(stderr,
                "moekit run --ep %d: preset %s (%lld experts, top-%lld, %lld tokens per rank, %s) on "
-               "CPU ranks: 1 warm-up + %lld timed steps%s ...\n",
+               "%s ranks: 1 warm-up + %lld timed steps%s ...\n",
                cfg.ranks, o.preset.c_str(), static_cast<long long>(cfg.experts),
                static_cast<long long>(cfg.topk), static_cast<long long>(cfg.tokens),
-               o.dtype.c_str(), static_cast<long long>(cfg.steps),
+               o.dtype.c_str(), cuda ? "CUDA" : "CPU", static_cast<long long>(cfg.steps),
                cfg.check ? ", the dense one-rank check" : "");
   std::fflush(stderr);
   const tools::EpStepReport r = tools::run_ep_step(cfg, o.preset);

@@ -8,15 +8,18 @@
 //           with normalize_topk
 //   y_t     = Σ_j MLP_{e_j}(x_t; w_j)           MLP of SPEC §5 with p = w_j: the weight is applied
 //                                               inside the MLP, the combine sums unweighted
-// The router runs in fp64 on the host (CPU ranks; the weights are then rounded to f32); dispatch /
-// combine are ExpertParallel's (moekit/ep/expert_parallel.h), the experts a GroupedMLP of the L
+// The router is the router primitive (moekit/primitives/router.h: fp64 on every device, the
+// weights rounded to f32, the same routing on CPU and CUDA ranks); dispatch / combine are
+// ExpertParallel's (moekit/ep/expert_parallel.h), the experts a GroupedMLP of the L
 // local experts writing its output straight into ExpertParallel::combine_input() and, in backward,
 // its input gradient into dispatch_backward_input() (zero copy).
 // Backward from dy [T, H]: dY = combine_backward(dy); the MLP's backward gives dX [R, H] (into the
 // EP buffer), dprobs [R] and the experts' weight gradients; dispatch_backward gives dx_e [T, H] and
-// d(topk weights) [T, k]; the router's backward (fp64) gives dWg [E, H] (this rank's tokens only:
+// d(topk weights) [T, k]; the router's backward (fp64, router_topk_backward) gives dWg [E, H] (this rank's tokens only:
 // a data-parallel caller all-reduces it) and dx_r; dx = round(dx_e + dx_r) once.
-// One backward per forward (SPEC §1a) unless retain_saved. Every call is collective.
+// One backward per forward (SPEC §1a) unless retain_saved. Every call is collective. The layer is
+// written once for every device: on CudaRanks (one GPU per rank) every phase runs on the GPU with
+// no host synchronisation (unless time_phases).
 //
 //   CpuRanks ranks(4);
 //   ranks.run([&](Communicator& comm) {
@@ -35,10 +38,9 @@
 
 #include "moekit/ep/expert_parallel.h"
 #include "moekit/ops/grouped_mlp.h"
+#include "moekit/primitives/router.h"
 
 namespace moekit {
-
-enum class RouterScore { Softmax, Sigmoid };
 
 struct MoELayerBackwardOptions {
   bool retain_saved = false;  // the saved context stays usable (PyTorch's retain_graph)
@@ -51,9 +53,14 @@ struct MoELayerConfig {
   bool normalize_topk = false;  // weights divided by the sum of the k chosen scores
   bool fc1_bias = false, fc2_bias = false;
   GluLayout layout = GluLayout::Halves;
+  // Synchronise the context after each phase, so that MoEPhases' host clock measures each phase's
+  // device work (moekit run). Off (default): no host synchronisation; on a CUDA context the phase
+  // times are then the host's enqueue times.
+  bool time_phases = false;
 };
 
-/// Wall time of each phase of the last forward / backward (ms, host clock; CPU ranks).
+/// Wall time of each phase of the last forward / backward (ms, host clock; on CUDA device time
+/// only with MoELayerConfig::time_phases).
 struct MoEPhases {
   double router_ms = 0, dispatch_ms = 0, mlp_ms = 0, combine_ms = 0;
   EpTraffic dispatch_traffic, combine_traffic;  // bytes each EP call stored
@@ -77,7 +84,7 @@ class MoELayer {
     ExpertParallel::Handle handle;
     GroupedMLP::Saved mlp;
     Tensor expert_out;  // the MLP's output: combine_input() itself (zero copy)
-    std::shared_ptr<std::vector<double>> scores;  // [T, E] fp64, for the router's backward
+    Tensor scores;        // [T, E] fp64 bytes in an i64 tensor (router_topk), for the backward
     bool valid = false;
     std::shared_ptr<bool> used;
   };
@@ -103,6 +110,8 @@ class MoELayer {
   std::unique_ptr<GroupedMLP> mlp_;
   Tensor gate_;
   MoEPhases forward_phases_, backward_phases_;
+  RouterOptions router_options() const;
+  void end_phase() const;  // synchronises when config_.time_phases
 };
 
 }  // namespace moekit

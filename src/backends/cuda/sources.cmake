@@ -8,6 +8,7 @@ target_sources(moekit PRIVATE
   backends/cuda/activation.cu
   backends/cuda/quantize.cu
   backends/cuda/quantized_gemm_bf16.cu
+  backends/cuda/router.cu
   backends/cuda/quantized_gemm_emulation.cu
   backends/cuda/pointer_arrays.cu
   backends/cuda/grouped_gemm_cublas.cpp
