@@ -86,8 +86,13 @@ void group_m_run(const detail::QuantGroupMArgs& a) {
   DeviceGuard guard(resources(a.ctx).device);
   const bool fprop = a.op == BOp::Transposed;
   const Tensor a16 = bf16_copy(a.ctx, a.a, a.splits, QuantUsage::Rowwise);
-  const Tensor w16 = bf16_copy(a.ctx, a.b, weight_splits(a.b),
-                               fprop ? QuantUsage::Rowwise : QuantUsage::Columnwise);
+  // With per-group or 128x128 scales both copies hold the same codes under the same scales
+  // (SPEC §6b): dgrad's columnwise copy transposed back is the rowwise copy, read directly.
+  const bool same_codes =
+      a.b.spec.scaling == Scaling::PerGroup || a.b.spec.scaling == Scaling::Block2D;
+  const QuantUsage w_copy = fprop || (same_codes && a.b.has_rowwise()) ? QuantUsage::Rowwise
+                                                                       : QuantUsage::Columnwise;
+  const Tensor w16 = bf16_copy(a.ctx, a.b, weight_splits(a.b), w_copy);
   const Tensor b = w16.view({a.groups, a.b.rows / a.groups, a.b.cols});
   grouped_gemm_group_m(a.ctx, a16, b, a.op, a.splits, a.out, a.bias);
 }
