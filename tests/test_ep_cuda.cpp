@@ -503,7 +503,18 @@ void expect_layer_matches(const LayerCfg& c, const std::vector<LayerResult>& gpu
       EXPECT_LE(std::fabs(a.w[i] - b.w[i]), std::ldexp(std::fabs(b.w[i]), -23)) << "weight " << i;
     EXPECT_TRUE(layer_close("y", a.y, b.y, rtol));
     EXPECT_TRUE(layer_close("dx", a.dx, b.dx, rtol));
-    EXPECT_TRUE(layer_close("dgate", a.dgate, b.dgate, rtol));
+    if (c.normalize && c.k == 1) {
+      // One expert per token, its weight normalised: w = s/s = 1 whatever the logits, so dgate
+      // is 0 in exact arithmetic and both devices return fp64 cancellation noise (measured on
+      // the H200: 1e-15 vs 7e-18) — a relative comparison of noise cannot be posed. Both must be
+      // noise: far below any real gate gradient (O(1e-2) in the other cases, compared above).
+      for (size_t i = 0; i < a.dgate.size(); ++i) {
+        EXPECT_LE(std::fabs(a.dgate[i]), 0x1p-30) << "cuda dgate[" << i << "]";
+        EXPECT_LE(std::fabs(b.dgate[i]), 0x1p-30) << "cpu dgate[" << i << "]";
+      }
+    } else {
+      EXPECT_TRUE(layer_close("dgate", a.dgate, b.dgate, rtol));
+    }
     EXPECT_TRUE(layer_close("dW1", a.dw1, b.dw1, rtol));
     EXPECT_TRUE(layer_close("dW2", a.dw2, b.dw2, rtol));
     if (c.zero_expert / c.L == r) {  // this rank owns the zero-token expert: its grads are 0
