@@ -10,12 +10,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "moekit/moekit.h"
 #include "support/test_util.h"
@@ -23,6 +27,7 @@
 namespace moekit::test {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 enum class Routing { Uniform, Skewed, EmptyExpert, LastRankNothing, AllToRankZero };
@@ -280,11 +285,63 @@ struct RankResult {
 
 // Every rank's context allocates poisoned memory (0xFF bytes: NaN), so a row the library should
 // have written and did not fails the bitwise comparison, and rows it must not write stay 0xFF.
-std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) {
-  CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });
+// The group a test runs on: CpuRanks, or threads that each bring their rank's region and the
+// collectives to caller_communicator (what a one-process-per-GPU caller does).
+enum class Engine { CpuRanks, Caller };
+
+// W threads, each a caller_communicator over its own poisoned host region of `region_bytes`
+// (bases exchanged beforehand), a std::barrier and a slot vector for the collectives.
+void run_on_caller_group(int W, size_t region_bytes,
+                         const std::function<void(Communicator&)>& body) {
+  std::vector<Context> ctxs;
+  std::vector<Tensor> regions;
+  std::vector<void*> bases;
+  for (int r = 0; r < W; ++r) {
+    ctxs.push_back(poisoned(Context::cpu(1)));
+    regions.push_back(Tensor::empty({static_cast<int64_t>(region_bytes)}, DType::U8, ctxs.back()));
+    bases.push_back(regions.back().data());
+  }
+  std::barrier sync(W);
+  std::mutex mutex;
+  std::vector<std::string> slots(static_cast<size_t>(W));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(W));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < W; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CallerGroup g{.rank = r,
+                      .world_size = W,
+                      .context = ctxs[static_cast<size_t>(r)],
+                      .region = regions[static_cast<size_t>(r)],
+                      .peer_bases = bases,
+                      .barrier = [&] { sync.arrive_and_wait(); },
+                      .all_gather = [&, r](std::string_view bytes) {
+                        sync.arrive_and_wait();  // the previous gather's readers are done
+                        {
+                          std::lock_guard lock(mutex);
+                          slots[static_cast<size_t>(r)] = std::string(bytes);
+                        }
+                        sync.arrive_and_wait();
+                        std::lock_guard lock(mutex);
+                        return slots;
+                      }};
+        const std::unique_ptr<Communicator> comm = caller_communicator(std::move(g));
+        body(*comm);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in,
+                               Engine engine = Engine::CpuRanks) {
   std::vector<RankResult> res(static_cast<size_t>(c.W));
   const int64_t R = c.R;
-  ranks.run([&](Communicator& comm) {
+  const auto body = [&](Communicator& comm) {
     const int r = comm.rank();
     const Context& ctx = comm.context();
     const RankInput& ri = in[static_cast<size_t>(r)];
@@ -354,7 +411,14 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in) 
     auto g = ep.dispatch_backward(d.handle, dX, dw);
     out.grad_tokens = bytes_of(ctx, g.tokens);
     out.grad_topk = bytes_of(ctx, g.topk_weights);
-  });
+  };
+  if (engine == Engine::CpuRanks) {
+    CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });
+    ranks.run(body);
+  } else {
+    run_on_caller_group(c.W, ExpertParallel::symmetric_bytes(config_of(c, R), c.W, Device::cpu()),
+                        body);
+  }
   return res;
 }
 
@@ -488,6 +552,93 @@ INSTANTIATE_TEST_SUITE_P(
                       FuzzParam{8, Routing::Uniform}, FuzzParam{8, Routing::Skewed},
                       FuzzParam{8, Routing::LastRankNothing}, FuzzParam{8, Routing::AllToRankZero}),
     [](const auto& info) { return str("W", info.param.W, "_", routing_name(info.param.routing)); });
+
+// A caller's group (caller_communicator over regions the caller allocated, its own barrier and
+// all_gather; exactly ExpertParallel::symmetric_bytes each) runs the same protocol: every result
+// of every rank bit for bit the dense reference's, as on CpuRanks.
+TEST(EpCallerGroup, CallerRegionsRunTheProtocolBitForBitAsCpuRanks) {
+  for (const auto& [W, routing] : {std::pair{1, Routing::Uniform}, std::pair{2, Routing::Skewed},
+                                   std::pair{4, Routing::EmptyExpert}, std::pair{8, Routing::Uniform}}) {
+    SCOPED_TRACE(str("W=", W, " ", routing_name(routing)));
+    Case c;
+    c.W = W;
+    c.routing = routing;
+    c.L = W == 1 ? 4 : 2;
+    c.k = std::min<int64_t>(3, c.L * c.W - 1);
+    auto in = make_inputs(c, default_tokens(c));
+    c.R = max_rows_needed(c, in) + 5;
+    const auto res = run_ep(c, in, Engine::Caller);
+    check_against_reference(c, in, res);
+    const auto cpu = run_ep(c, in);
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(res[static_cast<size_t>(r)].out, cpu[static_cast<size_t>(r)].out) << "rank " << r;
+      EXPECT_EQ(res[static_cast<size_t>(r)].grad_tokens, cpu[static_cast<size_t>(r)].grad_tokens)
+          << "rank " << r;
+    }
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The group's checks name the field; a region one block's alignment short of symmetric_bytes fails the
+// allocation that does not fit, on every rank alike (no rank hangs), naming 'bytes'.
+TEST(EpCallerGroup, BadGroupsAndASmallRegionAreRefusedNamingTheField) {
+  const Context ctx = Context::cpu(1);
+  const Tensor region = Tensor::empty({4096}, DType::U8, ctx);
+  auto group = [&] {
+    return CallerGroup{.rank = 0,
+                       .world_size = 1,
+                       .context = ctx,
+                       .region = region,
+                       .peer_bases = {region.data()},
+                       .barrier = [] {},
+                       .all_gather = [](std::string_view b) {
+                         return std::vector<std::string>{std::string(b)};
+                       }};
+  };
+  auto refused = [&](CallerGroup g, const char* field) {
+    auto e = caught([&] { (void)caller_communicator(std::move(g)); });
+    ASSERT_TRUE(e) << field;
+    EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
+    EXPECT_THAT(e->what(), HasSubstr(str("'", field, "'")));
+  };
+  EXPECT_NE(caller_communicator(group()), nullptr);
+  CallerGroup g = group();
+  g.rank = 1;
+  refused(g, "rank");
+  g = group();
+  g.peer_bases = {region.data(), region.data()};
+  refused(g, "peer_bases");
+  g = group();
+  g.world_size = 2;
+  g.peer_bases = {region.data(), static_cast<char*>(region.data()) + 8};  // misaligned peer
+  refused(g, "peer_bases");
+  g = group();
+  g.region = Tensor::empty({4096}, DType::F32, ctx);
+  refused(g, "region");
+  g = group();
+  g.barrier = nullptr;
+  refused(g, "barrier");
+
+  Case c;
+  c.W = 2;
+  auto in = make_inputs(c, default_tokens(c));
+  c.R = max_rows_needed(c, in) + 5;
+  const size_t need = ExpertParallel::symmetric_bytes(config_of(c, c.R), c.W, Device::cpu());
+  std::vector<std::string> errors(2);
+  EXPECT_THROW(run_on_caller_group(2, need - kSymmetricAlignment,
+                                   [&](Communicator& comm) {
+                                     try {
+                                       ExpertParallel ep(comm, config_of(c, c.R));
+                                     } catch (const Error& e) {
+                                       errors[static_cast<size_t>(comm.rank())] = e.what();
+                                       throw;
+                                     }
+                                   }),
+               Error);
+  for (const std::string& e : errors) {
+    EXPECT_THAT(e, AllOf(HasSubstr("'bytes'"), HasSubstr("left of the caller's"))) << e;
+  }
+}
 
 // The same 8 experts and the same tokens over 1, 2, 4 and 8 ranks (L = 8, 4, 2, 1: powers of
 // two): every rank's combine and dispatch_backward output is bit-identical to one rank's.

@@ -428,6 +428,38 @@ ExpertParallel::Dispatched dispatch_on_device(ExpertParallel::State& s,
 
 }  // namespace
 
+namespace {
+
+// The collective allocations of an ExpertParallel, in the order its constructor makes them (every
+// rank the same): staging rows, routing metadata, counts, returned rows (fp32), their flags and
+// weights, the two zero-copy buffers; the GPU engines add a slot table and a status word.
+std::vector<size_t> symmetric_block_sizes(const ExpertParallelConfig& c, int world, bool gpu) {
+  const auto W = static_cast<size_t>(world), Tm = static_cast<size_t>(c.max_tokens),
+             H = static_cast<size_t>(c.hidden), k = static_cast<size_t>(c.topk),
+             L = static_cast<size_t>(c.experts_per_rank),
+             R = static_cast<size_t>(c.receive_capacity), row = H * size_of(c.dtype);
+  std::vector<size_t> sizes{W * Tm * row,   W * Tm * k * 4, W * Tm * k * 4, W * Tm * k * 4,
+                            W * (L + 1) * 8, W * Tm * H * 4, W * Tm * 4,     W * Tm * k * 4,
+                            R * row,         R * row};
+  if (gpu) {
+    sizes.push_back(W * Tm * k * 4);
+    sizes.push_back(64);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+size_t ExpertParallel::symmetric_bytes(const ExpertParallelConfig& config, int world_size,
+                                       const Device& device) {
+  if (world_size < 1) throw_invalid("world_size", "at least 1 rank", std::to_string(world_size));
+  size_t total = 0;
+  for (size_t b : symmetric_block_sizes(config, world_size, device.is_cuda())) {
+    total += (b + kSymmetricAlignment - 1) / kSymmetricAlignment * kSymmetricAlignment;
+  }
+  return total;
+}
+
 ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& config)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
@@ -477,26 +509,15 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
                   str("ExpertParallel: rank ", r, " refused its config (", all[r], ")"));
     }
   }
-  const auto W = static_cast<size_t>(s.W), Tm = static_cast<size_t>(c.max_tokens),
-             H = static_cast<size_t>(c.hidden), k = static_cast<size_t>(c.topk),
-             L = static_cast<size_t>(c.experts_per_rank),
-             R = static_cast<size_t>(c.receive_capacity);
-  s.stage_x = comm.allocate(W * Tm * s.row_bytes());
-  s.meta_e = comm.allocate(W * Tm * k * 4);
-  s.meta_j = comm.allocate(W * Tm * k * 4);
-  s.meta_w = comm.allocate(W * Tm * k * 4);
-  s.counts = comm.allocate(W * (L + 1) * 8);
-  s.ret = comm.allocate(W * Tm * H * 4);
-  s.ret_flag = comm.allocate(W * Tm * 4);
-  s.ret_w = comm.allocate(W * Tm * k * 4);
-  s.combine_mem = comm.allocate(R * s.row_bytes());
-  s.dbw_mem = comm.allocate(R * s.row_bytes());
   s.gpu = comm.context().device().is_cuda();
+  SymmetricMemory* const blocks[] = {&s.stage_x, &s.meta_e,  &s.meta_j,      &s.meta_w,
+                                     &s.counts,  &s.ret,     &s.ret_flag,    &s.ret_w,
+                                     &s.combine_mem, &s.dbw_mem, &s.meta_q,  &s.status};
+  const std::vector<size_t> sizes = symmetric_block_sizes(c, s.W, s.gpu);
+  for (size_t i = 0; i < sizes.size(); ++i) *blocks[i] = comm.allocate(sizes[i]);
   if (s.gpu) {
-    s.meta_q = comm.allocate(W * Tm * k * 4);
-    s.status = comm.allocate(64);
     const Context& ctx = comm.context();
-    const auto w = static_cast<int64_t>(W), tm = c.max_tokens, kk = c.topk;
+    const auto w = static_cast<int64_t>(s.W), tm = c.max_tokens, kk = c.topk;
     const int64_t l = c.experts_per_rank;
     detail::EpDeviceRouting& d = s.dev_rt;
     d.plan = Tensor::empty({detail::ep_plan_words(w, l)}, DType::I64, ctx);

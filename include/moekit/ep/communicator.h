@@ -63,6 +63,39 @@ class Communicator {
   virtual std::vector<std::string> all_gather(std::string_view bytes) = 0;
 };
 
+/// The offset alignment of every block a collective allocate() carves from a caller's region.
+inline constexpr size_t kSymmetricAlignment = 256;
+
+/// One rank of a group the caller runs — typically one process per GPU in a torch.distributed
+/// job — with symmetric memory the caller brings: its rank's block `region` of a region every rank
+/// allocated with the same size, and every rank's base address of it (`peer_bases`, e.g.
+/// torch.distributed._symmetric_memory's buffer_ptrs, or NCCL window pointers), loadable and
+/// storable from this rank's context. The host collectives are the caller's too:
+///  - barrier(): every rank's stores queued before it are visible to every rank's work queued
+///    after it, in the order of each rank's context (GPUs: a stream-ordered barrier on the
+///    context's stream, such as torch symmetric memory's barrier; CPU ranks: a host barrier);
+///  - all_gather(bytes): every rank's bytes in rank order (small host metadata).
+/// allocate(bytes) carves the region: collective (sizes checked over all_gather), the same offset
+/// on every rank, offsets multiples of kSymmetricAlignment, held until the communicator is destroyed (blocks
+/// are not reused); running out is an InvalidArgument naming 'bytes' with what is left.
+/// ExpertParallel::symmetric_bytes says how much an ExpertParallel needs.
+struct CallerGroup {
+  int rank = 0;
+  int world_size = 1;
+  Context context;                // this rank's device and stream
+  Tensor region;                  // u8 [bytes], contiguous, on context's device
+  std::vector<void*> peer_bases;  // [world_size]; peer_bases[rank] == region.data()
+  std::function<void()> barrier;
+  std::function<std::vector<std::string>(std::string_view)> all_gather;
+  std::string engine = "caller-symmetric";  // for reports
+};
+
+/// A Communicator over `group` (checked: rank in [0, world_size), peer_bases of world_size
+/// entries with this rank's equal to region.data(), every base 16-byte aligned, the
+/// region a contiguous u8 tensor on the context's device, both collectives given; an
+/// InvalidArgument naming the field otherwise). Construction is local (no collective).
+std::unique_ptr<Communicator> caller_communicator(CallerGroup group);
+
 /// N ranks as threads of one process over shared host memory (the CPU engine).
 class CpuRanks {
  public:

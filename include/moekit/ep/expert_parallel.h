@@ -91,6 +91,11 @@ class ExpertParallel {
   /// rank must pass the same config).
   ExpertParallel(Communicator& comm, const ExpertParallelConfig& config);
   ~ExpertParallel();
+  /// The symmetric memory one ExpertParallel of `config` allocates on `world_size` ranks of
+  /// `device` (each block rounded up to kSymmetricAlignment): what a caller group's region
+  /// (caller_communicator) must hold per ExpertParallel.
+  static size_t symmetric_bytes(const ExpertParallelConfig& config, int world_size,
+                                const Device& device);
   ExpertParallel(const ExpertParallel&) = delete;
   ExpertParallel& operator=(const ExpertParallel&) = delete;
 
