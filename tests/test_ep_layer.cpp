@@ -276,6 +276,48 @@ TEST_P(MoELayerRanks, ForwardAndBackwardMatchTheDenseFp64Reference) {
 INSTANTIATE_TEST_SUITE_P(Cpu, MoELayerRanks, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return str("W", info.param); });
 
+// A recipe reaches the experts (their MLP quantized: GroupedMLPConfig::recipe, bit for bit the
+// quantized ops in test_quant_ops): the layer's y differs from the unquantized layer's by the
+// quantization only (within the recipe's tolerance of the fp64 reference, not equal to it), on 2
+// ranks; an ep.alignment that is not the recipe's row multiple is refused, naming it.
+TEST(MoELayerRecipe, TheExpertsRunTheRecipeAndTheAlignmentIsChecked) {
+  LayerCase c;
+  c.W = 2;
+  c.E = 4;
+  c.H = 32;
+  c.F = 32;
+  c.dtype = DType::BF16;
+  const LayerData d = make_layer_data(c);
+  std::vector<double> dw1(static_cast<size_t>(c.E * 2 * c.F * c.H)),
+      dw2(static_cast<size_t>(c.E * c.H * c.F));
+  std::vector<RankRef> ref;
+  for (int r = 0; r < c.W; ++r) ref.push_back(reference(d, r, dw1, dw2));
+  const Recipe recipe = Recipe::mxfp8();
+  CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });
+  ranks.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    const Context& ctx = comm.context();
+    MoELayerConfig cfg = layer_config(c);
+    cfg.recipe = recipe;
+    cfg.ep.alignment = 16;  // mxfp8 pads every expert's rows to 32
+    auto e = caught([&] { MoELayer bad(comm, cfg); });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), HasSubstr("'ep.alignment'"));
+    cfg.ep.alignment = recipe.group_rows_multiple();
+    cfg.ep.receive_capacity += c.E / c.W * (cfg.ep.alignment - 1);
+    MoELayer moe(comm, cfg);
+    EXPECT_TRUE(moe.experts().quantized());
+    load(moe, d, ctx, r);
+    MoELayer::Saved saved;
+    const Tensor y = moe.forward(to_device(ctx, d.x[static_cast<size_t>(r)]), &saved);
+    const RankRef& rr = ref[static_cast<size_t>(r)];
+    EXPECT_TRUE(close("y", f64(y), rr.y, 0.25)) << "rank " << r;   // the recipe's smoke tolerance
+    EXPECT_FALSE(close("y", f64(y), rr.y, 4e-2)) << "rank " << r;  // bf16's: the recipe ran
+    const MoELayer::Grads g = moe.backward(saved, to_device(ctx, d.dy[static_cast<size_t>(r)]));
+    EXPECT_TRUE(close("dx", f64(g.input), rr.dx, 0.25)) << "rank " << r;
+  });
+}
+
 // Zero copy: the MLP's output is combine_input() and its input gradient dispatch_backward_input()
 // (the same memory), and the forward allocates exactly the bytes listed here — a staged copy of the
 // MLP's output would add one [R, H] block.

@@ -378,6 +378,67 @@ TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
                             DType::F32));
 }
 
+// GroupedMLP made with a recipe (GroupedMLPConfig::recipe) runs its ops unfused: every result
+// bit for bit the Sequential of the same quantized ops (the test above: the ops one by one),
+// output and grad_input written in place with their tails untouched, a grad_probs buffer added
+// into, and one backward per forward; a zero-row group included.
+TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromises) {
+  const Recipe recipe = recipe_named(GetParam());
+  const Context ctx = poisoned(Context::cpu(1));
+  const int64_t G = 3, H = 64, F = 64;
+  const std::vector<int64_t> counts = {64, 0, 96};
+  const int64_t S = sum_of(counts), T = S + 4;
+  GroupedMLP mlp({.groups = G, .hidden = H, .ffn = F, .dtype = DType::BF16, .recipe = recipe}, ctx);
+  ASSERT_TRUE(mlp.quantized());
+  const Tensor w1 = random_normal({G, 2 * F, H}, DType::BF16, 1, 0.125);
+  const Tensor w2 = random_normal({G, H, F}, DType::BF16, 2, 0.125);
+  mlp.fc1()->linear().set_weight(w1);
+  mlp.fc2()->linear().set_weight(w2);
+  auto fc1 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .recipe = recipe}, ctx);
+  auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
+  auto fc2 = std::make_shared<GroupedLinearOp>(
+      GroupedLinearConfig{.groups = G, .in = F, .out = H, .recipe = recipe}, ctx);
+  fc1->linear().set_weight(w1);
+  fc2->linear().set_weight(w2);
+  Sequential seq({fc1, act, fc2});
+  const Tensor x = random_normal({T, H}, DType::BF16, 3),
+               dy = random_normal({T, H}, DType::BF16, 4);
+  std::vector<float> p(static_cast<size_t>(T));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = 0.25f + 0.01f * static_cast<float>(i % 50);
+  const Tensor probs = Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu());
+  const Splits splits = Splits::host(counts);
+  GuardedBuffer y_buf(ctx, {T, H}, DType::BF16), dx_buf(ctx, {T, H}, DType::BF16);
+  std::vector<float> dp0(static_cast<size_t>(T), 0.5f);
+  const Tensor grad_probs = Tensor::wrap(dp0.data(), {T}, DType::F32, Device::cpu());
+  GroupedMLP::Saved saved;
+  const Tensor y = mlp.forward(x, probs, splits, {.output = y_buf.view}, &saved);
+  const GroupedMLP::Grads g =
+      mlp.backward(saved, dy, {.grad_input = dx_buf.view, .grad_probs = grad_probs});
+  EXPECT_EQ(y.data(), y_buf.view.data());
+  EXPECT_EQ(g.input.data(), dx_buf.view.data());
+  EXPECT_EQ(g.probs.data(), grad_probs.data());
+  EXPECT_TRUE(y_buf.untouched_outside(S));
+  EXPECT_TRUE(dx_buf.untouched_outside(S));
+  auto e = caught([&] { (void)mlp.backward(saved, dy); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("one backward per forward"));
+
+  auto [y2, tape] = seq.forward(x, {.splits = splits, .probs = probs});
+  const SequentialGrads g2 = seq.backward(tape, dy);
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, y.rows(0, S)), bytes_of(ctx, y2.rows(0, S)), DType::BF16));
+  EXPECT_TRUE(bit_identical(bytes_of(ctx, g.input.rows(0, S)), bytes_of(ctx, g2.input.rows(0, S)),
+                            DType::BF16));
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, g.fc1.weight), bytes_of(ctx, g2.params[0].weight), DType::BF16));
+  EXPECT_TRUE(
+      bit_identical(bytes_of(ctx, g.fc2.weight), bytes_of(ctx, g2.params[2].weight), DType::BF16));
+  for (int64_t t = 0; t < S; ++t) {  // grad_probs held 0.5: dp was added to it
+    EXPECT_EQ(dp0[static_cast<size_t>(t)], 0.5f + g2.probs.data_as<float>()[t]) << "row " << t;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes), [](const auto& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');

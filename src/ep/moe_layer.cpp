@@ -21,6 +21,12 @@ double ms_since(Clock::time_point t0) {
 MoELayer::MoELayer(Communicator& comm, const MoELayerConfig& config)
     : config_(config), comm_(&comm) {
   if (config.ffn < 1) throw_invalid("ffn", "a value >= 1", std::to_string(config.ffn));
+  if (config.recipe.enabled() && config.ep.alignment % config.recipe.group_rows_multiple() != 0) {
+    throw_invalid("ep.alignment",
+                  str("a multiple of ", config.recipe.group_rows_multiple(), " (recipe ",
+                      config.recipe.name(), ": every expert's rows padded to its multiple)"),
+                  std::to_string(config.ep.alignment));
+  }
   ep_ = std::make_unique<ExpertParallel>(comm, config.ep);
   const ExpertParallelConfig& c = config.ep;
   mlp_ = std::make_unique<GroupedMLP>(GroupedMLPConfig{.groups = c.experts_per_rank,
@@ -29,7 +35,8 @@ MoELayer::MoELayer(Communicator& comm, const MoELayerConfig& config)
                                                        .dtype = c.dtype,
                                                        .fc1_bias = config.fc1_bias,
                                                        .fc2_bias = config.fc2_bias,
-                                                       .layout = config.layout},
+                                                       .layout = config.layout,
+                                                       .recipe = config.recipe},
                                       comm.context());
   gate_ = Tensor::empty({ep_->experts(), c.hidden}, c.dtype, comm.context());  // [E, H]
 }

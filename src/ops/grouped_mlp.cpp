@@ -31,12 +31,26 @@ namespace moekit {
 namespace {
 
 GroupedLinearConfig fc1_config(const GroupedMLPConfig& c) {
-  return {
-      .groups = c.groups, .in = c.hidden, .out = 2 * c.ffn, .dtype = c.dtype, .bias = c.fc1_bias};
+  return {.groups = c.groups,
+          .in = c.hidden,
+          .out = 2 * c.ffn,
+          .dtype = c.dtype,
+          .bias = c.fc1_bias,
+          .recipe = c.recipe};
 }
 GroupedLinearConfig fc2_config(const GroupedMLPConfig& c) {
-  return {.groups = c.groups, .in = c.ffn, .out = c.hidden, .dtype = c.dtype, .bias = c.fc2_bias};
+  return {.groups = c.groups,
+          .in = c.ffn,
+          .out = c.hidden,
+          .dtype = c.dtype,
+          .bias = c.fc2_bias,
+          .recipe = c.recipe};
 }
+
+// The pattern mismatch() checks; allow_recipe: a recipe on the layers is fine (the config
+// constructor's unfused path).
+std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op,
+                             bool allow_recipe);
 
 // Where a layer's weight gradient goes, as in GroupedLinear::backward: its main_grad (added
 // into) or a new tensor on the layer's context.
@@ -65,7 +79,7 @@ struct MlpBackwardWork {
 
 GroupedMLP::GroupedMLP(const GroupedMLPConfig& config, const Context& ctx)
     : GroupedMLP(
-          std::make_shared<GroupedLinearOp>(fc1_config(config), ctx),
+          FromConfig{}, std::make_shared<GroupedLinearOp>(fc1_config(config), ctx),
           std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = config.layout}, ctx),
           std::make_shared<GroupedLinearOp>(
               fc2_config(config), ctx, GroupedLinearOpOptions{.scale_bias = config.fc2_bias})) {}
@@ -79,7 +93,24 @@ GroupedMLP::GroupedMLP(std::shared_ptr<GroupedLinearOp> fc1,
   if (!reason.empty()) throw_invalid("ops", "fc1 → ScaledSwiGLU → fc2 of a grouped MLP", reason);
 }
 
+// From a config: its recipe (the same on both layers) is this class's unfused path.
+GroupedMLP::GroupedMLP(FromConfig, std::shared_ptr<GroupedLinearOp> fc1,
+                       std::shared_ptr<ScaledSwiGLU> activation,
+                       std::shared_ptr<GroupedLinearOp> fc2)
+    : fc1_(std::move(fc1)), act_(std::move(activation)), fc2_(std::move(fc2)) {
+  const std::string reason = pattern_mismatch(*fc1_, *act_, *fc2_, /*allow_recipe=*/true);
+  if (!reason.empty()) throw_invalid("config", "the shapes of a grouped MLP", reason);
+}
+
+bool GroupedMLP::quantized() const { return fc1_->config().recipe.enabled(); }
+
 std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op) {
+  return pattern_mismatch(fc1_op, act_op, fc2_op, /*allow_recipe=*/false);
+}
+
+namespace {
+std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op,
+                             bool allow_recipe) {
   const auto* fc1 = dynamic_cast<const GroupedLinearOp*>(&fc1_op);
   const auto* act = dynamic_cast<const ScaledSwiGLU*>(&act_op);
   const auto* fc2 = dynamic_cast<const GroupedLinearOp*>(&fc2_op);
@@ -92,7 +123,7 @@ std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& f
     return str("fc1 out_features (", c1.out, ") is not 2 × fc2 in_features (2 × ", c2.in, ")");
   }
   if (c1.dtype != c2.dtype) return str("fc1 is ", name(c1.dtype), ", fc2 ", name(c2.dtype));
-  if (c1.recipe.enabled() || c2.recipe.enabled()) {
+  if (!allow_recipe && (c1.recipe.enabled() || c2.recipe.enabled())) {
     return str("fc1 has recipe ", c1.recipe.name(), ", fc2 ", c2.recipe.name(),
                ": the fused grouped MLP has no quantized path yet (the ops run unfused, each with "
                "its recipe)");
@@ -112,6 +143,7 @@ std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& f
   }
   return "";
 }
+}  // namespace
 
 BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
                                       const Splits& given_splits, const ForwardOptions& options,
@@ -137,6 +169,7 @@ BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
                          {"fc1 main_grad", l1.main_grad()},
                          {"fc2 main_grad", l2.main_grad()}});
   }
+  if (quantized()) return bind_forward_unfused(x, probs, given_splits, options, saved);
   // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward), then the activation:
   //      z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward) — one primitive when they share a context
   // Resolved once: every kernel of the forward and (through saved) of the backward reads one copy.
@@ -231,6 +264,7 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
     }
   }
 
+  if (quantized()) return bind_backward_unfused(s, dy, options);
   // Every output on its op's stream first. Then, as GroupedLinear::backward does, each layer's
   // weight gradient on a side stream (core/side_stream.h) beside the input-gradient chain:
   // fc2's beside fc2's dgrad and the activation's backward, fc1's (once dh exists) beside fc1's
@@ -332,6 +366,70 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
     } else {
       w->side1->join();
       w->side2->join();
+    }
+  };
+  return bound;
+}
+
+// With a recipe: the three ops bound one after another (each on the previous one's output,
+// allocated at bind), fc2 writing the caller's output; their saved contexts kept in Saved.
+BoundForward GroupedMLP::bind_forward_unfused(const Tensor& x, const Tensor& probs,
+                                              const Splits& given_splits,
+                                              const ForwardOptions& options, Saved* saved) const {
+  const Splits splits = resolve_splits(context(), given_splits);
+  const ExtraInputs in{.splits = splits,
+                       .probs = probs,
+                       .input_requires_grad = options.input_requires_grad,
+                       .probs_requires_grad = options.probs_requires_grad,
+                       .save_for_backward = saved != nullptr};
+  std::unique_ptr<OpContext> c1, c2, c3;
+  BoundForward f1 = fc1_->bind_forward(x, in, {}, options.input_requires_grad, saved ? &c1 : nullptr);
+  BoundForward f2 = act_->bind_forward(f1.output, in, {}, true, saved ? &c2 : nullptr);
+  BoundForward f3 =
+      fc2_->bind_forward(f2.output, in, {.output = options.output}, true, saved ? &c3 : nullptr);
+  if (saved) {
+    saved->input = x;
+    saved->probs = probs;
+    saved->splits = splits;
+    saved->input_requires_grad = options.input_requires_grad;
+    saved->probs_requires_grad = options.probs_requires_grad;
+    saved->fc1_saved = std::move(c1);
+    saved->act_saved = std::move(c2);
+    saved->fc2_saved = std::move(c3);
+    saved->valid = true;
+    saved->used = std::make_shared<bool>(false);
+  }
+  return {f3.output, [f1 = std::move(f1.run), f2 = std::move(f2.run), f3 = std::move(f3.run)] {
+            f1();
+            f2();
+            f3();
+          }};
+}
+
+// With a recipe: fc2's, the activation's and fc1's backward bound in turn (dprobs from the
+// activation and fc2's scaled bias, added into grad_probs when given; grad_input on fc1).
+BoundBackward GroupedMLP::bind_backward_unfused(const Saved& s, const Tensor& dy,
+                                                const BackwardOptions& options) const {
+  const Deferral defer{.weight_grads = options.defer_weight_grads,
+                       .sm_margin = options.deferred_sm_margin,
+                       .retain_saved = options.retain_saved};
+  Tensor dprobs = s.probs_requires_grad ? options.grad_probs : Tensor();
+  BoundBackward b3 = fc2_->bind_backward(*s.fc2_saved, dy, {}, dprobs, defer);
+  BoundBackward b2 = act_->bind_backward(*s.act_saved, b3.input, {}, dprobs, defer);
+  BoundBackward b1 = fc1_->bind_backward(*s.fc1_saved, b2.input, options.grad_input, dprobs, defer);
+  if (!s.probs_requires_grad) dprobs = Tensor();
+  BoundBackward bound;
+  bound.input = s.input_requires_grad ? b1.input : Tensor();
+  bound.params = {b1.params.empty() ? ParamGrads{} : b1.params[0], ParamGrads{},
+                  b3.params.empty() ? ParamGrads{} : b3.params[0]};
+  bound.probs = dprobs;
+  bound.run = [r3 = std::move(b3.run), r2 = std::move(b2.run), r1 = std::move(b1.run),
+               used = s.used, retain = options.retain_saved](PendingWork& pending) {
+    if (!retain) *used = true;
+    for (const auto* run : {&r3, &r2, &r1}) {
+      PendingWork p;
+      (*run)(p);
+      pending.merge(std::move(p));
     }
   };
   return bound;

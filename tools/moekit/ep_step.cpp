@@ -59,6 +59,8 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
                   std::to_string(E));
   }
   if (k > E) throw_invalid("--topk", str("at most --experts (", E, ")"), std::to_string(k));
+  // With a recipe every expert's rows are padded to its multiple (as Fp8Padding).
+  const int64_t A = cfg.recipe.enabled() ? cfg.recipe.group_rows_multiple() : 1;
   std::mt19937_64 rng(cfg.seed);
   const Tensor gate = random_tensor({E, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
   const Tensor w1 = random_tensor({E, 2 * F, H}, cfg.dtype, 1.0 / std::sqrt(double(H)), rng);
@@ -93,8 +95,10 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
                                  .dtype = cfg.dtype,
                                  .topk = k,
                                  .max_tokens = Tr,
-                                 .receive_capacity = Tr * ranks * std::min(k, L)},
+                                 .receive_capacity = Tr * ranks * std::min(k, L) + L * (A - 1),
+                                 .alignment = A},
                           .ffn = F,
+                          .recipe = cfg.recipe,
                           .time_phases = cfg.cuda});  // on a GPU: each phase's device time
       copy(ctx, gate, moe.gate_weight());
       copy(ctx, w1.rows(r * L, (r + 1) * L), moe.experts().fc1()->linear().weight());
@@ -242,7 +246,8 @@ std::string EpStepReport::table() const {
   char b[320];
   o << "moekit run --ep " << cfg.ranks << ": MoE layer (preset " << preset << ", " << cfg.experts
     << " experts, " << cfg.experts / cfg.ranks << " per rank, top-" << cfg.topk << ", "
-    << name(cfg.dtype) << ") on " << cfg.ranks
+    << name(cfg.dtype) << (cfg.recipe.enabled() ? str(", recipe ", cfg.recipe.name()) : "")
+    << ") on " << cfg.ranks
     << (cfg.cuda ? " CUDA ranks (cuda-ranks engine, one GPU per rank, peer stores)\n"
                  : " CPU ranks (cpu-ranks engine, threads over shared memory)\n");
   std::snprintf(b, sizeof b,
@@ -319,6 +324,7 @@ std::string EpStepReport::json() const {
       {"hidden", cfg.hidden},
       {"ffn", cfg.ffn},
       {"dtype", std::string(name(cfg.dtype))},
+      {"recipe", std::string(cfg.recipe.name())},
       {"step_ms", step_ms},
       {"forward_ms",
        {{"router", fwd_router},

@@ -16,6 +16,7 @@ struct EpStepConfig {
   int64_t hidden = 0, ffn = 0, experts = 0, tokens = 0,
           topk = 2;  // experts: E in all; tokens per rank
   DType dtype = DType::BF16;
+  Recipe recipe = {};  // of the experts' MLP (each expert's rows padded to its multiple)
   uint64_t seed = 1;
   int64_t steps = 3;
   bool check = true;

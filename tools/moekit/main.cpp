@@ -241,6 +241,7 @@ int run_ep(const Options& o) {
       o.tokens.value_or(std::max<int64_t>(1, (cuda ? p.tokens_gpu : p.tokens_cpu) / cfg.ranks));
   cfg.topk = o.topk;
   cfg.dtype = parse_dtype(o.dtype);
+  cfg.recipe = Recipe::parse(o.recipe);
   cfg.seed = o.seed;
   cfg.steps = o.steps;
   cfg.check = !o.no_check;

@@ -48,6 +48,11 @@ struct GroupedMLPConfig {
   bool fc1_bias = false;                 // b1 [G, 2F]
   bool fc2_bias = false;                 // b2 [G, H], scaled by p_t
   GluLayout layout = GluLayout::Halves;  // gate/linear columns of fc1's output
+  /// Quantized recipe of fc1 and fc2 (SPEC §6d). With one the MLP runs its three ops one after
+  /// another (each GEMM on quantized operands, as GroupedLinear with the recipe), keeping every
+  /// promise of this class (output / grad_input caller buffers, checks, deferral); no fused
+  /// kernels. Alignment: hidden, ffn and every group's rows as the recipe's rules.
+  Recipe recipe = {};
 };
 
 struct GroupedMLPForwardOptions {
@@ -82,6 +87,8 @@ class GroupedMLP {
   /// multiple of 64 for the interleaved layout. (fc2's out_features may differ from fc1's
   /// in_features; SPEC §5's y [T, H] is the usual case.)
   static std::string mismatch(const Op& fc1, const Op& activation, const Op& fc2);
+  /// Whether fc1 and fc2 run a quantized recipe (GroupedMLPConfig::recipe): then unfused.
+  bool quantized() const;
 
   const std::shared_ptr<GroupedLinearOp>& fc1() const { return fc1_; }
   const std::shared_ptr<ScaledSwiGLU>& activation() const { return act_; }
@@ -106,6 +113,8 @@ class GroupedMLP {
     bool probs_requires_grad = false;
     bool valid = false;
     BackwardOnce used;  // set by the backward: one backward per forward
+    // With a recipe: each op's own saved context (fc1, activation, fc2).
+    std::shared_ptr<OpContext> fc1_saved, act_saved, fc2_saved;
   };
   /// y [T, out] of x [T, H] and probs [T] f32. Pass `saved` to train (nullptr: inference).
   Tensor forward(const Tensor& x, const Tensor& probs, const Splits& splits,
@@ -131,6 +140,14 @@ class GroupedMLP {
                               const BackwardOptions& options) const;
 
  private:
+  struct FromConfig {};
+  GroupedMLP(FromConfig, std::shared_ptr<GroupedLinearOp> fc1,
+             std::shared_ptr<ScaledSwiGLU> activation, std::shared_ptr<GroupedLinearOp> fc2);
+  BoundForward bind_forward_unfused(const Tensor& x, const Tensor& probs, const Splits& splits,
+                                    const ForwardOptions& options, Saved* saved) const;
+  BoundBackward bind_backward_unfused(const Saved& saved, const Tensor& dy,
+                                      const BackwardOptions& options) const;
+
   std::shared_ptr<GroupedLinearOp> fc1_;
   std::shared_ptr<ScaledSwiGLU> act_;
   std::shared_ptr<GroupedLinearOp> fc2_;
