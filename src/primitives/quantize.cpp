@@ -74,7 +74,8 @@ void check_spec(const QuantSpec& s) {
 void check_group_rows(std::string_view argument, const Context& ctx, const Splits& splits,
                       int64_t multiple, std::string_view rule) {
   if (multiple <= 1) return;
-  if (!splits.on_host() && !splits.device_counts().device().is_cpu()) return;  // no GPU path yet
+  // Device counts on a GPU: not read (no host sync); today's GPU paths take any counts (SPEC §6c).
+  if (!splits.on_host() && !splits.device_counts().device().is_cpu()) return;
   const std::vector<int64_t> counts = read_counts(ctx, splits);
   for (size_t g = 0; g < counts.size(); ++g) {
     if (counts[g] % multiple != 0) {
