@@ -5,7 +5,9 @@ writing outputs and input gradients straight into caller-owned buffers.
 never copied); `moekit.torch` the PyTorch modules (TE's names: GroupedLinear, ops.Sequential).
 """
 from ._moekit import (  # noqa: F401
+    Communicator,
     Context,
+    ExpertParallel,
     GroupedLinear,
     GroupedLinearOp,
     Op,
@@ -15,6 +17,7 @@ from ._moekit import (  # noqa: F401
     Splits,
     SwiGLU,
     built_with_cuda,
+    caller_communicator,
     cuda_device_count,
     quantize_dequantize,
     last_backend,

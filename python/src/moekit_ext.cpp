@@ -12,6 +12,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -494,4 +495,153 @@ NB_MODULE(_moekit, m) {
           "tape"_a, "dy"_a, "retain_tape"_a = false, "defer_weight_grads"_a = false,
           "deferred_sm_margin"_a = 0,
           "(dx, dprobs, [(dW or main_grad, db) per op], PendingWork), None where not computed");
+
+  // ---- expert parallelism over a caller's group (SPEC §7): one rank per Python thread or process,
+  // the caller's symmetric region (e.g. torch symmetric memory's buffer) and collectives. The
+  // collectives are Python callables, called with the GIL taken back (every EP call releases it).
+  nb::class_<moekit::Communicator>(m, "Communicator")
+      .def_prop_ro("rank", &moekit::Communicator::rank)
+      .def_prop_ro("world_size", &moekit::Communicator::world_size)
+      .def_prop_ro("engine", &moekit::Communicator::engine);
+  m.def(
+      "caller_communicator",
+      [](int rank, int world_size, const moekit::Context& ctx, const Array& region,
+         const std::vector<uintptr_t>& peer_bases, nb::callable barrier, nb::callable all_gather) {
+        std::vector<void*> bases;
+        for (uintptr_t b : peer_bases) bases.push_back(reinterpret_cast<void*>(b));
+        auto keep_b = std::make_shared<nb::callable>(std::move(barrier));
+        auto keep_g = std::make_shared<nb::callable>(std::move(all_gather));
+        moekit::CallerGroup g{
+            .rank = rank,
+            .world_size = world_size,
+            .context = ctx,
+            .region = view(region, "region"),
+            .peer_bases = std::move(bases),
+            .barrier =
+                [keep_b] {
+                  nb::gil_scoped_acquire gil;
+                  (*keep_b)();
+                },
+            .all_gather =
+                [keep_g](std::string_view bytes) {
+                  nb::gil_scoped_acquire gil;
+                  const nb::object r = (*keep_g)(nb::bytes(bytes.data(), bytes.size()));
+                  std::vector<std::string> out;
+                  for (nb::handle h : r) {
+                    const nb::bytes b = nb::cast<nb::bytes>(h);
+                    out.emplace_back(b.c_str(), b.size());
+                  }
+                  return out;
+                }};
+        return std::shared_ptr<moekit::Communicator>(moekit::caller_communicator(std::move(g)));
+      },
+      "rank"_a, "world_size"_a, "ctx"_a, "region"_a, "peer_bases"_a, "barrier"_a, "all_gather"_a,
+      nb::keep_alive<0, 4>(),
+      "A rank over the caller's symmetric region (u8 [bytes], kept alive) and every rank's base "
+      "address of it; barrier() and all_gather(bytes) -> [bytes per rank] are the caller's");
+  auto ep_config = [](int64_t experts_per_rank, int64_t hidden, const std::string& dtype,
+                      int64_t topk, int64_t max_tokens, int64_t receive_capacity,
+                      int64_t alignment, const std::string& overflow) {
+    if (overflow != "error" && overflow != "drop") {
+      moekit::throw_invalid("overflow", "'error' or 'drop'", "'" + overflow + "'");
+    }
+    return moekit::ExpertParallelConfig{
+        .experts_per_rank = experts_per_rank,
+        .hidden = hidden,
+        .dtype = moekit::parse_dtype(dtype),
+        .topk = topk,
+        .max_tokens = max_tokens,
+        .receive_capacity = receive_capacity,
+        .alignment = alignment,
+        .overflow = overflow == "drop" ? moekit::OverflowPolicy::Drop : moekit::OverflowPolicy::Error};
+  };
+  nb::class_<moekit::ExpertParallel::Handle>(m, "EpHandle");
+  nb::class_<moekit::ExpertParallel>(m, "ExpertParallel")
+      .def(
+          "__init__",
+          [ep_config](moekit::ExpertParallel* self, moekit::Communicator& comm,
+                      int64_t experts_per_rank, int64_t hidden, const std::string& dtype,
+                      int64_t topk, int64_t max_tokens, int64_t receive_capacity,
+                      int64_t alignment, const std::string& overflow) {
+            const moekit::ExpertParallelConfig c = ep_config(
+                experts_per_rank, hidden, dtype, topk, max_tokens, receive_capacity, alignment,
+                overflow);
+            nb::gil_scoped_release release;  // collective: the other ranks' threads must run
+            new (self) moekit::ExpertParallel(comm, c);
+          },
+          "comm"_a, "experts_per_rank"_a, "hidden"_a, "dtype"_a, "topk"_a, "max_tokens"_a,
+          "receive_capacity"_a, "alignment"_a = 1, "overflow"_a = "error", nb::keep_alive<1, 2>())
+      .def_static(
+          "symmetric_bytes",
+          [ep_config](int64_t experts_per_rank, int64_t hidden, const std::string& dtype,
+                      int64_t topk, int64_t max_tokens, int64_t receive_capacity, int world_size,
+                      const std::string& device, int64_t alignment) {
+            return moekit::ExpertParallel::symmetric_bytes(
+                ep_config(experts_per_rank, hidden, dtype, topk, max_tokens, receive_capacity,
+                          alignment, "error"),
+                world_size, device == "cpu" ? moekit::Device::cpu() : moekit::Device::cuda(0));
+          },
+          "experts_per_rank"_a, "hidden"_a, "dtype"_a, "topk"_a, "max_tokens"_a,
+          "receive_capacity"_a, "world_size"_a, "device"_a = "cpu", "alignment"_a = 1)
+      .def_prop_ro("combine_input",
+                   [](const moekit::ExpertParallel& ep) { return to_python(ep.combine_input()); })
+      .def_prop_ro("dispatch_backward_input", [](const moekit::ExpertParallel& ep) {
+        return to_python(ep.dispatch_backward_input());
+      })
+      .def(
+          "dispatch",
+          [](moekit::ExpertParallel& ep, const Array& tokens, const Array& topk_idx,
+             const Array& topk_weights) {
+            const Tensor t = view(tokens, "tokens"), i = view(topk_idx, "topk_idx"),
+                         w = view(topk_weights, "topk_weights");
+            moekit::ExpertParallel::Dispatched d;
+            {
+              nb::gil_scoped_release release;
+              d = ep.dispatch(t, i, w);
+            }
+            return nb::make_tuple(to_python(d.recv), nb::cast(d.splits), to_python(d.tokens_per_expert),
+                                  to_python(d.weights), d.rows, nb::cast(d.handle));
+          },
+          "tokens"_a, "topk_idx"_a, "topk_weights"_a,
+          "(recv [R, H], splits (device counts: the MLP's), tokens_per_expert [L], weights [R], "
+          "rows S (CPU ranks), handle)")
+      .def(
+          "combine",
+          [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
+             const Array& expert_out) {
+            const Tensor e = view(expert_out, "expert_out");
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              out = ep.combine(h, e);
+            }
+            return to_python(out);
+          },
+          "handle"_a, "expert_out"_a)
+      .def(
+          "combine_backward",
+          [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
+             const Array& grad_output) {
+            const Tensor g = view(grad_output, "grad_output");
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              out = ep.combine_backward(h, g);
+            }
+            return to_python(out);
+          },
+          "handle"_a, "grad_output"_a)
+      .def(
+          "dispatch_backward",
+          [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
+             const Array& grad_recv, const OptArray& grad_weights) {
+            const Tensor g = view(grad_recv, "grad_recv"), gw = view(grad_weights, "grad_weights");
+            moekit::ExpertParallel::DispatchGrads d;
+            {
+              nb::gil_scoped_release release;
+              d = ep.dispatch_backward(h, g, gw);
+            }
+            return nb::make_tuple(to_python(d.tokens), to_python(d.topk_weights));
+          },
+          "handle"_a, "grad_recv"_a, "grad_weights"_a = nb::none());
 }
