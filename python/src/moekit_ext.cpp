@@ -238,7 +238,13 @@ NB_MODULE(_moekit, m) {
           "counts"_a, nb::keep_alive<0, 1>(),
           "An int32/int64 tensor [G] on the op's device (viewed, not copied; kept alive)")
       .def_prop_ro("groups", &moekit::Splits::groups)
-      .def_prop_ro("on_host", &moekit::Splits::on_host);
+      .def_prop_ro("on_host", &moekit::Splits::on_host)
+      .def_prop_ro(
+          "counts",
+          [](const moekit::Splits& s) {
+            return s.on_host() ? nb::none() : to_python(s.device_counts());
+          },
+          "The device counts tensor [G] (None for host counts)");
 
   // ---- quantized recipes (SPEC §6): per layer, given to the GroupedLinear / GroupedLinearOp
   nb::class_<moekit::Recipe>(m, "Recipe")

@@ -7,9 +7,12 @@ Quantized recipes (issue 40) as TE's: `moekit.torch.recipe` (Float8CurrentScalin
 Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Format) and `autocast(recipe=...)` /
 `fp8_autocast(fp8_recipe=...)`, read by the modules at forward.
 
-Room for later issues: expert parallelism (issue 41) as moekit.torch.ep, whose dispatch / combine
-buffers are the `out` / `grad_input` buffers these modules take.
+Expert parallelism (issue 41): `moekit.torch.ep` — ExpertParallel's dispatch / combine with
+autograd over a group the caller runs (caller_communicator: its symmetric region and collectives);
+the combine's input and the dispatch-backward's input are the `output` / `grad_input` buffers the
+grouped MLP writes (zero copy).
 """
+from . import ep  # noqa: F401
 from . import ops  # noqa: F401
 from . import recipe  # noqa: F401
 from .module import GroupedLinear  # noqa: F401
