@@ -1,16 +1,16 @@
-// The quantized grouped GEMMs on Hopper's bf16 tensor cores, for the recipes whose every scale is
-// a power of two (SPEC §6d, "GPU paths"): fp8-block (TE's default power_2_scales), mxfp8 (e8m0
-// scales), fp8-current with power_2_scales. An e4m3 or e5m2 code times a power of two is exact in
-// bf16 (8 significant bits, fp32's exponent range), so each operand is dequantized to bf16 in one pass
-// (quantize.cu's dequantize_bf16_rows: the CPU's fp32 values, converted without rounding; a
-// columnwise copy transposed back to rows), then multiplied by
-// the library's own bf16 grouped GEMMs (grouped_gemm.h: the sm_90a kernels, device splits,
-// graph-safe), fp32 accumulation, one rounding, written straight into `out` / `dw` (the caller's
-// buffers). The result is the CPU reference's (dequantize + fp32 GEMM) up to the fp32 summation
-// order — an emulation at bf16's speed, not FP8's: the native FP8 grouped GEMMs (CUTLASS examples
-// 57 / 68) take this table's first place when built (ARCHITECTURE.md "Quantized recipes").
-// nvfp4 (an fp32 per-tensor decode scale) and fp8 recipes with fp32 scales stay off this path:
-// their dequantized values are not exact in bf16.
+// The quantized grouped GEMMs on Hopper's bf16 tensor cores (SPEC §6d, its GPU bullet), for the
+// recipes whose every scale is a power of two: fp8-block (TE's default power_2_scales), mxfp8
+// (e8m0 scales), fp8-current with power_2_scales. An e4m3 or e5m2 code times a power of two is
+// exact in bf16 (8 significant bits, fp32's exponent range), so each operand is dequantized to
+// bf16 in one pass (quantize.cu's dequantize_bf16_rows: the CPU's fp32 values, converted without
+// rounding; a columnwise copy transposed back to rows), then multiplied by the library's own bf16
+// grouped GEMMs (grouped_gemm.h: the sm_90a kernels, device splits, graph-safe), fp32
+// accumulation, one rounding, written straight into `out` / `dw` (the caller's buffers). The
+// result is the CPU reference's (dequantize + fp32 GEMM) up to the fp32 summation order — an
+// emulation at bf16's speed plus the dequantize passes, not FP8's: the native FP8 grouped GEMMs
+// (CUTLASS examples 57 / 68) take this table's first place when built (ARCHITECTURE.md
+// "Quantized recipes"). nvfp4 (an fp32 per-tensor decode scale) and fp8 recipes with fp32 scales
+// stay off this path: their dequantized values are not exact in bf16.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
