@@ -154,6 +154,14 @@ moekit::QuantRole role_of(const std::string& s) {
   moekit::throw_invalid("role", "'input', 'weight' or 'grad_output'", "'" + s + "'");
 }
 
+// fn() with the GIL released (a call that queues work, or a collective whose other ranks' Python
+// threads must run); its result returned once the GIL is held again.
+template <class F>
+auto without_gil(F&& fn) {
+  nb::gil_scoped_release release;
+  return fn();
+}
+
 nb::object pending_to_python(moekit::PendingWork&& work) {
   return nb::cast(new moekit::PendingWork(std::move(work)), nb::rv_policy::take_ownership);
 }
@@ -600,11 +608,7 @@ NB_MODULE(_moekit, m) {
              const Array& topk_weights) {
             const Tensor t = view(tokens, "tokens"), i = view(topk_idx, "topk_idx"),
                          w = view(topk_weights, "topk_weights");
-            moekit::ExpertParallel::Dispatched d;
-            {
-              nb::gil_scoped_release release;
-              d = ep.dispatch(t, i, w);
-            }
+            const auto d = without_gil([&] { return ep.dispatch(t, i, w); });
             return nb::make_tuple(to_python(d.recv), nb::cast(d.splits), to_python(d.tokens_per_expert),
                                   to_python(d.weights), d.rows, nb::cast(d.handle));
           },
@@ -616,12 +620,7 @@ NB_MODULE(_moekit, m) {
           [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
              const Array& expert_out) {
             const Tensor e = view(expert_out, "expert_out");
-            Tensor out;
-            {
-              nb::gil_scoped_release release;
-              out = ep.combine(h, e);
-            }
-            return to_python(out);
+            return to_python(without_gil([&] { return ep.combine(h, e); }));
           },
           "handle"_a, "expert_out"_a)
       .def(
@@ -629,12 +628,7 @@ NB_MODULE(_moekit, m) {
           [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
              const Array& grad_output) {
             const Tensor g = view(grad_output, "grad_output");
-            Tensor out;
-            {
-              nb::gil_scoped_release release;
-              out = ep.combine_backward(h, g);
-            }
-            return to_python(out);
+            return to_python(without_gil([&] { return ep.combine_backward(h, g); }));
           },
           "handle"_a, "grad_output"_a)
       .def(
@@ -642,11 +636,7 @@ NB_MODULE(_moekit, m) {
           [](moekit::ExpertParallel& ep, const moekit::ExpertParallel::Handle& h,
              const Array& grad_recv, const OptArray& grad_weights) {
             const Tensor g = view(grad_recv, "grad_recv"), gw = view(grad_weights, "grad_weights");
-            moekit::ExpertParallel::DispatchGrads d;
-            {
-              nb::gil_scoped_release release;
-              d = ep.dispatch_backward(h, g, gw);
-            }
+            const auto d = without_gil([&] { return ep.dispatch_backward(h, g, gw); });
             return nb::make_tuple(to_python(d.tokens), to_python(d.topk_weights));
           },
           "handle"_a, "grad_recv"_a, "grad_weights"_a = nb::none());

@@ -20,12 +20,24 @@ def routing(rank):
     return idx, w
 
 
-def run_ranks(body, region_bytes):
-    barrier = threading.Barrier(W)
-    slots = [None] * W
-    regions = [np.zeros(region_bytes, dtype=np.uint8) for _ in range(W)]
-    bases = [r.__array_interface__["data"][0] for r in regions]
-    results, errors = [None] * W, []
+def run_group(world, region_bytes, body, connect=None):
+    """body(rank, comm) on `world` Python threads, each rank a communicator over its own region
+    (numpy u8; torch u8 when `connect` is moekit.torch.ep's) and collectives built on one
+    threading.Barrier; the first rank's error re-raised (the barrier aborted so no rank hangs)."""
+    barrier = threading.Barrier(world)
+    slots = [None] * world
+    if connect is None:
+        regions = [np.zeros(region_bytes, dtype=np.uint8) for _ in range(world)]
+        bases = [r.__array_interface__["data"][0] for r in regions]
+
+        def connect(rank, region, bases, barrier_fn, gather):
+            return moekit.caller_communicator(rank, world, moekit.Context.cpu(), region, bases,
+                                              barrier_fn, gather)
+    else:
+        import torch
+        regions = [torch.zeros(region_bytes, dtype=torch.uint8) for _ in range(world)]
+        bases = [r.data_ptr() for r in regions]
+    results, errors = [None] * world, []
 
     def all_gather_for(rank):
         def all_gather(b):
@@ -37,14 +49,13 @@ def run_ranks(body, region_bytes):
 
     def rank_main(rank):
         try:
-            comm = moekit.caller_communicator(rank, W, moekit.Context.cpu(), regions[rank], bases,
-                                              barrier.wait, all_gather_for(rank))
+            comm = connect(rank, regions[rank], bases, barrier.wait, all_gather_for(rank))
             results[rank] = body(rank, comm)
-        except Exception as e:  # noqa: BLE001 (reported below)
+        except Exception as e:  # noqa: BLE001 (re-raised below)
             errors.append(e)
             barrier.abort()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(W)]
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
@@ -52,6 +63,10 @@ def run_ranks(body, region_bytes):
     if errors:
         raise errors[0]
     return results
+
+
+def run_ranks(body, region_bytes):
+    return run_group(W, region_bytes, body)
 
 
 def config():
@@ -135,46 +150,14 @@ def torch_step(world, rank, comm, data):
 
 
 def run_torch_ranks(world, data):
-    import torch  # noqa: F401
     from moekit.torch.ep import ExpertParallel, caller_communicator
     Tr = data["T"] // world
     need = ExpertParallel.symmetric_bytes(data["E"] // world, data["H"], K, Tr, world * Tr * K,
                                           world, dtype=data["x"].dtype)
-    barrier = threading.Barrier(world)
-    slots = [None] * world
-    regions = [torch_zeros_u8(need) for _ in range(world)]
-    bases = [r.data_ptr() for r in regions]
-    results, errors = [None] * world, []
 
-    def gather(rank):
-        def all_gather(b):
-            barrier.wait()
-            slots[rank] = bytes(b)
-            barrier.wait()
-            return list(slots)
-        return all_gather
-
-    def main(rank):
-        try:
-            comm = caller_communicator(rank, world, regions[rank], bases, barrier.wait, gather(rank))
-            results[rank] = torch_step(world, rank, comm, data)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-            barrier.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
-def torch_zeros_u8(n):
-    import torch
-    return torch.zeros(n, dtype=torch.uint8)
+    def connect(rank, region, bases, barrier_fn, gather):
+        return caller_communicator(rank, world, region, bases, barrier_fn, gather)
+    return run_group(world, need, lambda rank, comm: torch_step(world, rank, comm, data), connect)
 
 
 def test_torch_ep_layer_on_two_ranks_equals_one_rank_bit_for_bit():
