@@ -6,6 +6,8 @@
 // rest of MXFP8 and NVFP4 (f16 outputs, NVFP4's fp32 scales) as an fp32 SIMT emulation.
 #pragma once
 
+#include <vector>
+
 #include "backends/contract/backend_table.h"
 #include "backends/contract/quant_args.h"
 
@@ -17,6 +19,11 @@ extern const detail::Backend<detail::QuantGroupMArgs> kBf16QuantGroupM;
 extern const detail::Backend<detail::QuantGroupKArgs> kBf16QuantGroupK;
 extern const detail::Backend<detail::QuantGroupMArgs> kEmulatedQuantGroupM;
 extern const detail::Backend<detail::QuantGroupKArgs> kEmulatedQuantGroupK;
+
+/// The splits of a quantized weight [G·N, K]: G groups of N rows (host counts).
+inline Splits weight_splits(const QuantizedTensor& w) {
+  return Splits::host(std::vector<int64_t>(static_cast<size_t>(w.groups), w.rows / w.groups));
+}
 
 /// dequantize's run (quantize.cu), for the emulated GEMMs.
 void dequantize_run(const detail::DequantizeArgs& args);

@@ -71,10 +71,6 @@ Tensor bf16_copy(const Context& ctx, const QuantizedTensor& q, const Splits& spl
   return out;
 }
 
-Splits weight_splits(const QuantizedTensor& w) {
-  return Splits::host(std::vector<int64_t>(static_cast<size_t>(w.groups), w.rows / w.groups));
-}
-
 std::string group_m_rejects(const detail::QuantGroupMArgs& a) {
   return rejects_bf16(a.ctx, {&a.a.spec, &a.b.spec}, a.out.dtype(), "out");
 }

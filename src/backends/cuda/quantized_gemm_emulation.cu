@@ -113,10 +113,6 @@ Tensor dequantized(const Context& ctx, const QuantizedTensor& q, const Splits& s
   return out;
 }
 
-Splits weight_splits(const QuantizedTensor& w) {
-  return Splits::host(std::vector<int64_t>(static_cast<size_t>(w.groups), w.rows / w.groups));
-}
-
 template <class T>
 void group_m_typed(const detail::QuantGroupMArgs& a, const Tensor& a32, const Tensor& b32,
                    const Tensor& ws, CudaResources& res) {
