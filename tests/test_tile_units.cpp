@@ -3,7 +3,7 @@
 // grid-strided one, and every stripe width maps a group's units one to one onto its output tiles,
 // N fastest inside a stripe. Fuzzed sequence lengths, grids and group shapes; the GPU tests run
 // the same code inside the kernels (tests/test_sm90.cpp, ctest sm90_study_paths). Also the stripe
-// rule (src/backends/cuda/sm90/heuristics.h) and the study override's parser (study_settings.h).
+// rule (src/backends/cuda/sm90/heuristics.h) and the study override's parser (bench/studies/sm90_study_override.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 
 #include "backends/cuda/sm90/heuristics.h"
 #include "backends/cuda/sm90/scheduler/tile_units.h"
-#include "backends/cuda/sm90/study_settings.h"
+#include "../bench/studies/sm90_study_override.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {
@@ -368,7 +368,7 @@ TEST(TileUnits, StripeEarlyExitPicksWhatTheEstimatesPick) {
 }
 
 
-// The study override (MOEKIT_SM90_STUDY, study_settings.h): every key and value it lists parses to
+// The study override (MOEKIT_SM90_STUDY, bench/studies/sm90_study_override.h): every key and value it lists parses to
 // its index; unset and empty mean automatic; anything else is an error naming the key — a typo
 // never runs the defaults silently.
 TEST(StudySettings, ParsesEveryKeyAndRefusesWhatItCannotTake) {

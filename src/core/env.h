@@ -1,6 +1,6 @@
 // Internal: the environment switches of benchmarks and studies (MOEKIT_CUBLAS_BATCHING,
 // MOEKIT_SIDE_STREAM): one value of a fixed set. (The sm90 kernels' one study override,
-// MOEKIT_SM90_STUDY=key=value,..., has its own parser: src/backends/cuda/sm90/study_settings.h.) Callers read
+// MOEKIT_SM90_STUDY=key=value,..., has its own parser, in a study build only: bench/studies/sm90_study_override.h.) Callers read
 // theirs once (a function-local static), so a switch holds for the whole process.
 #pragma once
 

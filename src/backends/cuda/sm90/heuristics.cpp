@@ -1,5 +1,6 @@
 // The rules of heuristics.h applied: each answer mapped onto a compiled instance (instances/), the
-// study override (study_settings.h) read here and nowhere else.
+// study override (study_settings.h; its parser bench/studies/sm90_study_override.h, compiled only
+// into a study build) read here and nowhere else.
 #include "backends/cuda/sm90/heuristics.h"
 
 #include <unistd.h>  // environ
@@ -14,6 +15,9 @@
 #include "backends/cuda/sm90/instances/group_m_instances.h"
 #include "backends/cuda/sm90/study_settings.h"
 #include "moekit/core/error.h"
+#if MOEKIT_SM90_STUDY_OVERRIDE
+#include "../../../../bench/studies/sm90_study_override.h"  // a study build's parser
+#endif
 
 namespace moekit::cuda::sm90 {
 
@@ -41,7 +45,11 @@ StudySettings read_study_settings() {
                     str("'", entry.substr(name.size() + (name.size() < entry.size() ? 1 : 0)), "'"));
     }
   }
-  return parse_study_settings(kStudyBuild ? std::getenv("MOEKIT_SM90_STUDY") : nullptr);
+#if MOEKIT_SM90_STUDY_OVERRIDE
+  return parse_study_settings(std::getenv(kStudy.data()));
+#else
+  return {};
+#endif
 }
 }  // namespace
 
