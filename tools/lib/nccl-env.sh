@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by tools/gpu-check and tools/ep2-check: a GPU image without libnccl on the loader's path
+# Sourced by tools/gpu-check and tools/lib/ep2-check: a GPU image without libnccl on the loader's path
 # has it in torch's wheel (nvidia-nccl-cu13); put that directory first so the carried programs
 # linked against libnccl.so.2 (moekit_ep_bench, moekit_ep_probe) load. NVLink multicast stays off
 # (the device notes: a program that uses it can take the host's GPUs out of service).
