@@ -13,6 +13,8 @@
 
 #include "moekit/moekit.h"
 #include "moekit/primitives/quantize.h"
+#include "primitives/bind.h"
+#include "support/cuda_graph.h"
 #include "support/reference.h"
 #include "support/test_util.h"
 
@@ -73,7 +75,10 @@ class QuantLinear : public ::testing::TestWithParam<const char*> {};
 // One layer on ctx: forward into a caller buffer, backward into another, each result against
 // the fp64 reference of the operands quantized the same way (on the CPU: bit for bit the same
 // codes on every device, test_quant).
-void check_forward_backward(const Context& ctx, const Recipe& recipe, bool device_splits) {
+// acc_epsilon: the accumulation the tolerance assumes (0: fp32; kFp8TensorCoreEpsilon for the
+// native FP8 GEMMs).
+void check_forward_backward(const Context& ctx, const Recipe& recipe, bool device_splits,
+                            double acc_epsilon = 0.0) {
   for (const QuantCase& c : kCases) {
     SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " on ",
                      ctx.device().to_string(), device_splits ? ", device counts" : ""));
@@ -113,17 +118,17 @@ void check_forward_backward(const Context& ctx, const Recipe& recipe, bool devic
     const Reference y_ref = reference_forward(dequantized(qx, hs, QuantUsage::Rowwise),
                                               dequantized(qw, wsplits, QuantUsage::Rowwise),
                                               to_doubles(host(), b), c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("y", y_buf.values(), y_ref, DType::BF16));
+    EXPECT_TRUE(matches_reference("y", y_buf.values(), y_ref, DType::BF16, acc_epsilon));
     // dgrad reads W's columnwise copy [K, G·N]: as [G, N, K] it is its transpose.
     const std::vector<double> w_col =
         transposed(dequantized(qw, wsplits, QuantUsage::Columnwise), c.K, G * c.N);
     const Reference dx_ref =
         reference_dgrad(dequantized(qdy, hs, QuantUsage::Rowwise), w_col, c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("dx", dx_buf.values(), dx_ref, DType::BF16));
+    EXPECT_TRUE(matches_reference("dx", dx_buf.values(), dx_ref, DType::BF16, acc_epsilon));
     const Reference dw_ref = reference_wgrad(
         transposed(dequantized(qdy, hs, QuantUsage::Columnwise), c.N, T),
         transposed(dequantized(qx, hs, QuantUsage::Columnwise), c.K, T), c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("dW", to_doubles(ctx, g.weight), dw_ref, DType::BF16));
+    EXPECT_TRUE(matches_reference("dW", to_doubles(ctx, g.weight), dw_ref, DType::BF16, acc_epsilon));
     EXPECT_TRUE(matches_reference("db", to_doubles(ctx, g.bias),
                                   reference_dbias(to_doubles(host(), dy), c.counts, c.N),
                                   DType::BF16));
@@ -271,22 +276,23 @@ TEST_P(QuantLinear, ACopyWithAnotherWeightUsesItsOwnQuantizedWeight) {
   EXPECT_NE(ya, yb);
 }
 
-// On a GPU (SPEC §6d, GPU paths): a recipe whose scales are all powers of two (fp8-block by
-// default, mxfp8, fp8-current with power_2_scales) runs on the bf16 tensor cores ("cuda-bf16":
-// exact bf16 operands, the sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation ("cuda"), as
-// mxfp8 does when forced there; each matches the same references, with host and device counts.
-// fp8 recipes with fp32 scales (fp8-current's default, fp8-block without power_2_scales) have no
-// GPU path until the native FP8 GEMMs exist: refused before any work, naming the recipe. Written
-// for a GPU: without one it skips.
+// On a GPU (SPEC §6d, GPU paths): fp8-current (per-group scales, fp32 or power-of-two, HYBRID or
+// E4M3) runs on the native FP8 GEMMs ("cuda-fp8", the tolerance of the FP8 tensor cores'
+// accumulation); a recipe whose scales are all powers of two (fp8-block by default, mxfp8, and
+// fp8-current when forced there) on the bf16 tensor cores ("cuda-bf16": exact bf16 operands, the
+// sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation ("cuda"), as mxfp8 does when forced
+// there; each matches the same references, with host and device counts. fp8-block with fp32
+// scales has no GPU path yet (the block-scaled FP8 GEMM): refused before any work, naming the
+// recipe. Written for a GPU: without one it skips.
 TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupported) {
   if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cuda(0));
-  auto runs_on = [&](const Context& c, const Recipe& r, const char* backend) {
+  auto runs_on = [&](const Context& c, const Recipe& r, const char* backend, double acc_epsilon = 0.0) {
     SCOPED_TRACE(str("recipe ", r.name(), r.power_2_scales ? " (power-of-two scales)" : "",
-                     " on backend ", backend));
-    check_forward_backward(c, r, false);
-    check_forward_backward(c, r, true);
+                     r.fp8_format == Fp8Format::E4M3 ? " E4M3" : " HYBRID", " on backend ", backend));
+    check_forward_backward(c, r, false, acc_epsilon);
+    check_forward_backward(c, r, true, acc_epsilon);
     EXPECT_EQ(last_backend(c, "grouped_gemm_group_m_quantized"), backend);
     EXPECT_EQ(last_backend(c, "grouped_gemm_group_k_quantized"), backend);
   };
@@ -295,9 +301,15 @@ TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupporte
     runs_on(ctx, recipe, "cuda-bf16");
     return runs_on(ctx.with_backend("cuda"), recipe, "cuda");
   }
-  if (recipe.power_2_scales) return runs_on(ctx, recipe, "cuda-bf16");
   Recipe pow2 = recipe;  // the same recipe with power-of-two scales has the bf16 path
   pow2.power_2_scales = true;
+  if (recipe.kind == RecipeKind::Fp8CurrentScaling) {
+    runs_on(ctx, recipe, "cuda-fp8", kFp8TensorCoreEpsilon);
+    runs_on(ctx, pow2, "cuda-fp8", kFp8TensorCoreEpsilon);
+    runs_on(ctx, Recipe::fp8_current(Fp8Format::E4M3), "cuda-fp8", kFp8TensorCoreEpsilon);
+    return runs_on(ctx.with_backend("cuda-bf16"), pow2, "cuda-bf16");
+  }
+  if (recipe.power_2_scales) return runs_on(ctx, recipe, "cuda-bf16");
   runs_on(ctx, pow2, "cuda-bf16");
   GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::BF16, .recipe = recipe}, ctx);
   const Tensor x = to_device(ctx, random_normal({64, 64}, DType::BF16, 3));
@@ -437,6 +449,165 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
   for (int64_t t = 0; t < S; ++t) {  // grad_probs held 0.5: dp was added to it
     EXPECT_EQ(dp0[static_cast<size_t>(t)], 0.5f + g2.probs.data_as<float>()[t]) << "row " << t;
   }
+}
+
+// ---- the native FP8 GEMMs ("cuda-fp8": per-group scales, fp8-current) at the primitive level ----
+// Fuzzed shapes past the 128x128x128 tiles, zero-row groups, a tail, device counts; y (+bias),
+// dx, dW into an f32 main_grad (accumulated) and a bf16 dW, each against the fp64 reference of
+// the operands the CPU quantizes (bit for bit the GPU's codes, test_quant) under the FP8
+// accumulation tolerance; rows [S, T) untouched.
+struct Fp8Problem {
+  int64_t K, N;
+  std::vector<int64_t> counts;
+  int64_t tail;
+  Fp8Format format;
+};
+
+void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
+  const int64_t S = sum_of(c.counts), T = S + c.tail, G = static_cast<int64_t>(c.counts.size());
+  SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " T=", T,
+                   c.format == Fp8Format::E4M3 ? " E4M3" : " HYBRID"));
+  const Recipe recipe = Recipe::fp8_current(c.format);
+  const Tensor x = random_normal({T, c.K}, DType::BF16, 11, 1.0);
+  const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 12, 0.2);
+  const Tensor dy = random_normal({T, c.N}, DType::BF16, 13, 1.0);
+  const Tensor bias = random_normal({G, c.N}, DType::BF16, 14, 1.0);
+  const Tensor start = random_normal({G, c.N, c.K}, DType::F32, 15, 1.0);
+  const Splits splits = Splits::device(to_device(gpu, counts_tensor(c.counts, DType::I32)));
+  const QuantizedTensor qx =
+      quantize(gpu, to_device(gpu, x), splits, recipe.spec(QuantRole::Input), QuantUsage::Both);
+  const QuantizedTensor qw =
+      quantize_weight(gpu, to_device(gpu, w), recipe.spec(QuantRole::Weight), QuantUsage::Both);
+  const QuantizedTensor qdy = quantize(gpu, to_device(gpu, dy), splits,
+                                       recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
+  GuardedBuffer y(gpu, {T, c.N}, DType::BF16), dx(gpu, {T, c.K}, DType::BF16);
+  grouped_gemm_group_m_quantized(gpu, qx, qw, BOp::Transposed, splits, y.view, to_device(gpu, bias));
+  EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_m_quantized"), "cuda-fp8");
+  grouped_gemm_group_m_quantized(gpu, qdy, qw, BOp::Plain, splits, dx.view);
+  const Tensor dw32 = to_device(gpu, start);
+  grouped_gemm_group_k_quantized(gpu, qdy, qx, splits, dw32, true);
+  EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_k_quantized"), "cuda-fp8");
+  const Tensor dw16 = filled(gpu, {G, c.N, c.K}, DType::BF16, 7.0);
+  grouped_gemm_group_k_quantized(gpu, qdy, qx, splits, dw16, false);
+  EXPECT_EQ(gpu.device_error_bits(), 0u);
+
+  const Splits hs = Splits::host(c.counts);
+  const Splits ws = Splits::host(std::vector<int64_t>(static_cast<size_t>(G), c.N));
+  const QuantizedTensor hx = quantize(host(), x, hs, recipe.spec(QuantRole::Input), QuantUsage::Both);
+  const QuantizedTensor hw = quantize_weight(host(), w, recipe.spec(QuantRole::Weight), QuantUsage::Both);
+  const QuantizedTensor hdy =
+      quantize(host(), dy, hs, recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
+  const double eps = kFp8TensorCoreEpsilon;
+  EXPECT_TRUE(matches_reference(
+      "y", y.values(),
+      reference_forward(dequantized(hx, hs, QuantUsage::Rowwise), dequantized(hw, ws, QuantUsage::Rowwise),
+                        to_doubles(host(), bias), c.counts, c.K, c.N),
+      DType::BF16, eps));
+  EXPECT_TRUE(y.untouched_outside(S));
+  const std::vector<double> w_col = transposed(dequantized(hw, ws, QuantUsage::Columnwise), c.K, G * c.N);
+  EXPECT_TRUE(matches_reference(
+      "dx", dx.values(),
+      reference_dgrad(dequantized(hdy, hs, QuantUsage::Rowwise), w_col, c.counts, c.K, c.N),
+      DType::BF16, eps));
+  EXPECT_TRUE(dx.untouched_outside(S));
+  const std::vector<double> dy_c = transposed(dequantized(hdy, hs, QuantUsage::Columnwise), c.N, T);
+  const std::vector<double> x_c = transposed(dequantized(hx, hs, QuantUsage::Columnwise), c.K, T);
+  EXPECT_TRUE(matches_reference("dW (f32, accumulated)", to_doubles(gpu, dw32),
+                                reference_wgrad(dy_c, x_c, c.counts, c.K, c.N, to_doubles(host(), start)),
+                                DType::F32, eps));
+  EXPECT_TRUE(matches_reference("dW (bf16)", to_doubles(gpu, dw16),
+                                reference_wgrad(dy_c, x_c, c.counts, c.K, c.N), DType::BF16, eps));
+}
+
+#define MOEKIT_REQUIRE_SM90()                                                     \
+  if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the FP8 GEMMs need one"
+
+TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
+  MOEKIT_REQUIRE_SM90();
+  const Context gpu = poisoned(Context::cuda(0));
+  check_fp8_gemms(gpu, {2048, 1536, {512, 0, 384, 272}, 9, Fp8Format::Hybrid});
+  check_fp8_gemms(gpu, {16, 16, {16, 0, 0}, 0, Fp8Format::E4M3});
+  std::mt19937_64 rng(40);
+  for (int trial = 0; trial < 8; ++trial) {
+    Fp8Problem c;
+    c.K = 16 * static_cast<int64_t>(1 + rng() % 40);
+    c.N = 16 * static_cast<int64_t>(1 + rng() % 40);
+    const size_t G = 1 + rng() % 6;
+    for (size_t g = 0; g < G; ++g) c.counts.push_back(rng() % 3 == 0 ? 0 : 16 * static_cast<int64_t>(rng() % 24));
+    c.tail = static_cast<int64_t>(rng() % 20);
+    c.format = trial % 2 ? Fp8Format::E4M3 : Fp8Format::Hybrid;
+    check_fp8_gemms(gpu, c);
+  }
+}
+
+// The group-K kernels' rows rule on the device (SPEC §6c): a count not a multiple of 16 writes
+// nothing and sets kCountsMisaligned (a group's first row is a TMA address of 8-bit codes).
+TEST(Fp8GemmCuda, MisalignedDeviceCountsWriteNoWeightGradientAndSayWhy) {
+  MOEKIT_REQUIRE_SM90();
+  const Context gpu = poisoned(Context::cuda(0));
+  const Recipe recipe = Recipe::fp8_current();
+  const Splits splits = Splits::device(to_device(gpu, counts_tensor({24, 40}, DType::I64)));
+  const QuantizedTensor qx = quantize(gpu, to_device(gpu, random_normal({64, 32}, DType::BF16, 1)),
+                                      splits, recipe.spec(QuantRole::Input), QuantUsage::Both);
+  const QuantizedTensor qdy = quantize(gpu, to_device(gpu, random_normal({64, 48}, DType::BF16, 2)),
+                                       splits, recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
+  EXPECT_EQ(gpu.device_error_bits(), 0u);  // the quantize takes any counts
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    GuardedBuffer dw(gpu, {2 * 48, 32}, dtype);
+    grouped_gemm_group_k_quantized(gpu, qdy, qx, splits, dw.view.view({2, 48, 32}), false);
+    EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_k_quantized"), "cuda-fp8");
+    EXPECT_EQ(gpu.device_error_bits(), Context::kCountsMisaligned) << name(dtype);
+    EXPECT_TRUE(dw.untouched_outside(0)) << name(dtype);
+  }
+}
+
+// Captured in a CUDA graph (fprop and wgrad with device counts), replayed with new counts: each
+// replay bit-identical to the eager call with those counts.
+TEST(Fp8GemmCuda, GraphCapturedGemmsReplayWithNewDeviceCountsAsEager) {
+  MOEKIT_REQUIRE_SM90();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);
+  ASSERT_NE(owned.get(), nullptr);
+  const Context gpu = Context::cuda(0, owned.get());
+  const Recipe recipe = Recipe::fp8_current();
+  const int64_t T = 640, K = 256, N = 384, G = 4;
+  const Tensor counts_d = to_device(gpu, counts_tensor({256, 0, 192, 64}, DType::I64));
+  const Splits splits = Splits::device(counts_d);
+  const Tensor x_d = to_device(gpu, random_normal({T, K}, DType::BF16, 3));
+  const Tensor dy_d = to_device(gpu, random_normal({T, N}, DType::BF16, 4));
+  const QuantizedTensor qw = quantize_weight(gpu, to_device(gpu, random_normal({G, N, K}, DType::BF16, 5, 0.2)),
+                                             recipe.spec(QuantRole::Weight), QuantUsage::Both);
+  const QuantizedTensor qx = allocate_quantized(gpu, recipe.spec(QuantRole::Input), DType::BF16, T, K, G, QuantUsage::Both);
+  const QuantizedTensor qdy = allocate_quantized(gpu, recipe.spec(QuantRole::GradOutput), DType::BF16, T, N, G, QuantUsage::Both);
+  const Tensor y = filled(gpu, {T, N}, DType::BF16, 0.0), dw = filled(gpu, {G, N, K}, DType::F32, 0.0);
+  const detail::Plan px = detail::bind_quantize(gpu, x_d, splits, qx);
+  const detail::Plan pdy = detail::bind_quantize(gpu, dy_d, splits, qdy);
+  const detail::Plan pm = detail::bind_group_m_quantized(gpu, qx, qw, BOp::Transposed, splits, y);
+  const detail::Plan pk = detail::bind_group_k_quantized(gpu, qdy, qx, splits, dw, false);
+  // One eager run first: the kernels' Params are cached outside the capture.
+  px.run(), pdy.run(), pm.run(), pk.run();
+  gpu.synchronize();
+  void* graph = nullptr;
+  void* exec = nullptr;
+  ASSERT_EQ(api.capture(owned.get(), [&] { px.run(), pdy.run(), pm.run(), pk.run(); }, &graph), "");
+  ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+  for (const std::vector<int64_t>& counts : std::vector<std::vector<int64_t>>{
+           {256, 0, 192, 64}, {0, 512, 0, 112}, {0, 0, 0, 0}, {160, 160, 160, 160}}) {
+    SCOPED_TRACE(::testing::PrintToString(counts));
+    copy(gpu, counts_tensor(counts, DType::I64), counts_d);
+    ASSERT_EQ(api.launch(exec, owned.get()), 0);
+    ASSERT_EQ(api.stream_sync(owned.get()), 0);
+    const int64_t S = sum_of(counts);
+    const std::vector<uint8_t> y_graph = bytes_of(gpu, y.rows(0, S)), dw_graph = bytes_of(gpu, dw);
+    px.run(), pdy.run(), pm.run(), pk.run();
+    gpu.synchronize();
+    EXPECT_EQ(bytes_of(gpu, y.rows(0, S)), y_graph);
+    EXPECT_EQ(bytes_of(gpu, dw), dw_graph);
+  }
+  EXPECT_EQ(gpu.device_error_bits(), 0u);
+  api.exec_destroy(exec);
+  api.graph_destroy(graph);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes), [](const auto& info) {

@@ -15,6 +15,9 @@
 #ifdef MOEKIT_HAS_CUDA
 #include "backends/cuda/cuda_quantize.h"
 #endif
+#ifdef MOEKIT_HAS_SM90
+#include "backends/cuda/sm90/sm90_entries.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -33,6 +36,9 @@ const Backend<detail::DequantizeArgs> kDequantize[] = {
     cpu::kDequantize,
 };
 const Backend<detail::QuantGroupMArgs> kQuantGroupM[] = {
+#ifdef MOEKIT_HAS_SM90
+    cuda::kFp8QuantGroupM,       // per-group scales (fp8-current): the native sm_90a FP8 GEMMs
+#endif
 #ifdef MOEKIT_HAS_CUDA
     cuda::kBf16QuantGroupM,      // power-of-two scales: exact bf16 operands, the sm_90a GEMMs
     cuda::kEmulatedQuantGroupM,  // the rest of mxfp8 and nvfp4 (fp32 SIMT); other fp8: refused
@@ -40,6 +46,9 @@ const Backend<detail::QuantGroupMArgs> kQuantGroupM[] = {
     cpu::kQuantGroupM,
 };
 const Backend<detail::QuantGroupKArgs> kQuantGroupK[] = {
+#ifdef MOEKIT_HAS_SM90
+    cuda::kFp8QuantGroupK,
+#endif
 #ifdef MOEKIT_HAS_CUDA
     cuda::kBf16QuantGroupK,
     cuda::kEmulatedQuantGroupK,

@@ -135,9 +135,9 @@ Reference reference_dbias(const std::vector<double>& dy, const std::vector<int64
   return r;
 }
 
-double accumulation_bound(int64_t terms, double magnitude) {
-  return kAccumulationLambda / 2 * std::sqrt(static_cast<double>(terms)) * epsilon(DType::F32) *
-         magnitude;
+double accumulation_bound(int64_t terms, double magnitude, double acc_epsilon) {
+  const double u = acc_epsilon > 0 ? acc_epsilon : epsilon(DType::F32);
+  return kAccumulationLambda / 2 * std::sqrt(static_cast<double>(terms)) * u * magnitude;
 }
 
 namespace {
@@ -154,16 +154,16 @@ double subnormal_spacing(DType t) {
 }
 }  // namespace
 
-double tolerance(const Reference& ref, size_t i, DType out) {
+double tolerance(const Reference& ref, size_t i, DType out, double acc_epsilon) {
   if (ref.length[i] == 0) return 0.0;  // an empty reduction is exactly 0 (no rounding at all)
-  const double acc = accumulation_bound(ref.length[i], ref.magnitude[i]);
+  const double acc = accumulation_bound(ref.length[i], ref.magnitude[i], acc_epsilon);
   return epsilon(out) / 2 * (std::fabs(ref.value[i]) + acc) + acc + subnormal_spacing(out) / 2;
 }
 
 namespace {
 ::testing::AssertionResult compare(std::string_view what, const std::vector<double>& got,
                                    const std::vector<double>& want, const Reference& ref, DType out,
-                                   double scale, std::string_view want_name) {
+                                   double scale, std::string_view want_name, double acc_epsilon = 0.0) {
   const size_t n = ref.value.size();
   if (got.size() < n || want.size() < n) {
     return ::testing::AssertionFailure()
@@ -171,7 +171,7 @@ namespace {
   }
   size_t bad = 0, first = n;
   for (size_t i = 0; i < n; ++i) {
-    const double tol = scale * tolerance(ref, i, out);
+    const double tol = scale * tolerance(ref, i, out, acc_epsilon);
     if (!(std::fabs(got[i] - want[i]) <= tol)) {  // written so that NaN fails
       if (first == n) first = i;
       ++bad;
@@ -184,14 +184,14 @@ namespace {
          << " elements outside tolerance; first at index " << first << " (row " << first / cols
          << ", col " << first % cols << "): got " << got[first] << ", " << want_name << " "
          << want[first] << ", |diff| " << std::fabs(got[first] - want[first]) << ", tolerance "
-         << scale * tolerance(ref, first, out) << " (fp64 reference " << ref.value[first]
+         << scale * tolerance(ref, first, out, acc_epsilon) << " (fp64 reference " << ref.value[first]
          << ", magnitude " << ref.magnitude[first] << ", terms " << ref.length[first] << ")";
 }
 }  // namespace
 
 ::testing::AssertionResult matches_reference(std::string_view what, const std::vector<double>& got,
-                                             const Reference& ref, DType out) {
-  return compare(what, got, ref.value, ref, out, 1.0, "reference");
+                                             const Reference& ref, DType out, double acc_epsilon) {
+  return compare(what, got, ref.value, ref, out, 1.0, "reference", acc_epsilon);
 }
 
 ::testing::AssertionResult close_to_each_other(std::string_view what, const std::vector<double>& a,

@@ -23,8 +23,12 @@ __device__ __forceinline__ int64_t count_at(const DeviceCounts& c, int64_t g) {
 
 /// Why one count m_g is invalid on its own (0: it is not): negative, or above T (then the sum
 /// cannot be checked without overflow: the call is invalid anyway). The sum S <= T is the caller's.
-__device__ __forceinline__ uint32_t count_error(int64_t m, int64_t rows) {
-  return m < 0 ? kDeviceCountNegative : m > rows ? kDeviceCountsExceedRows : 0u;
+/// With `multiple` > 1 a count that is not a multiple of it is invalid too (misaligned).
+__device__ __forceinline__ uint32_t count_error(int64_t m, int64_t rows, int64_t multiple = 1) {
+  return m < 0               ? kDeviceCountNegative
+         : m > rows          ? kDeviceCountsExceedRows
+         : multiple > 1 && m % multiple != 0 ? kDeviceCountsMisaligned
+                             : 0u;
 }
 
 /// ORs `reason` (non-zero) into the error word, from thread 0 of block (0,0,0) only: one report per
@@ -40,7 +44,8 @@ __device__ __forceinline__ void report_count_error(const DeviceCounts& c, uint32
 /// reason into error_word (one report per launch). A count above T is caught on its own, so the
 /// sum cannot overflow. O(G / blockDim.x) loads per thread; the counts are L2-resident after the
 /// first block. Ends with a barrier, so shared memory may be reused right after.
-__device__ __forceinline__ int64_t block_valid_rows(const DeviceCounts& c) {
+/// `multiple` as count_error's.
+__device__ __forceinline__ int64_t block_valid_rows(const DeviceCounts& c, int64_t multiple = 1) {
   __shared__ unsigned long long warp_sums[32];
   __shared__ uint32_t bad;
   if (threadIdx.x == 0) bad = 0;
@@ -49,7 +54,7 @@ __device__ __forceinline__ int64_t block_valid_rows(const DeviceCounts& c) {
   uint32_t my_bad = 0;
   for (int64_t g = threadIdx.x; g < c.groups; g += blockDim.x) {
     const int64_t m = count_at(c, g);
-    const uint32_t why = count_error(m, c.rows);
+    const uint32_t why = count_error(m, c.rows, multiple);
     my_bad |= why;
     if (!why) sum += static_cast<unsigned long long>(m);
   }

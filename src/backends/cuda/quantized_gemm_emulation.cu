@@ -98,9 +98,9 @@ std::string reject_unless_emulated(const Context& ctx, RecipeKind recipe) {
   if (!why.empty()) return why;
   if (recipe == RecipeKind::Mxfp8 || recipe == RecipeKind::Nvfp4) return "";
   return str("recipe ", Recipe{recipe}.name(),
-             " with fp32 scales has no GPU path yet: the bf16 tensor-core path (cuda-bf16) needs "
-             "power-of-two scales (power_2_scales), and the native sm_90a FP8 grouped GEMMs are not "
-             "built (issue 40); this fp32 emulation takes mxfp8 and nvfp4 only");
+             " with fp32 scales has no GPU path for this call yet: the native sm_90a FP8 GEMMs "
+             "(cuda-fp8) take per-group scales with bf16 outputs, the bf16 tensor-core path "
+             "(cuda-bf16) power-of-two scales, and this fp32 emulation mxfp8 and nvfp4 only");
 }
 
 Tensor dequantized(const Context& ctx, const QuantizedTensor& q, const Splits& splits,

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backends/cuda/resources.h"
+#include "backends/contract/quant_args.h"
+#include "backends/cuda/sm90/device/fp8_gemm_sm90.h"
 #include "backends/cuda/sm90/device/grouped_gemm_sm90.h"
 #include "backends/cuda/sm90/heuristics.h"
 #include "moekit/core/error.h"
@@ -88,6 +90,95 @@ sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCount
   return p;
 }
 
+// ---- the native FP8 GEMMs of the per-group ("current") recipes (fp8_gemm_sm90.h) ----
+sm90::Fp8Code code_of(const QuantSpec& s) {
+  return s.format == QuantFormat::E5M2 ? sm90::Fp8Code::E5M2 : sm90::Fp8Code::E4M3;
+}
+// Per-group scales are shared by both copies (SPEC §6b): whichever the tensor holds.
+const float* group_scales(const QuantizedTensor& q) {
+  const Tensor& s = q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  return s.defined() ? static_cast<const float*>(s.data()) : nullptr;
+}
+
+// fprop: out = dq(a.rowwise) · dq(W.rowwise)ᵀ, B_g = W's rows of group g ([N, K], stride K);
+// dgrad: out = dq(dy.rowwise) · dq(W.columnwise)ᵀ-as-[G, N, K], B_g = the columnwise copy
+// [K, G·N]'s columns of group g ([K, N] with row stride G·N, K-major in the reduction N).
+sm90::Fp8GroupMProblem problem_of(const detail::QuantGroupMArgs& args, const DeviceCounts& counts) {
+  sm90::Fp8GroupMProblem p;
+  const bool fprop = args.op == BOp::Transposed;
+  const Tensor& w = fprop ? args.b.rowwise : args.b.columnwise;
+  const int64_t per_group = args.groups > 0 ? args.b.rows / args.groups : 0;  // the weight's N
+  p.a = args.a.rowwise.defined() ? args.a.rowwise.data() : nullptr;
+  p.b = w.defined() ? w.data() : nullptr;
+  p.a_code = code_of(args.a.spec);
+  p.b_code = code_of(args.b.spec);
+  p.scale_a = group_scales(args.a);
+  p.scale_b = group_scales(args.b);
+  p.b_group_stride = fprop ? per_group * args.k : per_group;
+  p.ldb = fprop ? args.k : args.b.rows;
+  p.fast_accumulation = fprop;  // TE: the forward without, dgrad with the split accumulator
+  p.bias = args.bias.defined() ? args.bias.data() : nullptr;
+  p.out = args.out.data();
+  p.counts = counts;
+  p.k = args.k;
+  p.n = args.n;
+  p.dtype = args.out.dtype();
+  p.sms = gemm_sm_target(args.ctx);
+  return p;
+}
+
+// dw[g] (+)= dq(dy.columnwise)_g · dq(x.columnwise)_gᵀ: both copies [·, T], a group's columns.
+sm90::Fp8GroupKProblem problem_of(const detail::QuantGroupKArgs& args, const DeviceCounts& counts) {
+  sm90::Fp8GroupKProblem p;
+  p.dy = args.dy.columnwise.defined() ? args.dy.columnwise.data() : nullptr;
+  p.x = args.x.columnwise.defined() ? args.x.columnwise.data() : nullptr;
+  p.dy_code = code_of(args.dy.spec);
+  p.x_code = code_of(args.x.spec);
+  p.scale_dy = group_scales(args.dy);
+  p.scale_x = group_scales(args.x);
+  p.ld = args.dy.rows;
+  p.dw = args.dw.data();
+  p.counts = counts;
+  p.k = args.k;
+  p.n = args.n;
+  p.dw_dtype = args.dw.dtype();
+  p.accumulate = args.accumulate;
+  p.sms = gemm_sm_target(args.ctx);
+  return p;
+}
+
+// What the kernels need of each operand's quantization: per-group scales (one fp32 scale_inv per
+// expert: fp8-current) on e4m3 / e5m2 codes, and the copy the GEMM reads.
+std::string fp8_operand_rejects(const QuantizedTensor& q, const char* operand, QuantUsage copy) {
+  if (q.spec.scaling != Scaling::PerGroup) {
+    return str("recipe ", Recipe{q.spec.recipe}.name(), ": ", operand,
+               " has block scales; the native FP8 GEMMs take per-group scales (fp8-current)");
+  }
+  if (q.spec.format == QuantFormat::E2M1) return str(operand, " is e2m1: the FP8 GEMMs take e4m3 / e5m2");
+  if (!has(q.usage, copy)) {
+    return str(operand, " has no ", copy == QuantUsage::Rowwise ? "rowwise" : "columnwise",
+               " copy (the one this GEMM reads)");
+  }
+  return "";
+}
+
+std::string fp8_group_m_rejects(const detail::QuantGroupMArgs& args) {
+  if (std::string why = reject_unless_cuda(args.ctx); !why.empty()) return why;
+  const QuantUsage w_copy = args.op == BOp::Transposed ? QuantUsage::Rowwise : QuantUsage::Columnwise;
+  if (std::string why = fp8_operand_rejects(args.a, "a", QuantUsage::Rowwise); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.b, "the weight", w_copy); !why.empty()) return why;
+  return sm90::rejects(problem_of(args, counts_for_check(args.splits, args.groups, args.rows)),
+                       args.ctx.device().index);
+}
+
+std::string fp8_group_k_rejects(const detail::QuantGroupKArgs& args) {
+  if (std::string why = reject_unless_cuda(args.ctx); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.dy, "dy", QuantUsage::Columnwise); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.x, "x", QuantUsage::Columnwise); !why.empty()) return why;
+  return sm90::rejects(problem_of(args, counts_for_check(args.splits, args.groups, args.rows)),
+                       args.ctx.device().index);
+}
+
 // One entry pair for every form (Args: GroupMArgs, GroupKArgs or GemmSwigluArgs; problem_of above).
 template <class Args>
 std::string rejects_of(const Args& args) {
@@ -166,6 +257,9 @@ std::string sm90_gemm_dswiglu_declines(const detail::GemmDSwigluArgs& args) {
   return declines_for_cublas(args.splits, args.groups, args.rows);
 }
 
+void fp8_group_m_run(const detail::QuantGroupMArgs& args) { run_of(args); }
+void fp8_group_k_run(const detail::QuantGroupKArgs& args) { run_of(args); }
+
 // This backend's entries in the primitives' tables (declared in its header).
 constexpr detail::Backend<detail::GroupMArgs> kSm90GroupM{
     "sm90", sm90_group_m_rejects, sm90_group_m_run, sm90_group_m_declines};
@@ -175,5 +269,11 @@ constexpr detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu{
     "sm90", sm90_gemm_swiglu_rejects, sm90_gemm_swiglu_run, sm90_gemm_swiglu_declines};
 constexpr detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu{
     "sm90", sm90_gemm_dswiglu_rejects, sm90_gemm_dswiglu_run, sm90_gemm_dswiglu_declines};
+
+// The native FP8 grouped GEMMs (per-group scales) in the quantized-GEMM tables.
+constexpr detail::Backend<detail::QuantGroupMArgs> kFp8QuantGroupM{"cuda-fp8", fp8_group_m_rejects,
+                                                                   fp8_group_m_run};
+constexpr detail::Backend<detail::QuantGroupKArgs> kFp8QuantGroupK{"cuda-fp8", fp8_group_k_rejects,
+                                                                   fp8_group_k_run};
 
 }  // namespace moekit::cuda

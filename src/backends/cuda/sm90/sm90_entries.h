@@ -15,6 +15,7 @@
 #include "backends/contract/activation_args.h"
 #include "backends/contract/args.h"
 #include "backends/contract/backend_table.h"
+#include "backends/contract/quant_args.h"
 
 namespace moekit::cuda {
 
@@ -24,5 +25,9 @@ extern const detail::Backend<detail::GroupMArgs> kSm90GroupM;
 extern const detail::Backend<detail::GroupKArgs> kSm90GroupK;
 extern const detail::Backend<detail::GemmSwigluArgs> kSm90GemmSwiglu;
 extern const detail::Backend<detail::GemmDSwigluArgs> kSm90GemmDSwiglu;
+// "cuda-fp8": the quantized grouped GEMMs of recipes with per-group scales (fp8-current) on the
+// native FP8 kernels (device/fp8_gemm_sm90.h): bf16 outputs (f32 or bf16 dw), sm_90.
+extern const detail::Backend<detail::QuantGroupMArgs> kFp8QuantGroupM;
+extern const detail::Backend<detail::QuantGroupKArgs> kFp8QuantGroupK;
 
 }  // namespace moekit::cuda

@@ -1,4 +1,4 @@
-// Host side of the sm90 grouped GEMMs (grouped_gemm_sm90.h): the checks that decide whether the
+// Host side of the sm90 grouped GEMMs (grouped_gemm_sm90.h, and the FP8 ones: fp8_gemm_sm90.h): the checks that decide whether the
 // kernels can run a call, and its launch on the instance heuristics.cpp chooses. No CUTLASS here:
 // the kernels live in instances/.
 #include "backends/cuda/sm90/device/grouped_gemm_sm90.h"
@@ -11,7 +11,9 @@
 #include <string>
 #include <utility>
 
+#include "backends/cuda/sm90/device/fp8_gemm_sm90.h"
 #include "backends/cuda/sm90/heuristics.h"
+#include "backends/cuda/sm90/instances/fp8_instances.h"
 #include "backends/cuda/sm90/instances/group_k_instances.h"
 #include "backends/cuda/sm90/instances/group_m_instances.h"
 #include "backends/cuda/sm90/scheduler/tile_units.h"
@@ -144,5 +146,94 @@ void run(const GroupKProblem& p, void* workspace, cudaStream_t stream) {
 }
 
 std::string config_name(const GroupKProblem& p) { return choose_instance(p).name; }
+
+// ---- FP8 (fp8_gemm_sm90.h) ----
+namespace {
+
+// 16-byte rows and group starts of 8-bit codes; each extent named as the problem's field.
+std::string rejects_fp8_extents(std::initializer_list<std::pair<const char*, int64_t>> extents) {
+  for (const auto& [label, v] : extents) {
+    if (v % 16 != 0) return str(label, " = ", v, " is not a multiple of 16 (TMA rows of 8-bit codes)");
+  }
+  return "";
+}
+
+const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
+  if (p.a_code == Fp8Code::E5M2) return fp8_group_m_e5m2_promoted;
+  return p.fast_accumulation ? fp8_group_m_e4m3_fast : fp8_group_m_e4m3_promoted;
+}
+const Fp8GroupKInstance& choose_fp8(const Fp8GroupKProblem& p) {
+  const bool f32 = p.dw_dtype == DType::F32;
+  if (p.dy_code == Fp8Code::E5M2) return f32 ? fp8_group_k_e5m2_f32 : fp8_group_k_e5m2_bf16;
+  return f32 ? fp8_group_k_e4m3_f32 : fp8_group_k_e4m3_bf16;
+}
+
+}  // namespace
+
+std::string rejects(const Fp8GroupMProblem& p, int device) {
+  (void)study_settings();
+  if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
+  if (p.b_code != Fp8Code::E4M3) return "B (the weight) must be e4m3 (the compiled FP8 instances)";
+  if (p.a_code == Fp8Code::E5M2 && p.fast_accumulation) {
+    return "an e5m2 A (a gradient) runs with promoted accumulation only (dgrad)";
+  }
+  if (p.dtype != DType::BF16) return str("the FP8 GEMMs write bf16, got ", name(p.dtype));
+  if (!p.scale_a || !p.scale_b) return "the per-group scales of A and B must be given";
+  if (p.glu_z || p.dglu_dh) return "the FP8 GEMMs fuse no SwiGLU";
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
+  if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ldb", p.ldb},
+                                             {"the weight's group stride", p.b_group_stride}});
+      !why.empty()) {
+    return why;
+  }
+  if (p.ldb < p.k) return str("ldb = ", p.ldb, " is below K = ", p.k);
+  return rejects_common(device, p.dtype, p.counts, p.k, p.n,
+                        {{"a", p.a}, {"b", p.b}, {"out", p.out}, {"bias", p.bias}});
+}
+
+size_t workspace_bytes(const Fp8GroupMProblem& p) {
+  if (p.counts.groups <= 0 || p.n == 0) return 0;
+  const Fp8GroupMProblem q = resolved(p);
+  return choose_fp8(q).workspace_bytes(q);
+}
+
+void run(const Fp8GroupMProblem& p, void* workspace, cudaStream_t stream) {
+  if (p.counts.groups <= 0 || p.n == 0) return;
+  const Fp8GroupMProblem q = resolved(p);
+  choose_fp8(q).run(q, workspace, stream);
+}
+
+std::string config_name(const Fp8GroupMProblem& p) { return choose_fp8(p).name; }
+
+std::string rejects(const Fp8GroupKProblem& p, int device) {
+  (void)study_settings();
+  if (p.x_code != Fp8Code::E4M3) return "x must be e4m3 (the compiled FP8 instances)";
+  if (p.dw_dtype != DType::F32 && p.dw_dtype != DType::BF16) {
+    return str("dw dtype f32 or bf16, got ", name(p.dw_dtype));
+  }
+  if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
+  if (!p.scale_dy || !p.scale_x) return "the per-group scales of dy and x must be given";
+  if (std::string why = rejects_schedule(p); !why.empty()) return why;
+  if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ld (T)", p.ld}}); !why.empty()) {
+    return why;
+  }
+  if (p.ld < p.counts.rows) return str("ld = ", p.ld, " is below T = ", p.counts.rows);
+  return rejects_common(device, DType::BF16, p.counts, p.k, p.n,
+                        {{"dy", p.dy}, {"x", p.x}, {"dw", p.dw}});
+}
+
+size_t workspace_bytes(const Fp8GroupKProblem& p) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return 0;
+  const Fp8GroupKProblem q = resolved(p);
+  return choose_fp8(q).workspace_bytes(q);
+}
+
+void run(const Fp8GroupKProblem& p, void* workspace, cudaStream_t stream) {
+  if (p.counts.groups <= 0 || p.n == 0 || p.k == 0) return;
+  const Fp8GroupKProblem q = resolved(p);
+  choose_fp8(q).run(q, workspace, stream);
+}
+
+std::string config_name(const Fp8GroupKProblem& p) { return choose_fp8(p).name; }
 
 }  // namespace moekit::cuda::sm90

@@ -138,29 +138,11 @@ struct GroupKSetupInputs {
 // kHeavyFirstMaxGroups of them (more keep group order).
 inline constexpr int64_t kHeavyFirstMaxGroups = 1024;
 
-// dw[g] = 0 for every group with m_g = 0, when the counts are valid (SPEC §1; invalid ones: nothing
-// written — block 0's scan reports why), by blocks 1.. of the setup grid: the same 32 counts in
-// every warp (block-uniform loops, no barrier), each empty group filled by all of those blocks
-// with 16-byte stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8). One wave
-// whatever the group count; beside block 0's setup rather than a kernel of its own after it, so
-// the GEMM (which waits for the whole setup grid) waits for one grid, not two, and the host
-// enqueues one launch fewer.
+// dw[g] = 0 for every group with m_g = 0 (zero_empty_group_outputs, kernel_common.cuh), by blocks 1..
+// of the setup grid.
 template <class G>
 __device__ void zero_empty_groups(const GroupKSetupInputs& in) {
-  if (block_valid_rows(in.counts) < 0) return;  // every thread: the validity is block-wide
-  const int64_t vectors = in.n * in.k * static_cast<int64_t>(sizeof(typename G::ElementD)) / 16;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t first = (blockIdx.x - 1) * int64_t{kSetupThreads} + threadIdx.x;
-  const int64_t stride = (int64_t{gridDim.x} - 1) * kSetupThreads;
-  for (int64_t base = 0; base < in.counts.groups; base += 32) {
-    const int64_t mine = base + lane;
-    unsigned empty = __ballot_sync(0xffffffffu, mine < in.counts.groups && count_at(in.counts, mine) == 0);
-    for (; empty != 0; empty &= empty - 1) {
-      const int64_t g = base + __ffs(empty) - 1;
-      uint4* p = reinterpret_cast<uint4*>(static_cast<typename G::ElementD*>(in.dw) + g * in.n * in.k);
-      for (int64_t i = first; i < vectors; i += stride) p[i] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  zero_empty_group_outputs<typename G::ElementD>(in.counts, in.n, in.k, in.dw);
 }
 
 // Block 0: every group's shape, pointers, strides, tile units, stripe width and descriptors.

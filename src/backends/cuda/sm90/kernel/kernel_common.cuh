@@ -174,9 +174,19 @@ struct GroupedGemm : P {
       return static_cast<int>(sizeof(typename P::CollectiveEpilogue::SharedStorage));
     }
   }();
+  // A's and B's element types: P::Element for both, unless P names its own (the FP8 kernels:
+  // an e5m2 gradient times an e4m3 operand).
+  using ElementA = typename decltype([] {
+    if constexpr (requires { typename P::ElementA; }) return std::type_identity<typename P::ElementA>{};
+    else return std::type_identity<typename P::Element>{};
+  }())::type;
+  using ElementB = typename decltype([] {
+    if constexpr (requires { typename P::ElementB; }) return std::type_identity<typename P::ElementB>{};
+    else return std::type_identity<typename P::Element>{};
+  }())::type;
   using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename P::Element,
-      typename P::LayoutA*, P::kAlign, typename P::Element, typename P::LayoutB*, P::kAlign, float,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      typename P::LayoutA*, P::kAlign, ElementB, typename P::LayoutB*, P::kAlign, float,
       typename P::Config::Tile, typename P::Config::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       typename P::Config::Schedule>::CollectiveOp;
@@ -282,8 +292,11 @@ __device__ inline RowsUnits block_inclusive_scan(RowsUnits v, RowsUnits* warp_su
 // block_valid_rows reports it), every group is visited again, on the same thread, with an empty
 // place and false — what the GEMM after it then reads has no rows and no tiles — and it returns 0.
 // (Validity needs the sum of all chunks, hence the second visit rather than a first pass.)
+// `row_multiple` > 1: a count not a multiple of it is invalid too (kDeviceCountsMisaligned; the
+// FP8 group-K kernels, whose groups' first rows are TMA addresses of 8-bit elements).
 template <class UnitsOf, class Visit>
-__device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, Visit visit) {
+__device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, Visit visit,
+                                      int64_t row_multiple = 1) {
   __shared__ RowsUnits warp_sums[2][kSetupThreads / 32];
   __shared__ RowsUnits chunk_total[2];
   __shared__ uint32_t bad;
@@ -293,7 +306,7 @@ __device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, V
   for (int64_t base = 0, chunk = 0; base < c.groups; base += kSetupThreads, chunk ^= 1) {
     const int64_t g = base + threadIdx.x;
     int64_t m = g < c.groups ? count_at(c, g) : 0;
-    const uint32_t why = count_error(m, c.rows);
+    const uint32_t why = count_error(m, c.rows, row_multiple);
     my_bad |= why;
     if (why) m = 0;  // takes no rows: the offsets stay in range until the call is declared invalid
     const RowsUnits mine{m, m > 0 ? static_cast<int64_t>(units_of(m)) : 0};
@@ -312,6 +325,33 @@ __device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, V
   report_count_error(c, reason);
   for (int64_t g = threadIdx.x; g < c.groups; g += kSetupThreads) visit(g, GroupPlace{}, false);
   return 0;
+}
+
+// dw[g] = 0 for every group with m_g = 0, when the counts are valid (SPEC §1; invalid ones: nothing
+// written — block 0's scan reports why), by blocks 1.. of the setup grid: the same 32 counts in
+// every warp (block-uniform loops, no barrier), each empty group filled by all of those blocks
+// with 16-byte stores (n·k·sizeof(ElementD) is a multiple of 16: k is a multiple of 8). One wave
+// whatever the group count; beside block 0's setup rather than a kernel of its own after it, so
+// the GEMM (which waits for the whole setup grid) waits for one grid, not two, and the host
+// enqueues one launch fewer.
+// `row_multiple` as scan_groups'. The group-K setup kernels' blocks after the first call it.
+template <class ElementD>
+__device__ void zero_empty_group_outputs(const DeviceCounts& counts, int64_t n, int64_t k, void* dw,
+                                  int64_t row_multiple = 1) {
+  if (block_valid_rows(counts, row_multiple) < 0) return;  // every thread: the validity is block-wide
+  const int64_t vectors = n * k * static_cast<int64_t>(sizeof(ElementD)) / 16;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t first = (blockIdx.x - 1) * int64_t{kSetupThreads} + threadIdx.x;
+  const int64_t stride = (int64_t{gridDim.x} - 1) * kSetupThreads;
+  for (int64_t base = 0; base < counts.groups; base += 32) {
+    const int64_t mine = base + lane;
+    unsigned empty = __ballot_sync(0xffffffffu, mine < counts.groups && count_at(counts, mine) == 0);
+    for (; empty != 0; empty &= empty - 1) {
+      const int64_t g = base + __ffs(empty) - 1;
+      uint4* p = reinterpret_cast<uint4*>(static_cast<ElementD*>(dw) + g * n * k);
+      for (int64_t i = first; i < vectors; i += stride) p[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
 }
 
 // ---- host side ----
