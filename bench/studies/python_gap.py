@@ -37,6 +37,8 @@ workspace pointer among others) misses, so its count per step is the number of m
 
 --device cpu runs the C++ and Python drivers on the CPU with a small problem (a dry run, and the
 host cost per binding call); --moekit PROG also runs `moekit run` itself before and after.
+MOEKIT_SM90_STABLE_WORKSPACE=1 in the environment (a build that has it) gives every sm90 call on a
+stream one workspace (src/backends/cuda/sm90/sm90_entries.cpp): the Params cache then hits.
 """
 import argparse
 import os
@@ -288,6 +290,8 @@ def main():
     cli_before = moekit_cli(args.moekit, preset, 20, args.warmup_ms) if use_cli else None
     d = Data(preset, args.device)
     dev = args.device
+    if cuda:  # drawn on torch's stream; the drivers on other streams copy or read them
+        torch.cuda.synchronize()
     drivers = [
         cpp_driver("cli", d, dev, 0, own_memory=True, hold=True, i64=True),
         cpp_driver("cpp-torchmem", d, dev, 0, own_memory=False, hold=True, i64=True),
@@ -352,7 +356,7 @@ def main():
         else:
             say(f"| {drv.name} | {w:.3f} | {w / ref_w:.3f} | {med(drv.enq):.3f} |")
     say(f"| cli, C++ loop (main.cpp's) | {med(cli_loop):.3f} | {med(cli_loop) / ref_w:.3f} |"
-        + (" | | | | |" if cuda else " |"))
+        + (" | | | | | |" if cuda else " |"))
     if cli_before:
         cli_after = moekit_cli(args.moekit, preset, 20, args.warmup_ms)
         say()
