@@ -5,12 +5,9 @@
 #
 # Builds what the study needs against the build's libmoekit (a carried build's Python module at
 # BUILD_DIR/python-module when it is not there yet, as tools/gpu-check does, and the study module
-# python_gap_ext at BUILD_DIR/python-gap; ~30 s each on 16 cores), then runs python_gap.py twice in
-# one process each: with the library's defaults (the sm90 workspace from the allocator per call), and
-# with MOEKIT_SM90_STABLE_WORKSPACE=1 (one workspace per stream, so the Params cache hits; a build
-# without that switch ignores it, and both runs then measure the same). Tables: $OUT/python-gap.md
-# and $OUT/python-gap-ws1.md
-# (OUT defaults to .). `moekit run` itself runs before and after the first (--moekit).
+# python_gap_ext at BUILD_DIR/python-gap; ~30 s each on 16 cores), then runs python_gap.py in one
+# process. Table: $OUT/python-gap.md (OUT defaults to .). `moekit run` itself runs before and after
+# it (--moekit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -49,5 +46,3 @@ export PYTHONPATH=$pyb/python:$ext${PYTHONPATH:+:$PYTHONPATH}
 moekit=()
 [[ -x $BUILD/tools/moekit/moekit ]] && moekit=(--moekit "$BUILD/tools/moekit/moekit")
 python3 "$ROOT/bench/studies/python_gap.py" "${moekit[@]}" --out "$OUT/python-gap.md" "$@"
-echo
-MOEKIT_SM90_STABLE_WORKSPACE=1 python3 "$ROOT/bench/studies/python_gap.py" --out "$OUT/python-gap-ws1.md" "$@"

@@ -1,9 +1,10 @@
 // Quantize primitives and quantized grouped GEMMs: the one place their arguments are validated,
 // then backend dispatch (SPEC §6). The CPU entries are the reference. On a GPU context quantize
-// and dequantize have their kernels (cuda/quantize.cu); the quantized GEMMs have none yet, and
-// their Unsupported error says so, naming the recipe (never a silent fallback). The sm_90a FP8
-// grouped GEMMs plug in as entries of kQuantGroupM / kQuantGroupK (ARCHITECTURE.md "Quantized
-// recipes").
+// and dequantize have their kernels (cuda/quantize.cu); the quantized GEMMs take the native FP8
+// kernels (cuda-fp8: per-group scales), the bf16 tensor-core emulation (cuda-bf16: power-of-two
+// scales) or the fp32 emulation (cuda: mxfp8, nvfp4), in that order; a call none of them takes is
+// an Unsupported error naming the recipe (never a silent fallback). ARCHITECTURE.md "Quantized
+// recipes".
 #include "moekit/primitives/quantize.h"
 
 #include "backends/contract/backend_table.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest tools.sass: tools/profile sass check on a stand-in cuobjdump's fixed output — a GEMM kernel as the
 # sm90 build makes it passes; one serialised (as nvcc's C7510 leaves it with CUTLASS's asserts on),
-# one spilling and one without wgmma fail, naming why; a file with no GEMM kernel fails; no
+# an FP8 one (QGMMA) passes; one spilling and one without wgmma fail, naming why; a file with no GEMM kernel fails; no
 # cuobjdump at all is a skip (77), never a pass. Then list, mix, dump and diff on the same output.
 # Usage: sass_test.sh TOOLS_DIR
 set -uo pipefail
@@ -33,6 +33,10 @@ res $gemm 168 0 0 >"$work/serial.res-usage"
 kernel $gemm "${batched[@]}" "STL [R1], R4" >"$work/spill.sass"
 res $gemm 168 0 8 >"$work/spill.res-usage"
 kernel $gemm "FFMA R1, R2, R3, R4" "EXIT" >"$work/nowgmma.sass"
+fp8=${gemm/64x128x16_F32BF16BF16/64x128x32_F32E4M3E4M3}  # FP8 operands: wgmma is QGMMA in SASS
+kernel $fp8 "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4].tnspB, RZ, !UPT" \
+  "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8].tnspB, R24, gsb0" "WARPGROUP.DEPBAR.LE gsb0, 0x0" "EXIT" >"$work/fp8.sass"
+res $fp8 168 0 0 >"$work/fp8.res-usage"
 res $gemm 168 0 0 >"$work/nowgmma.res-usage"
 cp "$work/good.sass" "$work/copy.sass"; cp "$work/good.res-usage" "$work/copy.res-usage"
 kernel $setup "EXIT" >"$work/none.sass"; res $setup 64 0 0 >"$work/none.res-usage"
@@ -40,7 +44,7 @@ export CUOBJDUMP="$work/cuobjdump"
 
 out=$("$tool" check "$work/good")
 expect "good passes" "$?" 0
-expect "good line" "$(grep -c '^ok   good: cutlass pingpong 64x128x16 F32BF16BF16 (REG 168): 2 HGMMA, 1 waits' <<<"$out")" 1
+expect "good line" "$(grep -c '^ok   good: cutlass pingpong 64x128x16 F32BF16BF16 (REG 168): 2 wgmma, 1 waits' <<<"$out")" 1
 expect "good summary" "$(tail -1 <<<"$out")" "sass: 1 GEMM kernels, max 168 registers, 0 failing"
 out=$("$tool" check "$work/good" "$work/serial")
 expect "serial fails" "$?" 1
@@ -48,9 +52,12 @@ expect "serial why" "$(grep -c '2 wgmma waits for 2 wgmmas: serialised' <<<"$out
 out=$("$tool" check "$work/spill")
 expect "spill fails" "$?" 1
 expect "spill why" "$(grep -c 'local memory: LOCAL 0, STACK 8, 1 STL/LDL' <<<"$out")" 1
+out=$("$tool" check "$work/fp8")
+expect "fp8 passes" "$?" 0
+expect "fp8 line" "$(grep -c '^ok   fp8: cutlass pingpong 64x128x32 F32E4M3E4M3 (REG 168): 2 wgmma, 1 waits' <<<"$out")" 1
 out=$("$tool" check "$work/nowgmma")
 expect "no wgmma fails" "$?" 1
-expect "no wgmma why" "$(grep -c 'no HGMMA' <<<"$out")" 1
+expect "no wgmma why" "$(grep -c 'no wgmma' <<<"$out")" 1
 "$tool" check "$work/none" >/dev/null
 expect "no GEMM kernel fails" "$?" 1
 CUOBJDUMP=/nonexistent "$tool" check "$work/good" >/dev/null

@@ -15,11 +15,12 @@
 //   columnwise 1-D: one thread per (group row block, column) — amax down the block, codes
 //     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
-//   per group: one thread per element, both copies.
+//   per group: one CTA per 64×128 tile, both copies from one read (the columnwise one through
+//     shared memory).
 // Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
-// count makes the call write nothing and sets Context::kCountsMisaligned. This is the correct-first
-// form: every element is read once per copy (twice for 128×128); the one-pass cast + transpose
-// through shared memory that the bandwidth target needs is the next step (ARCHITECTURE.md).
+// count makes the call write nothing and sets Context::kCountsMisaligned. The 1-D block kernels read
+// every element once per copy, the 128×128 one twice (ARCHITECTURE.md: what the bandwidth target
+// still needs).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -324,21 +325,72 @@ __global__ void tile_blocks_kernel(QuantParams p) {
   }
 }
 
-// Per-group scaling: one thread per element, both copies (the scale of group g: 1/scale_inv[g],
-// recomputed exactly as group_scales_kernel stored it).
-template <class T>
-__global__ void per_group_kernel(QuantParams p) {
+// Per-group scaling: one CTA per tile of kPgRows rows × kPgCols columns (grid-strided), each
+// element read once for both copies. A tile may span groups: each row's factor is its group's
+// (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). Loads and rowwise stores
+// along the rows, V columns a thread (V = 4: one vector load and one 4-byte store, when C, the
+// leading dimensions and the pointers allow it); the columnwise codes staged transposed in shared
+// memory and stored along the copy's rows, four rows a 4-byte word where aligned.
+constexpr int kPgRows = 64, kPgCols = 128, kPgThreads = 256;
+template <class T, int V>
+__global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bool col_words) {
   const int64_t S = p.ws[0];
   if (S < 0) return;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < S * p.C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / p.C, c = i % p.C;
-    const int64_t g = group_of_row(offsets(p), p.G, t);
-    const float s =
-        qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
-    const uint8_t code = encode(p, load<T>(p, t, c) * s);
-    if (p.row) p.row[t * p.row_ld + c] = code;
-    if (p.col) p.col[c * p.col_ld + t] = code;
+  __shared__ float factor[kPgRows];
+  __shared__ __align__(16) uint8_t codes[kPgCols][kPgRows + 4];  // [column][row]: the copy's layout
+  constexpr int kLanes = kPgCols / V, kRowsPerPass = kPgThreads / kLanes;
+  const int lane = static_cast<int>(threadIdx.x % kLanes), sub = static_cast<int>(threadIdx.x / kLanes);
+  const int64_t strips = (p.C + kPgCols - 1) / kPgCols, tiles = (S + kPgRows - 1) / kPgRows * strips;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
+    const int64_t t0 = tile / strips * kPgRows, c0 = tile % strips * kPgCols;
+    const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
+    const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
+    if (threadIdx.x < rows) {
+      const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
+      factor[threadIdx.x] = qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    }
+    __syncthreads();
+    const int c = lane * V;  // this thread's first column in the strip
+    for (int r = sub; r < rows; r += kRowsPerPass) {
+      if (c >= cols) break;
+      const int64_t t = t0 + r;
+      const float f = factor[r];
+      uint8_t q[V];
+      if constexpr (V == 4) {  // cols is a multiple of 4 (C is)
+        struct alignas(4 * sizeof(T)) Vec { T v[4]; };
+        const Vec x = *reinterpret_cast<const Vec*>(static_cast<const T*>(p.x) + t * p.C + c0 + c);
+        for (int i = 0; i < 4; ++i) q[i] = encode(p, to_float(x.v[i]) * f);
+        if (p.row) {
+          *reinterpret_cast<uint32_t*>(p.row + t * p.row_ld + c0 + c) =
+              q[0] | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16) | (uint32_t{q[3]} << 24);
+        }
+      } else {
+        q[0] = encode(p, load<T>(p, t, c0 + c) * f);
+        if (p.row) p.row[t * p.row_ld + c0 + c] = q[0];
+      }
+      for (int i = 0; i < V; ++i) codes[c + i][r] = q[i];
+    }
+    __syncthreads();
+    if (p.col) {
+      if (col_words) {  // t0 and col_ld multiples of 4: whole words, then the tail's bytes
+        const int words = rows / 4;
+        for (int e = threadIdx.x; e < cols * (kPgRows / 4); e += kPgThreads) {
+          const int j = e / (kPgRows / 4), w = e % (kPgRows / 4);
+          uint8_t* out = p.col + (c0 + j) * p.col_ld + t0;
+          if (w < words) {
+            reinterpret_cast<uint32_t*>(out)[w] = *reinterpret_cast<const uint32_t*>(&codes[j][4 * w]);
+          } else if (w == words) {
+            for (int r = 4 * w; r < rows; ++r) out[r] = codes[j][r];
+          }
+        }
+      } else {
+        for (int e = threadIdx.x; e < cols * kPgRows; e += kPgThreads) {
+          const int j = e / kPgRows, r = e % kPgRows;
+          if (r < rows) p.col[(c0 + j) * p.col_ld + t0 + r] = codes[j][r];
+        }
+      }
+    }
+    __syncthreads();  // factor and codes reused by the next tile
   }
 }
 
@@ -362,7 +414,19 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
   if (per_group) {
-    per_group_kernel<T><<<grid_for(p.T * p.C, 256, sms), 256, 0, stream>>>(p);
+    const auto aligned = [](const void* q, int64_t bytes) {
+      return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
+    };
+    const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
+                     (p.row == nullptr || p.row_ld % 4 == 0);
+    const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
+    const int64_t tiles = (p.T + kPgRows - 1) / kPgRows * ((p.C + kPgCols - 1) / kPgCols);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(tiles, 1), int64_t{sms} * 8));
+    if (vec) {
+      per_group_kernel<T, 4><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+    } else {
+      per_group_kernel<T, 1><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+    }
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
   } else {

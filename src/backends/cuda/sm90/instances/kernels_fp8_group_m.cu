@@ -6,7 +6,7 @@ namespace moekit::cuda::sm90 {
 MOEKIT_SM90_FP8_GROUP_M_INSTANCE(fp8_group_m_e4m3_fast, E4M3, E4M3, ConfigFp8Fast,
                                  "e4m3 x e4m3 -> bf16 pingpong 128x128x128 cluster 1x2, fast accumulation")
 MOEKIT_SM90_FP8_GROUP_M_INSTANCE(fp8_group_m_e4m3_promoted, E4M3, E4M3, ConfigFp8,
-                                 "e4m3 x e4m3 -> bf16 pingpong 128x128x128 cluster 1x2, promoted accumulation")
+                                 "e4m3 x e4m3 -> bf16 cooperative 128x128x128 cluster 1x2, promoted accumulation")
 MOEKIT_SM90_FP8_GROUP_M_INSTANCE(fp8_group_m_e5m2_promoted, E5M2, E4M3, ConfigFp8,
-                                 "e5m2 x e4m3 -> bf16 pingpong 128x128x128 cluster 1x2, promoted accumulation")
+                                 "e5m2 x e4m3 -> bf16 cooperative 128x128x128 cluster 1x2, promoted accumulation")
 }  // namespace moekit::cuda::sm90

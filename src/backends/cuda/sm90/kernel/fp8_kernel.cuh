@@ -25,18 +25,24 @@
 namespace moekit::cuda::sm90 {
 
 // ---- tile configurations (128x128x128: 128 bytes of K per stage, as the 16-bit kernels' 64) ----
-// dgrad and wgrad: ping-pong, cluster 1x2, the accumulators promoted to fp32 every four MMA
-// k-blocks (CUTLASS's FP8 mainloop under the plain schedule: TE's split accumulator).
-struct ConfigFp8 {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+// fprop: ping-pong, cluster 1x2, the tensor cores' own accumulation (TE's forward: no split
+// accumulator) — each consumer warpgroup holds a whole 128x128 tile's fp32 accumulators (128
+// registers a thread).
+struct ConfigFp8Fast {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
-// fprop: the same tile with the tensor cores' own accumulation (TE's forward: no split
-// accumulator).
-struct ConfigFp8Fast : ConfigFp8 {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum;
+// dgrad and wgrad: the accumulators promoted to fp32 every four MMA k-blocks (CUTLASS's FP8
+// mainloop under the plain schedule: TE's split accumulator), which doubles them — cooperative,
+// each consumer warpgroup 64x128 of the tile (64 + 64 registers a thread). Ping-pong's 128 + 128
+// spilled to local memory (ctest sm90.kernel_sass).
+struct ConfigFp8 {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
 template <Fp8Code kCode> struct Fp8Element;
