@@ -523,6 +523,13 @@ TEST(QuantizeCpu, OnlyTheCopiesAskedForExist) {
   EXPECT_TRUE(c.has_columnwise());
   EXPECT_EQ(c.columnwise.shape(), (Shape{64, 32}));
   EXPECT_EQ(c.columnwise_scale_inv.shape(), (Shape{64, 2}));  // ⌈32/128⌉ + 1 group
+  // A columnwise row's length is T rounded up to 16 bytes (kColumnwiseRowAlignment: TMA rows)
+  // whatever T; the codes and the dequantized copy are the same as for any T.
+  const Tensor x33 = random_normal({33, 64}, DType::BF16, 4);
+  const QuantizedTensor odd =
+      quantize(quant_ctx(), x33, Splits::host({33}), spec, QuantUsage::Columnwise);
+  EXPECT_EQ(odd.columnwise.shape(), (Shape{64, 48}));
+  EXPECT_TRUE(matches_reference(odd, ref_quantize(floats_of(x33), 33, 64, {33}, spec, DType::BF16), {33}));
 }
 
 // ---------------------------------------------------------------- format edges
@@ -735,6 +742,38 @@ TEST(QuantizeCuda, EverySpecEqualsTheCpuReferenceBitForBitWithHostAndDeviceCount
       }
       EXPECT_EQ(gpu.device_error_bits(), 0u);
     }
+  }
+}
+
+// The GPU's FP8 codes of per-group scaling come from the hardware conversion (cvt.rn.satfinite),
+// the CPU's from quant_math: equal on the format edges and a million random fp32 bit patterns
+// (as QuantFormats.DeviceScalarMathEqualsTheCpuReferenceBitForBit draws them). An infinity in
+// the group makes its amax infinite, so its scale is 1 and every code is encode(v) itself.
+TEST(QuantizeCuda, Fp8CodesOfEdgesAndAMillionRandomFloatsEqualTheCpu) {
+  MOEKIT_REQUIRE_CUDA();
+  const Context gpu = Context::cuda(0);
+  const int64_t T = 1024, C = 1028;  // C % 4 == 0: the vector path; the fuzz below takes the others
+  std::vector<float> v = {INFINITY, -INFINITY, NAN, -NAN, 0.0f, -0.0f, 448.0f, 464.0f, 464.1f, 480.0f,
+                          -479.9f, 57344.0f, 61440.0f, 61439.0f, FLT_MAX, FLT_MIN, std::ldexp(1.0f, -149),
+                          std::ldexp(1.0f, -9), std::ldexp(1.0f, -10), std::ldexp(3.0f, -10),
+                          std::ldexp(1.0f, -17), std::ldexp(3.0f, -17), std::ldexp(1.0f, -16), 0.25f,
+                          0.75f, 5.0f, -5.5f};
+  std::mt19937_64 rng(41);
+  while (static_cast<int64_t>(v.size()) < T * C) {
+    const uint32_t u = static_cast<uint32_t>(rng());
+    const uint32_t near = (u & 0x807FFFFFu) | (static_cast<uint32_t>(107 + (rng() % 41)) << 23);
+    v.push_back(std::bit_cast<float>(v.size() % 2 ? u : near));
+  }
+  Tensor x = Tensor::empty({T, C}, DType::F32, host());
+  std::copy(v.begin(), v.end(), x.data_as<float>());
+  const std::vector<int64_t> counts = {T};
+  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::Hybrid}) {  // Hybrid: e5m2 gradients
+    const QuantSpec spec = Recipe::fp8_current(f).spec(QuantRole::GradOutput);
+    SCOPED_TRACE(spec.format == QuantFormat::E4M3 ? "e4m3" : "e5m2");
+    const QuantizedTensor q = host_copy(
+        gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), spec, QuantUsage::Both));
+    ASSERT_EQ(q.amax.data_as<float>()[0], INFINITY);
+    EXPECT_TRUE(matches_reference(q, ref_quantize(v, T, C, counts, spec, DType::F32), counts));
   }
 }
 

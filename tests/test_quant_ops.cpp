@@ -318,7 +318,7 @@ TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupporte
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
   EXPECT_THAT(e->what(),
-              AllOf(HasSubstr(str("recipe ", recipe.name())), HasSubstr("no GPU path yet")));
+              AllOf(HasSubstr(str("recipe ", recipe.name())), HasSubstr("has no GPU path for this call yet")));
   EXPECT_TRUE(y_buf.untouched_outside(0));
 }
 

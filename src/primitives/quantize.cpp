@@ -151,7 +151,8 @@ QuantizedTensor allocate_quantized(const Context& ctx, const QuantSpec& spec, DT
     if (!shared) q.rowwise_scale_inv = Tensor::empty(scale_shape(q, false), sdt, ctx);
   }
   if (has(usage, QuantUsage::Columnwise)) {
-    q.columnwise = Tensor::empty({cols, fp4 ? (rows + 1) / 2 : rows}, DType::U8, ctx);
+    const int64_t bytes = fp4 ? (rows + 1) / 2 : rows, a = kColumnwiseRowAlignment;
+    q.columnwise = Tensor::empty({cols, (bytes + a - 1) / a * a}, DType::U8, ctx);
     if (!shared) q.columnwise_scale_inv = Tensor::empty(scale_shape(q, true), sdt, ctx);
   }
   if (spec.scaling == Scaling::PerGroup || spec.scaling == Scaling::Nv) {

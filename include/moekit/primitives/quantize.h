@@ -136,7 +136,10 @@ constexpr bool has(QuantUsage u, QuantUsage bit) {
 /// byte along the copy's last dimension; RB = ⌈rows/block⌉ + groups, an upper bound on the row
 /// blocks of any splits with S <= rows; a group's row blocks follow its predecessors'):
 ///   rowwise            [rows, cols]   (e2m1: [rows, ⌈cols/2⌉])
-///   columnwise         [cols, rows]   (e2m1: [cols, ⌈rows/2⌉])
+///   columnwise         [cols, ld]: row c holds column c's codes for rows [0, rows) (e2m1: two a
+///                      byte, ⌈rows/2⌉ bytes), ld the byte length rounded up to a multiple of 16
+///                      (kColumnwiseRowAlignment: TMA's 16-byte rows on every T); the padding bytes
+///                      are never written nor read as data
 ///   rowwise_scale_inv  PerGroup: f32 [G] · Block1D: f32 [rows, ⌈cols/128⌉] · Block2D: f32
 ///                      [RB, ⌈cols/128⌉] · Mx: u8 e8m0 [rows, ⌈cols/32⌉] · Nv: u8 e4m3
 ///                      [rows, ⌈cols/16⌉]
@@ -159,6 +162,9 @@ struct QuantizedTensor {
   /// Row blocks a columnwise / 2-D scale has room for: ⌈rows/block⌉ + groups.
   int64_t row_block_capacity() const;
 };
+
+/// The row length of a columnwise copy is a multiple of this many bytes (see QuantizedTensor).
+inline constexpr int64_t kColumnwiseRowAlignment = 16;
 
 /// Allocates (uninitialised) the copies `usage` asks for on ctx's device.
 QuantizedTensor allocate_quantized(const Context& ctx, const QuantSpec& spec, DType source_dtype,

@@ -23,6 +23,7 @@
 // still needs).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -81,6 +82,19 @@ __device__ __forceinline__ uint8_t encode(const QuantParams& p, float v) {
   }
 }
 
+// e4m3 / e5m2 codes of two values by the tensor cores' conversion (cvt.rn.satfinite: RNE,
+// saturating to ±max, infinities too) — the same codes as qm::encode_fp8, which
+// QuantizeCuda.Fp8CodesOfEdgesAndAMillionRandomFloatsEqualTheCpu checks on the GPU; NaN is set
+// apart (encode_fp8's nan_code, unsigned) rather than left to the instruction's NaN.
+__device__ __forceinline__ uint16_t encode_fp8_pair(const QuantParams& p, float a, float b) {
+  const bool e4 = p.format == QuantFormat::E4M3;
+  uint16_t r = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e4 ? __NV_E4M3 : __NV_E5M2);
+  const uint16_t nan = e4 ? 0x7F : 0x7E;
+  if (a != a) r = static_cast<uint16_t>((r & 0xFF00u) | nan);
+  if (b != b) r = static_cast<uint16_t>((r & 0x00FFu) | (nan << 8));
+  return r;
+}
+
 __global__ void quant_setup_kernel(DeviceCounts counts, QuantParams p) {
   int64_t S = block_valid_rows(counts);  // every thread; reports invalid counts once
   if (threadIdx.x != 0) return;
@@ -108,19 +122,26 @@ __global__ void quant_setup_kernel(DeviceCounts counts, QuantParams p) {
   }
 }
 
-// amax_g = max |x| over group g's rows: one warp per row, atomicMax on the fp32 bits.
-template <class T>
+// amax_g = max |x| over group g's rows: one warp per row, V elements a lane per load (V = 16 bytes'
+// worth when C and x allow it), atomicMax on the fp32 bits.
+template <class T, int V>
 __global__ void group_amax_kernel(QuantParams p) {
   const int64_t S = p.ws[0];
   if (S < 0) return;
+  struct alignas(V * sizeof(T)) Vec { T v[V]; };
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   for (int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < S;
        t += warps) {
     float m = 0.0f;
-    for (int64_t c = lane; c < p.C; c += 32) {
-      const float a = qm::abs_f(load<T>(p, t, c));
-      if (a > m) m = a;  // NaN never wins
+    const T* row = static_cast<const T*>(p.x) + t * p.C;
+    for (int64_t c = lane * V; c < p.C; c += 32 * V) {
+      const Vec x = *reinterpret_cast<const Vec*>(row + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float a = qm::abs_f(to_float(x.v[j]));
+        if (a > m) m = a;  // NaN never wins
+      }
     }
     for (int o = 16; o > 0; o >>= 1) {
       const float other = __shfl_xor_sync(0xffffffffu, m, o);
@@ -325,12 +346,13 @@ __global__ void tile_blocks_kernel(QuantParams p) {
   }
 }
 
-// Per-group scaling: one CTA per tile of kPgRows rows × kPgCols columns (grid-strided), each
-// element read once for both copies. A tile may span groups: each row's factor is its group's
-// (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). Loads and rowwise stores
-// along the rows, V columns a thread (V = 4: one vector load and one 4-byte store, when C, the
-// leading dimensions and the pointers allow it); the columnwise codes staged transposed in shared
-// memory and stored along the copy's rows, four rows a 4-byte word where aligned.
+// Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
+// (grid-strided), each element read once for both copies. A tile may span groups: each row's factor
+// is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). V columns a
+// thread (V = 4: one vector load and one 4-byte store, when C, the leading dimensions and the
+// pointers allow it); a thread's loads of the whole tile issue before any is used (the bytes in
+// flight a memory-bound pass needs); the rowwise codes stored along the rows, the columnwise ones
+// staged transposed in shared memory and stored along the copy's rows, four rows a 4-byte word.
 constexpr int kPgRows = 64, kPgCols = 128, kPgThreads = 256;
 template <class T, int V>
 __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bool col_words) {
@@ -338,37 +360,48 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
   if (S < 0) return;
   __shared__ float factor[kPgRows];
   __shared__ __align__(16) uint8_t codes[kPgCols][kPgRows + 4];  // [column][row]: the copy's layout
-  constexpr int kLanes = kPgCols / V, kRowsPerPass = kPgThreads / kLanes;
+  constexpr int kLanes = kPgCols / V, kRowsPerPass = kPgThreads / kLanes, kPasses = kPgRows / kRowsPerPass;
+  struct alignas(V * sizeof(T)) Vec { T v[V]; };
   const int lane = static_cast<int>(threadIdx.x % kLanes), sub = static_cast<int>(threadIdx.x / kLanes);
   const int64_t strips = (p.C + kPgCols - 1) / kPgCols, tiles = (S + kPgRows - 1) / kPgRows * strips;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
     const int64_t t0 = tile / strips * kPgRows, c0 = tile % strips * kPgCols;
     const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
     const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
+    const int c = lane * V;  // this thread's first column in the strip (cols is a multiple of V)
+    const bool live = c < cols;
+    Vec x[kPasses];
+    const T* src = static_cast<const T*>(p.x) + (t0 + sub) * p.C + c0 + c;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      if (live && sub + i * kRowsPerPass < rows) x[i] = *reinterpret_cast<const Vec*>(src + i * kRowsPerPass * p.C);
+    }
     if (threadIdx.x < rows) {
       const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
       factor[threadIdx.x] = qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
     }
     __syncthreads();
-    const int c = lane * V;  // this thread's first column in the strip
-    for (int r = sub; r < rows; r += kRowsPerPass) {
-      if (c >= cols) break;
-      const int64_t t = t0 + r;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = sub + i * kRowsPerPass;
+      if (!live || r >= rows) continue;
       const float f = factor[r];
       uint8_t q[V];
-      if constexpr (V == 4) {  // cols is a multiple of 4 (C is)
-        struct alignas(4 * sizeof(T)) Vec { T v[4]; };
-        const Vec x = *reinterpret_cast<const Vec*>(static_cast<const T*>(p.x) + t * p.C + c0 + c);
-        for (int i = 0; i < 4; ++i) q[i] = encode(p, to_float(x.v[i]) * f);
-        if (p.row) {
-          *reinterpret_cast<uint32_t*>(p.row + t * p.row_ld + c0 + c) =
-              q[0] | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16) | (uint32_t{q[3]} << 24);
-        }
-      } else {
-        q[0] = encode(p, load<T>(p, t, c0 + c) * f);
-        if (p.row) p.row[t * p.row_ld + c0 + c] = q[0];
+#pragma unroll
+      for (int j = 0; j + 1 < V; j += 2) {
+        const uint16_t two = encode_fp8_pair(p, to_float(x[i].v[j]) * f, to_float(x[i].v[j + 1]) * f);
+        q[j] = static_cast<uint8_t>(two & 0xFF);
+        q[j + 1] = static_cast<uint8_t>(two >> 8);
       }
-      for (int i = 0; i < V; ++i) codes[c + i][r] = q[i];
+      if constexpr (V % 2 == 1) q[V - 1] = static_cast<uint8_t>(encode_fp8_pair(p, to_float(x[i].v[V - 1]) * f, 0.0f));
+      uint8_t* row = p.row ? p.row + (t0 + r) * p.row_ld + c0 + c : nullptr;
+      if constexpr (V == 4) {
+        if (row) *reinterpret_cast<uint32_t*>(row) = q[0] | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16) | (uint32_t{q[3]} << 24);
+      } else {
+        if (row) *row = q[0];
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) codes[c + j][r] = q[j];
     }
     __syncthreads();
     if (p.col) {
@@ -408,7 +441,12 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
   MOEKIT_CUDA_CHECK_LAUNCH();
   const bool per_group = p.scaling == Scaling::PerGroup;
   if (per_group || p.scaling == Scaling::Nv) {
-    group_amax_kernel<T><<<grid_for(p.T * 32, 256, sms), 256, 0, stream>>>(p);
+    constexpr int kV = 16 / sizeof(T);
+    if (p.C % kV == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+      group_amax_kernel<T, kV><<<grid_for(p.T * 32, 256, sms), 256, 0, stream>>>(p);
+    } else {
+      group_amax_kernel<T, 1><<<grid_for(p.T * 32, 256, sms), 256, 0, stream>>>(p);
+    }
     MOEKIT_CUDA_CHECK_LAUNCH();
     group_scales_kernel<<<static_cast<unsigned>((p.G + 255) / 256), 256, 0, stream>>>(p);
     MOEKIT_CUDA_CHECK_LAUNCH();

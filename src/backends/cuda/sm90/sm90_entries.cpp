@@ -136,7 +136,7 @@ sm90::Fp8GroupKProblem problem_of(const detail::QuantGroupKArgs& args, const Dev
   p.x_code = code_of(args.x.spec);
   p.scale_dy = group_scales(args.dy);
   p.scale_x = group_scales(args.x);
-  p.ld = args.dy.rows;
+  p.ld = p.dy ? args.dy.columnwise.size(1) : 0;  // the copies' row length (QuantizedTensor)
   p.dw = args.dw.data();
   p.counts = counts;
   p.k = args.k;

@@ -9,7 +9,7 @@
 //            operands): fprop B = W's rowwise copy (stride n·k, ldb k); dgrad B = W's columnwise
 //            copy [K, G·N] (stride N, ldb G·N, its `k` the layer's N).
 //   group-K: dw[g] (+)= sa[g]·sb[g] · (dyᵀ_g · x_g), both from their columnwise copies
-//            [n, T] and [k, T] (row stride ld = T; the group's columns off_g .. off_g+m_g: K-major
+//            [n, T] and [k, T] (row stride ld = the copies' row length, T rounded up to 16; the group's columns off_g .. off_g+m_g: K-major
 //            along the group's rows). Empty groups: dw[g] = 0 (or unchanged when accumulating).
 // The codes' products are accumulated by the tensor cores (fp32 registers; fprop with CUTLASS's
 // fast accumulation as TransformerEngine's forward, dgrad and wgrad with the accumulators promoted
@@ -48,7 +48,7 @@ struct Fp8GroupMProblem : GroupMProblem {
   bool fast_accumulation = true;   // fprop: true (TE's forward); dgrad: false
 };
 
-/// dy and x: the columnwise copies [n, ld] and [k, ld] (ld = the rows T); dw, counts, k, n,
+/// dy and x: the columnwise copies [n, ld] and [k, ld] (ld: their row length, T rounded up to 16 bytes); dw, counts, k, n,
 /// dw_dtype (F32 or BF16), accumulate and the schedule fields as GroupKProblem's.
 struct Fp8GroupKProblem : GroupKProblem {
   Fp8Code dy_code = Fp8Code::E5M2, x_code = Fp8Code::E4M3;

@@ -214,7 +214,7 @@ std::string rejects(const Fp8GroupKProblem& p, int device) {
   if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
   if (!p.scale_dy || !p.scale_x) return "the per-group scales of dy and x must be given";
   if (std::string why = rejects_schedule(p); !why.empty()) return why;
-  if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ld (T)", p.ld}}); !why.empty()) {
+  if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ld", p.ld}}); !why.empty()) {
     return why;
   }
   if (p.ld < p.counts.rows) return str("ld = ", p.ld, " is below T = ", p.counts.rows);
