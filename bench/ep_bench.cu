@@ -1,5 +1,5 @@
-// moekit_ep_bench: expert-parallel dispatch and combine on the GPUs of one node (CudaRanks, every
-// visible GPU one rank, one process) beside an NCCL all-to-all moving the same rows (issue 42).
+// moekit_ep_bench: expert-parallel dispatch and combine on the GPUs of one node (CudaRanks, or
+// NcclRanks with --engine nccl; every visible GPU one rank, one process) beside an NCCL all-to-all moving the same rows (issue 42).
 //
 // For each tokens-per-rank × hidden × routing: top-k routing drawn on the host (k distinct
 // experts of E = W·L per token; uniform, or skewed: expert e drawn with weight 1/(e+1)), bf16
@@ -17,6 +17,7 @@
 // Exit status 1 on an error, 2 on a bad argument.
 // Usage: moekit_ep_bench [--tokens 128,4096,8192] [--hidden 7168,2048] [--topk 8]
 //                        [--experts-per-rank 16] [--routing uniform,skewed] [--iters 20] [--warmup 5]
+//                        [--engine cuda-ranks|nccl]
 #include <cuda_runtime.h>
 #ifdef MOEKIT_EP_BENCH_NCCL
 #include <nccl.h>
@@ -26,6 +27,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> tokens{128, 4096, 8192}, hidden{7168, 2048};
   int64_t topk = 8, L = 16, iters = 20, warmup = 5;
   std::vector<std::string> routings{"uniform", "skewed"};
+  std::string engine = "cuda-ranks";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -113,6 +117,13 @@ int main(int argc, char** argv) {
     else if (a == "--experts-per-rank") L = int_list(need())[0];
     else if (a == "--iters") iters = int_list(need())[0];
     else if (a == "--warmup") warmup = int_list(need())[0];
+    else if (a == "--engine") {
+      engine = need();
+      if (engine != "cuda-ranks" && engine != "nccl") {
+        std::fprintf(stderr, "moekit_ep_bench: --engine takes cuda-ranks, nccl\n");
+        return 2;
+      }
+    }
     else if (a == "--routing") {
       routings.clear();
       std::string s = need();
@@ -161,18 +172,37 @@ int main(int argc, char** argv) {
 #else
   const bool nccl = false;
 #endif
+  // The engine: CudaRanks (peer access, event barriers) or NcclRanks (NCCL windows, LSA barrier).
+  std::unique_ptr<CudaRanks> cuda_ranks;
+  std::unique_ptr<NcclRanks> nccl_ranks;
+  try {
+    if (engine == "nccl") {
+      nccl_ranks = std::make_unique<NcclRanks>(contexts);
+    } else {
+      cuda_ranks = std::make_unique<CudaRanks>(contexts);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "moekit_ep_bench: --engine %s: %s\n", engine.c_str(), e.what());
+    return 1;
+  }
+  auto run_ranks = [&](const std::function<void(Communicator&)>& fn) {
+    if (nccl_ranks) {
+      nccl_ranks->run(fn);
+    } else {
+      cuda_ranks->run(fn);
+    }
+  };
   cudaDeviceProp prop{};
   MOEKIT_BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("moekit_ep_bench  %d x %s  top-%lld of %lld experts (%lld per rank), bf16, median of %lld "
+  std::printf("moekit_ep_bench  %s engine, %d x %s  top-%lld of %lld experts (%lld per rank), bf16, median of %lld "
               "steps after %lld; ms: the slowest rank's median; GB/s per rank: real = rows to other "
               "ranks (each token once per rank), logical = T*k rows (DeepEP's count)%s\n\n",
-              W, prop.name, static_cast<long long>(topk), static_cast<long long>(E),
+              engine == "nccl" ? "nccl-symmetric" : "cuda-ranks", W, prop.name, static_cast<long long>(topk), static_cast<long long>(E),
               static_cast<long long>(L), static_cast<long long>(iters),
               static_cast<long long>(warmup), nccl ? "" : "; NCCL: not built");
   std::printf("| tokens/rank | H | routing | dispatch ms | real GB/s | logical GB/s | combine ms | "
               "real GB/s | NCCL a2a ms | NCCL real GB/s | staged copy ms |\n|---|---|---|---|---|---|"
               "---|---|---|---|---|\n");
-  CudaRanks ranks(contexts);
   int status = 0;
   for (const std::string& routing : routings) {
     for (const int64_t H : hidden) {
@@ -188,7 +218,7 @@ int main(int argc, char** argv) {
                                        .topk = topk, .max_tokens = T, .receive_capacity = R};
         std::vector<RankTimes> times(static_cast<size_t>(W));
         try {
-          ranks.run([&](Communicator& comm) {
+          run_ranks([&](Communicator& comm) {
             const int r = comm.rank();
             const Context& ctx = comm.context();
             cudaStream_t s = streams[static_cast<size_t>(r)];

@@ -1,20 +1,26 @@
-// Expert parallelism on the GPU engine (SPEC §7; src/ep/ep_device.h, src/backends/cuda/ep/):
-// CudaRanks against CpuRanks on the same data, bit for bit — dispatch (recv, weights, splits,
+// Expert parallelism on the GPU engines (SPEC §7; src/ep/ep_device.h, src/backends/cuda/ep/):
+// every EpCuda case runs once per engine — EpCuda.<case>/cuda_ranks (CudaRanks) and, where moekit
+// was built with NCCL, EpCuda.<case>/nccl_symmetric (NcclRanks) — against CpuRanks on the same
+// data, bit for bit — dispatch (recv, weights, splits,
 // tokens per expert), combine, combine_backward, dispatch_backward — with fuzzed routing,
 // zero-token experts, int32 indices, capacity overflow both ways, malformed topk_idx (the device
 // checks set the context's error word; every output keeps its sentinel), W = 2 on two GPUs, and
 // the layer step captured in a CUDA graph and replayed with new routing, bit-identical to eager;
 // the MoE layer (router on the device) on CudaRanks against CpuRanks (W = 1, and W = 2 on two
-// GPUs); the router primitives captured in a CUDA graph.
+// GPUs); the router primitives captured in a CUDA graph; each engine's symmetric allocation
+// (this rank's base is its block, sizes checked across ranks, a block outliving its ranks).
+// NcclRanksArguments.* need no GPU.
 //
-// Every test needs a GPU: it skips only when moekit has no CUDA backend or no device exists; on a
+// Every EpCuda test needs a GPU: it skips only when moekit has no CUDA backend or no device exists; on a
 // machine with a GPU an engine that cannot run fails the test.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "moekit/moekit.h"
@@ -32,6 +38,50 @@ namespace {
                    << Context::cuda_device_count();                                          \
     }                                                                                        \
   } while (0)
+
+// The GPU engines every EpCuda case runs on (the test parameter, an engine() name).
+std::vector<std::string> gpu_engines() {
+  std::vector<std::string> e = {"cuda-ranks"};
+  if (NcclRanks::built()) e.push_back("nccl-symmetric");
+  return e;
+}
+
+// CudaRanks or NcclRanks, by engine name (the two have the same shape, no common base).
+class GpuRanks {
+ public:
+  GpuRanks(const std::string& engine, const std::vector<Context>& contexts) {
+    if (engine == "nccl-symmetric") {
+      nccl_ = std::make_unique<NcclRanks>(contexts);
+    } else {
+      cuda_ = std::make_unique<CudaRanks>(contexts);
+    }
+  }
+  int world_size() const { return nccl_ ? nccl_->world_size() : cuda_->world_size(); }
+  void run(const std::function<void(Communicator&)>& fn) { nccl_ ? nccl_->run(fn) : cuda_->run(fn); }
+
+ private:
+  std::unique_ptr<CudaRanks> cuda_;
+  std::unique_ptr<NcclRanks> nccl_;
+};
+
+// Contexts on GPUs 0..W-1.
+std::vector<Context> gpu_contexts(int W) {
+  std::vector<Context> out;
+  for (int d = 0; d < W; ++d) out.push_back(Context::cuda(d));
+  return out;
+}
+
+class EpCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& engine() const { return GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(, EpCuda, ::testing::ValuesIn(gpu_engines()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 struct Cfg {
   int64_t L = 4, H = 40, k = 3, Tm = 48, R = 0, A = 1;
@@ -146,14 +196,12 @@ std::vector<Result> run_cpu(const Cfg& c, const std::vector<Data>& data) {
   return out;
 }
 
-std::vector<Result> run_gpu(const Cfg& c, const std::vector<Data>& data) {
+std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data) {
   const int W = static_cast<int>(data.size());
-  std::vector<int> devices(static_cast<size_t>(W));
-  std::iota(devices.begin(), devices.end(), 0);
   std::vector<Result> out(static_cast<size_t>(W));
-  CudaRanks ranks(devices);  // a GPU machine whose engine cannot run fails here (no skip)
+  GpuRanks ranks(engine, gpu_contexts(W));  // a GPU machine whose engine cannot run fails here (no skip)
   ranks.run([&](Communicator& comm) {
-    EXPECT_EQ(comm.engine(), "cuda-ranks");
+    EXPECT_EQ(comm.engine(), engine);
     out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
   });
   return out;
@@ -172,12 +220,13 @@ void expect_same(const Result& gpu, const Result& cpu, DType dt, bool compare_co
   EXPECT_TRUE(bit_identical(gpu.dgw, cpu.dgw, DType::F32)) << "dispatch_backward topk_weights";
 }
 
-void expect_gpu_matches_cpu(const Cfg& c, const std::vector<int64_t>& tokens, uint64_t seed) {
+void expect_gpu_matches_cpu(const std::string& engine, const Cfg& c,
+                            const std::vector<int64_t>& tokens, uint64_t seed) {
   std::vector<Data> data;
   for (size_t r = 0; r < tokens.size(); ++r) {
     data.push_back(make_data(c, static_cast<int>(tokens.size()), tokens[r], seed + 100 * r));
   }
-  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(c, data);
+  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(engine, c, data);
   for (size_t r = 0; r < tokens.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(cpu[r].error, "") << "the CPU engine refused a valid case";
@@ -187,7 +236,7 @@ void expect_gpu_matches_cpu(const Cfg& c, const std::vector<int64_t>& tokens, ui
   }
 }
 
-TEST(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
+TEST_P(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   const DType dtypes[] = {DType::BF16, DType::F16, DType::F32};
   uint64_t seed = 1;
@@ -205,14 +254,14 @@ TEST(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
         SCOPED_TRACE(str(name(dt), " A=", A, " k=", k, " i32=", c.i32));
         for (int64_t T : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{48}}) {
           SCOPED_TRACE("T=" + std::to_string(T));
-          expect_gpu_matches_cpu(c, {T}, seed++);
+          expect_gpu_matches_cpu(engine(), c, {T}, seed++);
         }
       }
     }
   }
 }
 
-TEST(EpCuda, CapacityDropKeepsTheSameRowsAsCpuRanks) {
+TEST_P(EpCuda, CapacityDropKeepsTheSameRowsAsCpuRanks) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   for (int64_t A : {1, 4}) {
     Cfg c;
@@ -220,22 +269,22 @@ TEST(EpCuda, CapacityDropKeepsTheSameRowsAsCpuRanks) {
     c.A = A;
     c.R = 30;  // 48 tokens · top-3 = 144 rows wanted
     SCOPED_TRACE("A=" + std::to_string(A));
-    expect_gpu_matches_cpu(c, {48}, 7 + static_cast<uint64_t>(A));
+    expect_gpu_matches_cpu(engine(), c, {48}, 7 + static_cast<uint64_t>(A));
   }
 }
 
 // A refused dispatch on the GPU: the device checks set the bit, every output keeps its sentinel
 // (so the GPU's buffers equal the CPU engine's, which refused before writing anything), and the
 // handle's combine / backward passes store nothing either.
-void expect_refused(const Cfg& c, uint32_t bit, const char* argument) {
+void expect_refused(const std::string& engine, const Cfg& c, uint32_t bit, const char* argument) {
   const std::vector<Data> data = {make_data(c, 1, 40, 11)};
-  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(c, data);
+  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(engine, c, data);
   EXPECT_THAT(cpu[0].error, ::testing::HasSubstr(argument));
   EXPECT_EQ(gpu[0].error, "") << "the GPU path must not read topk_idx on the host";
   EXPECT_EQ(gpu[0].bits, bit);
   expect_same(gpu[0], cpu[0], c.dt, false);
   // The error is raised by check_device_errors, naming the argument.
-  CudaRanks ranks(std::vector<int>{0});
+  GpuRanks ranks(engine, gpu_contexts(1));
   ranks.run([&](Communicator& comm) {
     ExpertParallel ep(comm, config_of(c, 1));
     const Context& ctx = comm.context();
@@ -249,26 +298,26 @@ void expect_refused(const Cfg& c, uint32_t bit, const char* argument) {
   });
 }
 
-TEST(EpCuda, MalformedTopkIdxSetsTheErrorBitAndWritesNothing) {
+TEST_P(EpCuda, MalformedTopkIdxSetsTheErrorBitAndWritesNothing) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   for (bool i32 : {false, true}) {
     Cfg c;
     c.i32 = i32;
     c.bad = Cfg::kOutOfRange;
-    expect_refused(c, Context::kEpInvalidRouting, "topk_idx");
+    expect_refused(engine(), c, Context::kEpInvalidRouting, "topk_idx");
     c.bad = Cfg::kDuplicate;
-    expect_refused(c, Context::kEpInvalidRouting, "topk_idx");
+    expect_refused(engine(), c, Context::kEpInvalidRouting, "topk_idx");
   }
 }
 
-TEST(EpCuda, CapacityOverflowErrorSetsTheErrorBitAndWritesNothing) {
+TEST_P(EpCuda, CapacityOverflowErrorSetsTheErrorBitAndWritesNothing) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   Cfg c;
   c.R = 30;
-  expect_refused(c, Context::kEpCapacityExceeded, "receive_capacity");
+  expect_refused(engine(), c, Context::kEpCapacityExceeded, "receive_capacity");
 }
 
-TEST(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
+TEST_P(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
   MOEKIT_EP_REQUIRE_GPUS(2);
   for (DType dt : {DType::BF16, DType::F32}) {
     Cfg c;
@@ -276,13 +325,13 @@ TEST(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
     c.A = 4;
     c.skip_expert = 5;
     SCOPED_TRACE(name(dt));
-    expect_gpu_matches_cpu(c, {48, 17}, 21);
-    expect_gpu_matches_cpu(c, {0, 30}, 22);  // a rank with no tokens
+    expect_gpu_matches_cpu(engine(), c, {48, 17}, 21);
+    expect_gpu_matches_cpu(engine(), c, {0, 30}, 22);  // a rank with no tokens
   }
   Cfg drop;
   drop.overflow = OverflowPolicy::Drop;
   drop.R = 40;
-  expect_gpu_matches_cpu(drop, {48, 48}, 23);
+  expect_gpu_matches_cpu(engine(), drop, {48, 48}, 23);
 }
 
 // The layer step — dispatch, an expert kernel reading the device splits (grouped_bias_add: rows
@@ -290,7 +339,7 @@ TEST(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
 // dispatch_backward — captured once in a CUDA graph on one GPU, then replayed after only the
 // routing (and tokens) changed in place: every output bit-identical to the same step run eagerly
 // on a second ExpertParallel; a malformed routing replayed sets the error bit and writes nothing.
-TEST(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToEager) {
+TEST_P(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToEager) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   const CudaGraphApi& api = CudaGraphApi::get();
   ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
@@ -304,7 +353,7 @@ TEST(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToEag
   const int64_t T = 48;
   const ExpertParallelConfig cfg = config_of(c, 1);
   const int64_t R = cfg.receive_capacity, H = c.H;
-  CudaRanks ranks(std::vector<Context>{Context::cuda(0, stream)});
+  GpuRanks ranks(engine(), std::vector<Context>{Context::cuda(0, stream)});
   ranks.run([&](Communicator& comm) {
     const Context& ctx = comm.context();
     ExpertParallel graphed(comm, cfg), eager(comm, cfg);
@@ -435,7 +484,7 @@ struct LayerResult {
   std::vector<double> idx, w, y, dx, dgate, dw1, dw2;
 };
 
-// The layer's forward + backward on each rank of `ranks` (CpuRanks or CudaRanks).
+// The layer's forward + backward on each rank of `ranks` (CpuRanks or GpuRanks).
 template <class Ranks>
 std::vector<LayerResult> run_layer(Ranks& ranks, const LayerCfg& c, const LayerHostData& d) {
   std::vector<LayerResult> out(static_cast<size_t>(c.W));
@@ -525,7 +574,7 @@ void expect_layer_matches(const LayerCfg& c, const std::vector<LayerResult>& gpu
   }
 }
 
-TEST(EpCuda, MoELayerWorldSizeOneMatchesCpuRanks) {
+TEST_P(EpCuda, MoELayerWorldSizeOneMatchesCpuRanks) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   for (const auto& [score, normalize, k] :
        {std::tuple{RouterScore::Softmax, false, int64_t{2}},
@@ -539,14 +588,14 @@ TEST(EpCuda, MoELayerWorldSizeOneMatchesCpuRanks) {
                      normalize ? " normalized" : "", " k=", k));
     const LayerHostData d = make_layer_host(c);
     CpuRanks cpu(1, [](int) { return poisoned(Context::cpu(1)); });
-    CudaRanks gpu(std::vector<Context>{poisoned(Context::cuda(0))});
+    GpuRanks gpu(engine(), std::vector<Context>{poisoned(Context::cuda(0))});
     const auto want = run_layer(cpu, c, d);
     const auto got = run_layer(gpu, c, d);
     expect_layer_matches(c, got, want);
   }
 }
 
-TEST(EpCuda, MoELayerWorldSizeTwoOnTwoGpusMatchesCpuRanks) {
+TEST_P(EpCuda, MoELayerWorldSizeTwoOnTwoGpusMatchesCpuRanks) {
   MOEKIT_EP_REQUIRE_GPUS(2);
   LayerCfg c;
   c.W = 2;
@@ -554,16 +603,133 @@ TEST(EpCuda, MoELayerWorldSizeTwoOnTwoGpusMatchesCpuRanks) {
   c.zero_expert = 6;  // on rank 1
   const LayerHostData d = make_layer_host(c);
   CpuRanks cpu(2, [](int) { return poisoned(Context::cpu(1)); });
-  CudaRanks gpu(std::vector<Context>{poisoned(Context::cuda(0)), poisoned(Context::cuda(1))});
+  GpuRanks gpu(engine(), std::vector<Context>{poisoned(Context::cuda(0)), poisoned(Context::cuda(1))});
   const auto want = run_layer(cpu, c, d);
   const auto got = run_layer(gpu, c, d);
   expect_layer_matches(c, got, want);
 }
 
+// ---------------------------------------------------------------- each engine's symmetric memory
+//
+// allocate(): this rank's base is its own block (peers[rank()] == local.data()), a u8 [bytes]
+// tensor on the rank's device, 16-byte aligned; every rank's stores into its block are seen by
+// the others through their peers[] after a barrier; sizes that differ across ranks are an
+// InvalidArgument naming 'bytes' with every rank's value on every rank; a block outlives the
+// ranks object that allocated it (NcclRanks: its tensor keeps the NCCL communicator and window).
+TEST_P(EpCuda, AllocateGivesEachRankItsOwnBlockAsItsPeer) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  GpuRanks ranks(engine(), gpu_contexts(1));
+  ranks.run([&](Communicator& comm) {
+    EXPECT_EQ(comm.engine(), engine());
+    const Context& ctx = comm.context();
+    for (size_t bytes : {size_t{1}, size_t{4096}, size_t{3 * 4096 + 17}}) {
+      SCOPED_TRACE("bytes=" + std::to_string(bytes));
+      const SymmetricMemory m = comm.allocate(bytes);
+      ASSERT_EQ(m.peers.size(), 1u);
+      EXPECT_EQ(m.peers[0], m.local.data());
+      EXPECT_EQ(m.local.dtype(), DType::U8);
+      EXPECT_EQ(m.local.numel(), static_cast<int64_t>(bytes));
+      EXPECT_EQ(m.local.device(), ctx.device());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(m.local.data()) % 16, 0u);
+      fill(ctx, m.local, 7);
+      comm.barrier();
+      for (uint8_t b : bytes_of(ctx, m.local)) ASSERT_EQ(b, 7);
+    }
+  });
+}
+
+TEST_P(EpCuda, WorldSizeTwoAllocateStoresReachThePeerAfterABarrier) {
+  MOEKIT_EP_REQUIRE_GPUS(2);
+  GpuRanks ranks(engine(), gpu_contexts(2));
+  const size_t bytes = 4096 + 40;
+  ranks.run([&](Communicator& comm) {
+    const Context& ctx = comm.context();
+    const int me = comm.rank(), other = 1 - me;
+    const SymmetricMemory m = comm.allocate(bytes);
+    ASSERT_EQ(m.peers.size(), 2u);
+    EXPECT_EQ(m.peers[static_cast<size_t>(me)], m.local.data());
+    EXPECT_NE(m.peers[static_cast<size_t>(other)], nullptr);
+    fill(ctx, m.local, 10 + me);
+    comm.barrier();
+    // The peer's block read through this rank's address of it.
+    const Tensor theirs = Tensor::wrap(m.peers[static_cast<size_t>(other)],
+                                       {static_cast<int64_t>(bytes)}, DType::U8, ctx.device());
+    for (uint8_t b : bytes_of(ctx, theirs)) ASSERT_EQ(b, 10 + other);
+    comm.barrier();  // neither block is freed while the other rank reads it
+  });
+}
+
+TEST_P(EpCuda, WorldSizeTwoAllocateRefusesDifferentSizesOnEveryRank) {
+  MOEKIT_EP_REQUIRE_GPUS(2);
+  GpuRanks ranks(engine(), gpu_contexts(2));
+  ranks.run([&](Communicator& comm) {
+    try {
+      comm.allocate(static_cast<size_t>(1000 + comm.rank()));
+      ADD_FAILURE() << "rank " << comm.rank() << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("'bytes'"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 0: 1000, rank 1: 1001"));
+    }
+    const SymmetricMemory m = comm.allocate(512);  // the group is usable afterwards
+    EXPECT_EQ(m.peers[static_cast<size_t>(comm.rank())], m.local.data());
+  });
+}
+
+TEST_P(EpCuda, SymmetricBlockOutlivesItsRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  std::optional<SymmetricMemory> kept;
+  {
+    GpuRanks ranks(engine(), gpu_contexts(1));
+    ranks.run([&](Communicator& comm) {
+      kept = comm.allocate(8192);
+      fill(comm.context(), kept->local, 3);
+      comm.context().synchronize();
+    });
+  }  // the ranks, their communicators and contexts are gone; the block is not
+  const Context ctx = Context::cuda(0);
+  fill(ctx, kept->local, 5);
+  for (uint8_t b : bytes_of(ctx, kept->local)) ASSERT_EQ(b, 5);
+  kept.reset();  // the last copy: deregistered and freed now (NCCL: then the communicator)
+  ctx.synchronize();
+}
+
+// No GPU needed: NcclRanks and nccl_communicator check their arguments before any NCCL or CUDA
+// call (so these pass in a build without NCCL too), and built() tells the build's truth.
+TEST(NcclRanksArguments, BuiltIsTheBuildsMoekitHasNccl) {
+#ifdef MOEKIT_HAS_NCCL
+  EXPECT_TRUE(NcclRanks::built());
+#else
+  EXPECT_FALSE(NcclRanks::built());
+#endif
+}
+
+TEST(NcclRanksArguments, RefusedBeforeAnyDeviceIsTouched) {
+  auto expect_invalid = [](const std::function<void()>& f, const char* argument, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(argument));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(what));
+    }
+  };
+  expect_invalid([] { NcclRanks r(std::vector<int>{}); }, "'devices'", "got 0");
+  expect_invalid([] { NcclRanks r(std::vector<int>(9, 0)); }, "'devices'", "1 to 8 GPUs");
+  expect_invalid([] { NcclRanks r(std::vector<int>{0, 1, 0}); }, "'devices'", "GPU 0 twice");
+  expect_invalid([] { NcclRanks r(std::vector<Context>{Context::cpu(1)}); }, "'contexts'",
+                 "a CUDA context for every rank");
+  expect_invalid([] { nccl_communicator(nullptr, Context::cpu(1)); }, "'nccl_comm'", "null");
+  int fake = 0;  // never dereferenced: the context is refused first
+  expect_invalid([&] { nccl_communicator(&fake, Context::cpu(1)); }, "'ctx'", "a CUDA context");
+}
+
 // The router primitives on one GPU, captured in a CUDA graph (caller buffers; the backward's
 // d-logits workspace is a stream-ordered allocation inside the capture) and replayed after x and
 // d topk_weights changed in place: every output bit-identical to the same calls run eagerly.
-TEST(EpCuda, RouterCapturedInACudaGraphReplaysBitIdenticalToEager) {
+// (TEST_F: the suite's fixture, no engine parameter — it runs once.)
+TEST_F(EpCuda, RouterCapturedInACudaGraphReplaysBitIdenticalToEager) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   const CudaGraphApi& api = CudaGraphApi::get();
   ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";

@@ -11,6 +11,7 @@
 #include "moekit/ep/communicator.h"
 #include "moekit/ep/expert_parallel.h"
 #include "moekit/ep/moe_layer.h"
+#include "moekit/ep/nccl.h"
 #include "moekit/ops/activation.h"
 #include "moekit/ops/bias.h"
 #include "moekit/ops/grouped_linear.h"

@@ -1,5 +1,5 @@
-// `moekit run --ep N`: the MoE layer on N CPU ranks, or N GPUs with --device cuda (CudaRanks: one
-// rank per GPU) (moekit/ep/moe_layer.h), checked against the same layer on one rank (of the same
+// `moekit run --ep N`: the MoE layer on N CPU ranks, or N GPUs with --device cuda (one rank per
+// GPU: NcclRanks or CudaRanks, EpStepConfig::engine) (moekit/ep/moe_layer.h), checked against the same layer on one rank (of the same
 // engine) holding every expert and every rank's tokens.
 #include "ep_step.h"
 
@@ -153,8 +153,13 @@ EpStepReport run_ep_step(const EpStepConfig& cfg, const std::string& preset) {
     if (cfg.cuda) {
       std::vector<int> devices(static_cast<size_t>(ranks));
       for (int r = 0; r < ranks; ++r) devices[static_cast<size_t>(r)] = r;
-      CudaRanks group(devices);
-      group.run(body);
+      if (cfg.engine == "nccl-symmetric") {
+        NcclRanks group(devices);
+        group.run(body);
+      } else {
+        CudaRanks group(devices);
+        group.run(body);
+      }
     } else {
       CpuRanks group(ranks);
       group.run(body);
@@ -248,8 +253,10 @@ std::string EpStepReport::table() const {
     << " experts, " << cfg.experts / cfg.ranks << " per rank, top-" << cfg.topk << ", "
     << name(cfg.dtype) << (cfg.recipe.enabled() ? str(", recipe ", cfg.recipe.name()) : "")
     << ") on " << cfg.ranks
-    << (cfg.cuda ? " CUDA ranks (cuda-ranks engine, one GPU per rank, peer stores)\n"
-                 : " CPU ranks (cpu-ranks engine, threads over shared memory)\n");
+    << (!cfg.cuda ? " CPU ranks (cpu-ranks engine, threads over shared memory)\n"
+        : cfg.engine == "nccl-symmetric"
+            ? " CUDA ranks (nccl-symmetric engine, one GPU per rank, stores into NCCL windows)\n"
+            : " CUDA ranks (cuda-ranks engine, one GPU per rank, peer stores)\n");
   std::snprintf(b, sizeof b,
                 "  shapes      x [%lld, %lld] per rank, fc1 [%lld, %lld, %lld], fc2 [%lld, %lld, "
                 "%lld] per rank\n",
@@ -316,7 +323,7 @@ std::string EpStepReport::json() const {
   nlohmann::ordered_json j = {
       {"layer", "MoE"},
       {"preset", preset},
-      {"engine", cfg.cuda ? "cuda-ranks" : "cpu-ranks"},
+      {"engine", cfg.engine},
       {"ranks", cfg.ranks},
       {"experts", cfg.experts},
       {"topk", cfg.topk},

@@ -1,5 +1,6 @@
 // The workload of `moekit run --ep N`: one MoE layer (router → dispatch → grouped MLP → combine)
-// on N CPU ranks or N GPUs (cuda: CudaRanks over GPUs 0..N-1), forward + backward per step, timed by phase, with the bytes the transport moved
+// on N CPU ranks or N GPUs (cuda: CudaRanks or NcclRanks over GPUs 0..N-1), forward + backward per
+// step, timed by phase, with the bytes the transport moved
 // and a check against the same layer on one rank over every rank's tokens (dense reference).
 #pragma once
 
@@ -12,7 +13,8 @@ namespace moekit::tools {
 
 struct EpStepConfig {
   int ranks = 1;
-  bool cuda = false;  // CudaRanks over GPUs 0..ranks-1 (phases timed with a synchronisation each)
+  bool cuda = false;  // GPUs 0..ranks-1 (phases timed with a synchronisation each)
+  std::string engine = "cpu-ranks";  // with cuda: "cuda-ranks" (CudaRanks) or "nccl-symmetric" (NcclRanks)
   int64_t hidden = 0, ffn = 0, experts = 0, tokens = 0,
           topk = 2;  // experts: E in all; tokens per rank
   DType dtype = DType::BF16;

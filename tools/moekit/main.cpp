@@ -74,6 +74,7 @@ struct Options {
   bool host_splits = false, internal_buffers = false;
   std::optional<int64_t> ep;  // --ep N: the MoE layer on N CPU ranks (or N GPUs: --device cuda)
   int64_t topk = 2;
+  std::optional<std::string> ep_engine;  // --ep-engine cuda-ranks|nccl (with --ep and --device cuda)
 };
 
 // An integer option's check: plain base-10 digits (a leading '-' for signed types) whose value
@@ -179,6 +180,12 @@ void add_run_options(CLI::App& run, Options& o) {
   run.add_option("--topk", o.topk, "with --ep: experts per token (default 2)")
       ->type_name("K")
       ->transform(integer_in<int64_t>(1, 1024));
+  run.add_option("--ep-engine", o.ep_engine,
+                 "with --ep N --device cuda: the GPU engine — nccl (NCCL symmetric memory,\n"
+                 "NcclRanks; the default when moekit is built with NCCL) or cuda-ranks\n"
+                 "(CudaRanks: peer access, event barriers)")
+      ->type_name("E")
+      ->check(CLI::IsMember({"nccl", "cuda-ranks"}));
 }
 
 
@@ -216,7 +223,8 @@ Context make_context(const std::optional<std::string>& device) {
 }
 
 // `moekit run --ep N`: the MoE layer on N CPU ranks, or with --device cuda on N GPUs (one rank
-// per GPU, the cuda-ranks engine) (tools/moekit/ep_step.cpp).
+// per GPU; --ep-engine: nccl-symmetric by default where built with NCCL, else cuda-ranks)
+// (tools/moekit/ep_step.cpp).
 int run_ep(const Options& o) {
   const Preset& p = kPresets.at(o.preset);
   const bool cuda = o.device && *o.device == "cuda";
@@ -231,9 +239,23 @@ int run_ep(const Options& o) {
                                : " (this moekit was built without CUDA)"));
     }
   }
+  if (o.ep_engine && !cuda) {
+    std::fprintf(stderr, "moekit: --ep-engine %s: only with --ep N --device cuda (CPU ranks have one "
+                         "engine)\n(see moekit run --help)\n", o.ep_engine->c_str());
+    return 2;
+  }
   tools::EpStepConfig cfg;
   cfg.ranks = ranks;
   cfg.cuda = cuda;
+  cfg.engine = "cpu-ranks";
+  if (cuda) {
+    const bool nccl = o.ep_engine ? *o.ep_engine == "nccl" : NcclRanks::built();
+    if (nccl && !NcclRanks::built()) {
+      throw RunFailure("--ep-engine nccl: this moekit was built without NCCL (MOEKIT_WITH_NCCL; "
+                       "--ep-engine cuda-ranks runs without it)");
+    }
+    cfg.engine = nccl ? "nccl-symmetric" : "cuda-ranks";
+  }
   cfg.hidden = p.hidden;
   cfg.ffn = p.ffn;
   cfg.experts = o.experts.value_or(p.experts);
@@ -267,6 +289,10 @@ int run_ep(const Options& o) {
 }
 
 int run(const Options& o) {
+  if (o.ep_engine && !o.ep) {
+    std::fprintf(stderr, "moekit: --ep-engine: only with --ep N --device cuda\n(see moekit run --help)\n");
+    return 2;
+  }
   if (o.ep) return run_ep(o);
   const Preset& p = kPresets.at(o.preset);
   Context ctx = make_context(o.device);

@@ -11,7 +11,8 @@
 //
 // Engines live behind it. Built: CpuRanks — N ranks as threads of one process over shared host
 // memory, each rank with its own CPU context; CudaRanks — N ranks as threads of one process,
-// each driving one GPU of the node through peer pointers. If one rank's code throws, the group is aborted: the
+// each driving one GPU of the node through peer pointers; NcclRanks and nccl_communicator — NCCL
+// symmetric windows (moekit/ep/nccl.h); caller_communicator (below). If one rank's code throws, the group is aborted: the
 // others' pending and later collective calls throw ErrorKind::Communication naming that rank, so
 // a failure never hangs the group.
 //
@@ -55,7 +56,8 @@ class Communicator {
   /// "cpu-ranks", "nccl-symmetric", ... (reports).
   virtual std::string engine() const = 0;
   /// Collective: every rank asks for the same number of bytes (else InvalidArgument naming 'bytes'
-  /// with every rank's value). Allocated through the rank's context (counted by its allocator).
+  /// with every rank's value). Allocated through the rank's context (counted by its allocator;
+  /// nccl-symmetric: from ncclMemAlloc, moekit/ep/nccl.h).
   virtual SymmetricMemory allocate(size_t bytes) = 0;
   /// Collective: stores before it are visible to every rank after it.
   virtual void barrier() = 0;
