@@ -54,11 +54,9 @@ void check_nccl(ncclResult_t r, const char* call, ncclComm_t comm, const char* f
 #define MOEKIT_NCCL_CHECK(call, comm) check_nccl((call), #call, (comm), __FILE__, __LINE__)
 
 // Before the first NCCL communicator of the process: the NCCL of this process must be the one
-// the device code was compiled against, and NVLink multicast (NVLS) stays off unless the
-// environment asks for it — this engine uses none, and on the lent H200 machines a program
-// using it can take the host's GPUs out of service.
+// the device code was compiled against. NCCL's environment (NCCL_NVLS_ENABLE and the rest) is the
+// program's: the library sets none (moekit's tools keep NVLink multicast off, tools/lib/nccl-env.sh).
 void prepare_nccl() {
-  (void)setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   int v = 0;
   MOEKIT_NCCL_CHECK(ncclGetVersion(&v), nullptr);
   if (v != NCCL_VERSION_CODE) {
