@@ -411,8 +411,8 @@ std::string StepReport::table() const {
     << " rows\n";
   o << "  splits      " << splits_kind << "\n";
   if (recipe != "none") {
-    o << "  recipe      " << recipe << " (SPEC §6; CPU emulation: quantize, dequantize, fp32 GEMM; "
-      << "rows per expert padded to its multiple)\n";
+    o << "  recipe      " << recipe << " (SPEC §6: its GEMM path per device in §6d; rows per expert padded to "
+      << "its multiple)\n";
   }
   std::snprintf(buf, sizeof buf,
                 "  step        %.3f ms forward + backward (median; host enqueue %.3f ms)\n",

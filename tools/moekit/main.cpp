@@ -141,8 +141,8 @@ void add_run_options(CLI::App& run, Options& o) {
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   run.add_option("--recipe", o.recipe,
                  "quantized recipe of fc1 and fc2 (SPEC §6): none (default), fp8-current,\n"
-                 "fp8-block, mxfp8 or nvfp4 (on a GPU all but fp8-current, SPEC §6d; rows padded\n"
-                 "per expert)")
+                 "fp8-block, mxfp8 or nvfp4 (the GPU path of each: SPEC §6d; rows padded per\n"
+                 "expert)")
       ->type_name("R")
       ->check(CLI::IsMember({"none", "fp8-current", "fp8-block", "mxfp8", "nvfp4"}));
   run.add_option("--steps", o.steps, "timed steps after one warm-up step (default 3)")
