@@ -5,7 +5,6 @@
 // rank's CUDA context holds its memory and runs its kernels. The CUDA calls (peer access, events)
 // are the backend's (src/ep/ep_device.h): no CUDA header here.
 #include <cstring>
-#include <set>
 
 #include "ep/ep_device.h"
 #include "ep/rank_collectives.h"
@@ -63,12 +62,6 @@ class CudaRankCommunicator final : public Communicator {
   Communicator* host_ = nullptr;
 };
 
-std::vector<Context> contexts_of(const std::vector<int>& devices) {
-  std::vector<Context> out;
-  for (int d : devices) out.push_back(Context::cuda(d));
-  return out;
-}
-
 }  // namespace
 
 struct CudaRanks::Impl {
@@ -77,24 +70,11 @@ struct CudaRanks::Impl {
   explicit Impl(int n) : host(n) {}
 };
 
-CudaRanks::CudaRanks(const std::vector<int>& devices) : CudaRanks(contexts_of(devices)) {}
+CudaRanks::CudaRanks(const std::vector<int>& devices) : CudaRanks(detail::gpu_rank_contexts(devices)) {}
 
 CudaRanks::CudaRanks(const std::vector<Context>& contexts) {
+  detail::check_gpu_rank_contexts(contexts);
   const int n = static_cast<int>(contexts.size());
-  if (n < 1 || n > detail::kEpMaxRanks) {
-    throw_invalid("devices", str("1 to ", detail::kEpMaxRanks, " GPUs (one NVLink domain)"),
-                  std::to_string(n));
-  }
-  std::set<int> seen;
-  for (const Context& c : contexts) {
-    if (!c.device().is_cuda()) {
-      throw_invalid("contexts", "a CUDA context for every rank", c.device().to_string());
-    }
-    if (!seen.insert(c.device().index).second) {
-      throw_invalid("devices", "a different GPU for every rank",
-                    str("GPU ", c.device().index, " twice"));
-    }
-  }
   if (n > 1) detail::ep_enable_peer_access(contexts);
   std::vector<std::shared_ptr<detail::EpStreamEvent>> events;
   if (n > 1) {

@@ -5,7 +5,6 @@
 // CudaRanks (each rank's CPU context there is never used for data).
 #include "moekit/ep/nccl.h"
 
-#include <set>
 
 #include "ep/ep_device.h"
 #include "ep/ep_nccl.h"
@@ -48,24 +47,6 @@ class NcclCommunicator final : public Communicator {
   Communicator* host_ = nullptr;
 };
 
-std::vector<Context> contexts_of(const std::vector<int>& devices) {
-  // The devices are checked before any context is made (that touches the driver).
-  const int n = static_cast<int>(devices.size());
-  if (n < 1 || n > detail::kEpMaxRanks) {
-    throw_invalid("devices", str("1 to ", detail::kEpMaxRanks, " GPUs (one NVLink domain)"),
-                  std::to_string(n));
-  }
-  std::set<int> seen;
-  for (int d : devices) {
-    if (!seen.insert(d).second) {
-      throw_invalid("devices", "a different GPU for every rank", str("GPU ", d, " twice"));
-    }
-  }
-  std::vector<Context> out;
-  for (int d : devices) out.push_back(Context::cuda(d));
-  return out;
-}
-
 }  // namespace
 
 struct NcclRanks::Impl {
@@ -78,24 +59,11 @@ bool NcclRanks::built() {
   return detail::nccl_built();
 }
 
-NcclRanks::NcclRanks(const std::vector<int>& devices) : NcclRanks(contexts_of(devices)) {}
+NcclRanks::NcclRanks(const std::vector<int>& devices) : NcclRanks(detail::gpu_rank_contexts(devices)) {}
 
 NcclRanks::NcclRanks(const std::vector<Context>& contexts) {
+  detail::check_gpu_rank_contexts(contexts);
   const int n = static_cast<int>(contexts.size());
-  if (n < 1 || n > detail::kEpMaxRanks) {
-    throw_invalid("contexts", str("1 to ", detail::kEpMaxRanks, " GPUs (one NVLink domain)"),
-                  std::to_string(n));
-  }
-  std::set<int> seen;
-  for (const Context& c : contexts) {
-    if (!c.device().is_cuda()) {
-      throw_invalid("contexts", "a CUDA context for every rank", c.device().to_string());
-    }
-    if (!seen.insert(c.device().index).second) {
-      throw_invalid("devices", "a different GPU for every rank",
-                    str("GPU ", c.device().index, " twice"));
-    }
-  }
   std::vector<std::shared_ptr<detail::NcclRank>> ranks = detail::nccl_init_all(contexts);
   impl_ = std::make_unique<Impl>(n);
   for (int r = 0; r < n; ++r) {
