@@ -350,7 +350,7 @@ uint8_t code_at(const Tensor& copy, int64_t r, int64_t c, bool fp4) {
 ::testing::AssertionResult matches_reference(const QuantizedTensor& q, const RefQuant& ref,
                                              const std::vector<int64_t>& counts) {
   const bool fp4 = q.spec.format == QuantFormat::E2M1;
-  const int64_t T = q.rows, C = q.cols, b = q.spec.block, RB = q.row_block_capacity();
+  const int64_t T = q.rows, C = q.cols, b = q.spec.block;
   const int64_t cb = b > 0 ? (C + b - 1) / b : 0;
   int64_t off = 0, rb_off = 0, errors = 0;
   std::string first;
@@ -407,7 +407,7 @@ uint8_t code_at(const Tensor& copy, int64_t r, int64_t c, bool fp4) {
             }
             if (q.has_columnwise()) {
               const auto k = std::make_tuple(int64_t(g), l / b, c);
-              check_scale(q.columnwise_scale_inv, c * RB + rb_off + l / b, ref.col_scale_f32.at(k),
+              check_scale(q.columnwise_scale_inv, (rb_off + l / b) * C + c, ref.col_scale_f32.at(k),
                           ref.col_scale_code.at(k), at + " (columnwise)");
             }
         }
@@ -522,7 +522,7 @@ TEST(QuantizeCpu, OnlyTheCopiesAskedForExist) {
   EXPECT_FALSE(c.has_rowwise());
   EXPECT_TRUE(c.has_columnwise());
   EXPECT_EQ(c.columnwise.shape(), (Shape{64, 32}));
-  EXPECT_EQ(c.columnwise_scale_inv.shape(), (Shape{64, 2}));  // ⌈32/128⌉ + 1 group
+  EXPECT_EQ(c.columnwise_scale_inv.shape(), (Shape{2, 64}));  // ⌈32/128⌉ + 1 group row blocks
   // A columnwise row's length is T rounded up to 16 bytes (kColumnwiseRowAlignment: TMA rows)
   // whatever T; the codes and the dequantized copy are the same as for any T.
   const Tensor x33 = random_normal({33, 64}, DType::BF16, 4);

@@ -276,14 +276,15 @@ TEST_P(QuantLinear, ACopyWithAnotherWeightUsesItsOwnQuantizedWeight) {
   EXPECT_NE(ya, yb);
 }
 
-// On a GPU (SPEC §6d, GPU paths): fp8-current (per-group scales, fp32 or power-of-two, HYBRID or
-// E4M3) runs on the native FP8 GEMMs ("cuda-fp8", the tolerance of the FP8 tensor cores'
-// accumulation); a recipe whose scales are all powers of two (fp8-block by default, mxfp8, and
-// fp8-current when forced there) on the bf16 tensor cores ("cuda-bf16": exact bf16 operands, the
-// sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation ("cuda"), as mxfp8 does when forced
-// there; each matches the same references, with host and device counts. fp8-block with fp32
-// scales has no GPU path yet (the block-scaled FP8 GEMM): refused before any work, naming the
-// recipe. Written for a GPU: without one it skips.
+// On a GPU (SPEC §6d, GPU paths): fp8-current (per-group scales) and fp8-block (1×128 / 128×128
+// block scales), fp32 or power-of-two scales, HYBRID or E4M3, run on the native FP8 GEMMs
+// ("cuda-fp8", the tolerance of the FP8 tensor cores' accumulation); a recipe whose scales are
+// all powers of two (mxfp8, and the fp8 recipes when forced there) on the bf16 tensor cores
+// ("cuda-bf16": exact bf16 operands, the sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation
+// ("cuda"), as mxfp8 does when forced there; each matches the same references, with host and
+// device counts. An fp8 recipe with fp32 scales in an f16 layer has no GPU path yet (the FP8
+// GEMMs write bf16, the bf16 path needs power-of-two scales): refused before any work, naming
+// the recipe. Written for a GPU: without one it skips.
 TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupported) {
   if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
   const Recipe recipe = recipe_named(GetParam());
@@ -301,24 +302,20 @@ TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupporte
     runs_on(ctx, recipe, "cuda-bf16");
     return runs_on(ctx.with_backend("cuda"), recipe, "cuda");
   }
-  Recipe pow2 = recipe;  // the same recipe with power-of-two scales has the bf16 path
-  pow2.power_2_scales = true;
-  if (recipe.kind == RecipeKind::Fp8CurrentScaling) {
-    runs_on(ctx, recipe, "cuda-fp8", kFp8TensorCoreEpsilon);
-    runs_on(ctx, pow2, "cuda-fp8", kFp8TensorCoreEpsilon);
-    runs_on(ctx, Recipe::fp8_current(Fp8Format::E4M3), "cuda-fp8", kFp8TensorCoreEpsilon);
-    return runs_on(ctx.with_backend("cuda-bf16"), pow2, "cuda-bf16");
-  }
-  if (recipe.power_2_scales) return runs_on(ctx, recipe, "cuda-bf16");
-  runs_on(ctx, pow2, "cuda-bf16");
-  GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::BF16, .recipe = recipe}, ctx);
-  const Tensor x = to_device(ctx, random_normal({64, 64}, DType::BF16, 3));
-  GuardedBuffer y_buf(ctx, {64, 64}, DType::BF16);
+  Recipe pow2 = recipe, fp32 = recipe, other_format = recipe;
+  pow2.power_2_scales = true;  // the same recipe with power-of-two scales has the bf16 path too
+  fp32.power_2_scales = false;
+  other_format.fp8_format = recipe.fp8_format == Fp8Format::E4M3 ? Fp8Format::Hybrid : Fp8Format::E4M3;
+  for (const Recipe& r : {recipe, pow2, fp32, other_format}) runs_on(ctx, r, "cuda-fp8", kFp8TensorCoreEpsilon);
+  runs_on(ctx.with_backend("cuda-bf16"), pow2, "cuda-bf16");
+  GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::F16, .recipe = fp32}, ctx);
+  const Tensor x = to_device(ctx, random_normal({64, 64}, DType::F16, 3));
+  GuardedBuffer y_buf(ctx, {64, 64}, DType::F16);
   auto e = caught([&] { fc.forward(x, Splits::host({32, 32}), {.output = y_buf.view}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
   EXPECT_THAT(e->what(),
-              AllOf(HasSubstr(str("recipe ", recipe.name())), HasSubstr("has no GPU path for this call yet")));
+              AllOf(HasSubstr(str("recipe ", fp32.name())), HasSubstr("has no GPU path for this call yet")));
   EXPECT_TRUE(y_buf.untouched_outside(0));
 }
 
@@ -451,23 +448,26 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
   }
 }
 
-// ---- the native FP8 GEMMs ("cuda-fp8": per-group scales, fp8-current) at the primitive level ----
-// Fuzzed shapes past the 128x128x128 tiles, zero-row groups, a tail, device counts; y (+bias),
-// dx, dW into an f32 main_grad (accumulated) and a bf16 dW, each against the fp64 reference of
-// the operands the CPU quantizes (bit for bit the GPU's codes, test_quant) under the FP8
-// accumulation tolerance; rows [S, T) untouched.
+// ---- the native FP8 GEMMs ("cuda-fp8": fp8-current's per-group scales, fp8-block's 1×128 /
+// 128×128 block scales) at the primitive level ----
+// Fuzzed shapes past the 128x128x128 tiles (K, N and groups' rows not multiples of 128: short
+// scale blocks), zero-row groups, a tail, device counts; y (+bias), dx, dW into an f32 main_grad
+// (accumulated) and a bf16 dW, each against the fp64 reference of the operands the CPU quantizes
+// (bit for bit the GPU's codes, test_quant) under the FP8 accumulation tolerance; rows [S, T)
+// untouched.
 struct Fp8Problem {
   int64_t K, N;
   std::vector<int64_t> counts;
   int64_t tail;
-  Fp8Format format;
+  Recipe recipe;
 };
 
 void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
   const int64_t S = sum_of(c.counts), T = S + c.tail, G = static_cast<int64_t>(c.counts.size());
-  SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " T=", T,
-                   c.format == Fp8Format::E4M3 ? " E4M3" : " HYBRID"));
-  const Recipe recipe = Recipe::fp8_current(c.format);
+  const Recipe& recipe = c.recipe;
+  SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " T=", T, " ",
+                   recipe.name(), recipe.fp8_format == Fp8Format::E4M3 ? " E4M3" : " HYBRID",
+                   recipe.power_2_scales ? " power-of-two scales" : ""));
   const Tensor x = random_normal({T, c.K}, DType::BF16, 11, 1.0);
   const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 12, 0.2);
   const Tensor dy = random_normal({T, c.N}, DType::BF16, 13, 1.0);
@@ -525,17 +525,21 @@ void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
 TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
   const Context gpu = poisoned(Context::cuda(0));
-  check_fp8_gemms(gpu, {2048, 1536, {512, 0, 384, 272}, 9, Fp8Format::Hybrid});
-  check_fp8_gemms(gpu, {16, 16, {16, 0, 0}, 0, Fp8Format::E4M3});
+  for (const Recipe& r : {Recipe::fp8_current(Fp8Format::Hybrid), Recipe::fp8_block(Fp8Format::E4M3),
+                          Recipe::fp8_block(Fp8Format::Hybrid, false)}) {
+    check_fp8_gemms(gpu, {2048, 1536, {512, 0, 384, 272}, 9, r});
+    check_fp8_gemms(gpu, {16, 16, {16, 0, 0}, 0, r});
+  }
   std::mt19937_64 rng(40);
-  for (int trial = 0; trial < 8; ++trial) {
+  for (int trial = 0; trial < 16; ++trial) {
     Fp8Problem c;
     c.K = 16 * static_cast<int64_t>(1 + rng() % 40);
     c.N = 16 * static_cast<int64_t>(1 + rng() % 40);
     const size_t G = 1 + rng() % 6;
     for (size_t g = 0; g < G; ++g) c.counts.push_back(rng() % 3 == 0 ? 0 : 16 * static_cast<int64_t>(rng() % 24));
     c.tail = static_cast<int64_t>(rng() % 20);
-    c.format = trial % 2 ? Fp8Format::E4M3 : Fp8Format::Hybrid;
+    const Fp8Format format = trial % 2 ? Fp8Format::E4M3 : Fp8Format::Hybrid;
+    c.recipe = trial % 4 < 2 ? Recipe::fp8_current(format) : Recipe::fp8_block(format, trial % 8 < 4);
     check_fp8_gemms(gpu, c);
   }
 }
@@ -544,8 +548,9 @@ TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
 // nothing and sets kCountsMisaligned (a group's first row is a TMA address of 8-bit codes).
 TEST(Fp8GemmCuda, MisalignedDeviceCountsWriteNoWeightGradientAndSayWhy) {
   MOEKIT_REQUIRE_SM90();
+  for (const Recipe& recipe : {Recipe::fp8_current(), Recipe::fp8_block()}) {
+  SCOPED_TRACE(recipe.name());
   const Context gpu = poisoned(Context::cuda(0));
-  const Recipe recipe = Recipe::fp8_current();
   const Splits splits = Splits::device(to_device(gpu, counts_tensor({24, 40}, DType::I64)));
   const QuantizedTensor qx = quantize(gpu, to_device(gpu, random_normal({64, 32}, DType::BF16, 1)),
                                       splits, recipe.spec(QuantRole::Input), QuantUsage::Both);
@@ -559,6 +564,7 @@ TEST(Fp8GemmCuda, MisalignedDeviceCountsWriteNoWeightGradientAndSayWhy) {
     EXPECT_EQ(gpu.device_error_bits(), Context::kCountsMisaligned) << name(dtype);
     EXPECT_TRUE(dw.untouched_outside(0)) << name(dtype);
   }
+  }
 }
 
 // Captured in a CUDA graph (fprop and wgrad with device counts), replayed with new counts: each
@@ -570,7 +576,8 @@ TEST(Fp8GemmCuda, GraphCapturedGemmsReplayWithNewDeviceCountsAsEager) {
   const test::OwnedStream owned(api);
   ASSERT_NE(owned.get(), nullptr);
   const Context gpu = Context::cuda(0, owned.get());
-  const Recipe recipe = Recipe::fp8_current();
+  for (const Recipe& recipe : {Recipe::fp8_current(), Recipe::fp8_block()}) {
+  SCOPED_TRACE(recipe.name());
   const int64_t T = 640, K = 256, N = 384, G = 4;
   const Tensor counts_d = to_device(gpu, counts_tensor({256, 0, 192, 64}, DType::I64));
   const Splits splits = Splits::device(counts_d);
@@ -608,6 +615,7 @@ TEST(Fp8GemmCuda, GraphCapturedGemmsReplayWithNewDeviceCountsAsEager) {
   EXPECT_EQ(gpu.device_error_bits(), 0u);
   api.exec_destroy(exec);
   api.graph_destroy(graph);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantLinear, ::testing::ValuesIn(kRecipes), [](const auto& info) {

@@ -104,7 +104,7 @@ Shape scale_shape(const QuantizedTensor& q, bool columnwise) {
     case Scaling::Block2D:
       return {RB, cb};
     default:
-      return columnwise ? Shape{q.cols, RB} : Shape{q.rows, cb};
+      return columnwise ? Shape{RB, q.cols} : Shape{q.rows, cb};
   }
 }
 

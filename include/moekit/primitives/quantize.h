@@ -143,8 +143,10 @@ constexpr bool has(QuantUsage u, QuantUsage bit) {
 ///   rowwise_scale_inv  PerGroup: f32 [G] · Block1D: f32 [rows, ⌈cols/128⌉] · Block2D: f32
 ///                      [RB, ⌈cols/128⌉] · Mx: u8 e8m0 [rows, ⌈cols/32⌉] · Nv: u8 e4m3
 ///                      [rows, ⌈cols/16⌉]
-///   columnwise_scale_inv  PerGroup, Block2D: the rowwise one (shared) · Block1D: f32 [cols, RB]
-///                      · Mx: u8 [cols, RB] · Nv: u8 [cols, RB]
+///   columnwise_scale_inv  PerGroup, Block2D: the rowwise one (shared) · Block1D: f32 [RB, cols]
+///                      · Mx: u8 [RB, cols] · Nv: u8 [RB, cols] (row-block major: a group's
+///                      scales are one compact [blocks, cols] slab, as the block-scaled GEMM
+///                      reads them)
 ///   amax               f32 [G]: PerGroup and Nv (each group's amax over its rows)
 ///   group_scale_inv    f32 [G]: Nv only, s_dec = 1 / s_enc, s_enc = 448·6 / amax
 struct QuantizedTensor {

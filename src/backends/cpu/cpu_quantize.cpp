@@ -140,7 +140,6 @@ void quantize_run(const detail::QuantizeArgs& args) {
   const bool fp4 = spec.format == QuantFormat::E2M1;
   const int64_t b = spec.block;
   const std::vector<int64_t> rb_off = b > 0 ? row_block_offsets(counts, b) : std::vector<int64_t>();
-  const int64_t RB = q.row_block_capacity();
   const CopyView row = q.has_rowwise() ? view_of(q.rowwise, fp4) : CopyView{};
   const CopyView col = q.has_columnwise() ? view_of(q.columnwise, fp4) : CopyView{};
   const size_t es = size_of(args.x.dtype());
@@ -220,7 +219,7 @@ void quantize_run(const detail::QuantizeArgs& args) {
               float amax = 0.0f;
               for (int64_t r = r0; r < r1; ++r) amax_update(amax, x_at(r, c));
               const BlockScale s = math.of(amax, s_enc, s_dec);
-              store_scale(q.columnwise_scale_inv, c * RB + rb_off[static_cast<size_t>(g)] + rb, s,
+              store_scale(q.columnwise_scale_inv, (rb_off[static_cast<size_t>(g)] + rb) * C + c, s,
                           spec.scaling);
               for (int64_t r = r0; r < r1; ++r)
                 col.put(c, off + r, encode(spec.format, x_at(r, c) * s.encode_factor));
@@ -263,7 +262,7 @@ struct Dequantizer {
     const bool fp4 = q.spec.format == QuantFormat::E2M1;
     const CopyView v = view_of(rowwise ? q.rowwise : q.columnwise, fp4);
     const Tensor& scales = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
-    const int64_t C = q.cols, T = q.rows, b = q.spec.block, RB = q.row_block_capacity();
+    const int64_t C = q.cols, T = q.rows, b = q.spec.block;
     const int64_t cb_count = b > 0 ? (C + b - 1) / b : 0;
     float* o = out.data_as<float>();
     for (size_t g = 0; g < counts.size(); ++g) {
@@ -279,7 +278,7 @@ struct Dequantizer {
               si = (rb_off[g] + r / b) * cb_count + c / b;
               break;
             default:
-              si = rowwise ? t * cb_count + c / b : c * RB + rb_off[g] + r / b;
+              si = rowwise ? t * cb_count + c / b : (rb_off[g] + r / b) * C + c;
               break;
           }
           const uint8_t code = rowwise ? v.get(t, c) : v.get(c, t);

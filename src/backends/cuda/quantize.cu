@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kColStrip * kColWarps) columnwise_blocks_kerne
     if (warp == 0) {
       float m = 0.0f;
       for (int w = 0; w < kColWarps; ++w) m = part[w][lane] > m ? part[w][lane] : m;
-      if (in) factor[lane] = block_scale(p, m, g, p.col_scale, c * p.RB + k);
+      if (in) factor[lane] = block_scale(p, m, g, p.col_scale, k * p.C + c);
     }
     __syncthreads();
     if (in) {
@@ -524,7 +524,7 @@ __device__ __forceinline__ float element_scale(const DequantParams& p, int64_t t
       si = (rb[g] + (local >> sh)) * p.cb + (c >> sh);
       break;
     default:
-      si = p.rowwise ? t * p.cb + (c >> sh) : c * p.RB + rb[g] + (local >> sh);
+      si = p.rowwise ? t * p.cb + (c >> sh) : (rb[g] + (local >> sh)) * p.C + c;
   }
   switch (p.scaling) {
     case Scaling::Mx:

@@ -90,15 +90,23 @@ sm90::GroupKProblem problem_of(const detail::GroupKArgs& args, const DeviceCount
   return p;
 }
 
-// ---- the native FP8 GEMMs of the per-group ("current") recipes (fp8_gemm_sm90.h) ----
+// ---- the native FP8 GEMMs of fp8-current and fp8-block (fp8_gemm_sm90.h) ----
 sm90::Fp8Code code_of(const QuantSpec& s) {
   return s.format == QuantFormat::E5M2 ? sm90::Fp8Code::E5M2 : sm90::Fp8Code::E4M3;
 }
-// Per-group scales are shared by both copies (SPEC §6b): whichever the tensor holds.
-const float* group_scales(const QuantizedTensor& q) {
-  const Tensor& s = q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+sm90::Fp8Scaling scaling_of(const QuantizedTensor& q) {
+  return q.spec.scaling == Scaling::PerGroup ? sm90::Fp8Scaling::PerGroup : sm90::Fp8Scaling::Block;
+}
+// The scales a GEMM reads of one copy, in place (SPEC §6b): per-group and 128×128 ones are shared
+// by both copies (whichever the tensor holds); 1×128 ones are the copy's own.
+const float* scales_of(const QuantizedTensor& q, QuantUsage copy) {
+  const bool shared = q.spec.scaling == Scaling::PerGroup || q.spec.scaling == Scaling::Block2D;
+  const Tensor& s = shared ? (q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv : q.columnwise_scale_inv)
+                    : copy == QuantUsage::Rowwise ? q.rowwise_scale_inv
+                                                  : q.columnwise_scale_inv;
   return s.defined() ? static_cast<const float*>(s.data()) : nullptr;
 }
+int64_t blocks_of(int64_t n) { return (n + 127) / 128; }
 
 // fprop: out = dq(a.rowwise) · dq(W.rowwise)ᵀ, B_g = W's rows of group g ([N, K], stride K);
 // dgrad: out = dq(dy.rowwise) · dq(W.columnwise)ᵀ-as-[G, N, K], B_g = the columnwise copy
@@ -112,11 +120,18 @@ sm90::Fp8GroupMProblem problem_of(const detail::QuantGroupMArgs& args, const Dev
   p.b = w.defined() ? w.data() : nullptr;
   p.a_code = code_of(args.a.spec);
   p.b_code = code_of(args.b.spec);
-  p.scale_a = group_scales(args.a);
-  p.scale_b = group_scales(args.b);
+  p.scale_a = scales_of(args.a, QuantUsage::Rowwise);
+  p.scale_b = scales_of(args.b, fprop ? QuantUsage::Rowwise : QuantUsage::Columnwise);
   p.b_group_stride = fprop ? per_group * args.k : per_group;
   p.ldb = fprop ? args.k : args.b.rows;
-  p.fast_accumulation = fprop;  // TE: the forward without, dgrad with the split accumulator
+  p.scaling = scaling_of(args.a);
+  if (p.scaling == sm90::Fp8Scaling::Block) {  // W_g's 128×128 tiles: ⌈N/128⌉ x ⌈K/128⌉
+    p.fast_accumulation = false;
+    p.b_scale_group_stride = blocks_of(per_group) * blocks_of(args.b.cols);
+    p.b_scales_mn_major = !fprop;
+  } else {
+    p.fast_accumulation = fprop;  // TE: the forward without, dgrad with the split accumulator
+  }
   p.bias = args.bias.defined() ? args.bias.data() : nullptr;
   p.out = args.out.data();
   p.counts = counts;
@@ -134,8 +149,9 @@ sm90::Fp8GroupKProblem problem_of(const detail::QuantGroupKArgs& args, const Dev
   p.x = args.x.columnwise.defined() ? args.x.columnwise.data() : nullptr;
   p.dy_code = code_of(args.dy.spec);
   p.x_code = code_of(args.x.spec);
-  p.scale_dy = group_scales(args.dy);
-  p.scale_x = group_scales(args.x);
+  p.scale_dy = scales_of(args.dy, QuantUsage::Columnwise);
+  p.scale_x = scales_of(args.x, QuantUsage::Columnwise);
+  p.scaling = scaling_of(args.dy);
   p.ld = p.dy ? args.dy.columnwise.size(1) : 0;  // the copies' row length (QuantizedTensor)
   p.dw = args.dw.data();
   p.counts = counts;
@@ -147,12 +163,16 @@ sm90::Fp8GroupKProblem problem_of(const detail::QuantGroupKArgs& args, const Dev
   return p;
 }
 
-// What the kernels need of each operand's quantization: per-group scales (one fp32 scale_inv per
-// expert: fp8-current) on e4m3 / e5m2 codes, and the copy the GEMM reads.
-std::string fp8_operand_rejects(const QuantizedTensor& q, const char* operand, QuantUsage copy) {
-  if (q.spec.scaling != Scaling::PerGroup) {
+// What the kernels need of each operand's quantization: e4m3 / e5m2 codes with fp32 scales per
+// group (one per expert: fp8-current) or per 128-block (fp8-block: 1×128 activations and
+// gradients, a 128×128 weight), and the copy the GEMM reads.
+std::string fp8_operand_rejects(const QuantizedTensor& q, const char* operand, QuantUsage copy,
+                                bool weight) {
+  const Scaling block = weight ? Scaling::Block2D : Scaling::Block1D;
+  if (q.spec.scaling != Scaling::PerGroup && !(q.spec.scaling == block && q.spec.block == 128)) {
     return str("recipe ", Recipe{q.spec.recipe}.name(), ": ", operand,
-               " has block scales; the native FP8 GEMMs take per-group scales (fp8-current)");
+               " has 1x", q.spec.block, " block scales; the native FP8 GEMMs take per-group scales "
+               "(fp8-current) or 1x128 / 128x128 fp32 block scales (fp8-block)");
   }
   if (q.spec.format == QuantFormat::E2M1) return str(operand, " is e2m1: the FP8 GEMMs take e4m3 / e5m2");
   if (!has(q.usage, copy)) {
@@ -165,16 +185,22 @@ std::string fp8_operand_rejects(const QuantizedTensor& q, const char* operand, Q
 std::string fp8_group_m_rejects(const detail::QuantGroupMArgs& args) {
   if (std::string why = reject_unless_cuda(args.ctx); !why.empty()) return why;
   const QuantUsage w_copy = args.op == BOp::Transposed ? QuantUsage::Rowwise : QuantUsage::Columnwise;
-  if (std::string why = fp8_operand_rejects(args.a, "a", QuantUsage::Rowwise); !why.empty()) return why;
-  if (std::string why = fp8_operand_rejects(args.b, "the weight", w_copy); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.a, "a", QuantUsage::Rowwise, false); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.b, "the weight", w_copy, true); !why.empty()) return why;
+  if (scaling_of(args.a) != scaling_of(args.b)) {
+    return "a and the weight are scaled differently (one per group, the other per block)";
+  }
   return sm90::rejects(problem_of(args, counts_for_check(args.splits, args.groups, args.rows)),
                        args.ctx.device().index);
 }
 
 std::string fp8_group_k_rejects(const detail::QuantGroupKArgs& args) {
   if (std::string why = reject_unless_cuda(args.ctx); !why.empty()) return why;
-  if (std::string why = fp8_operand_rejects(args.dy, "dy", QuantUsage::Columnwise); !why.empty()) return why;
-  if (std::string why = fp8_operand_rejects(args.x, "x", QuantUsage::Columnwise); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.dy, "dy", QuantUsage::Columnwise, false); !why.empty()) return why;
+  if (std::string why = fp8_operand_rejects(args.x, "x", QuantUsage::Columnwise, false); !why.empty()) return why;
+  if (scaling_of(args.dy) != scaling_of(args.x)) {
+    return "dy and x are scaled differently (one per group, the other per block)";
+  }
   return sm90::rejects(problem_of(args, counts_for_check(args.splits, args.groups, args.rows)),
                        args.ctx.device().index);
 }

@@ -55,6 +55,8 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${_sm90}/instances/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
   ${_sm90}/instances/kernels_fp8_group_m.cu  # FP8 per-group scales: fprop / dgrad (3)
   ${_sm90}/instances/kernels_fp8_group_k.cu  # FP8 per-group scales: wgrad (4)
+  ${_sm90}/instances/kernels_fp8_block_group_m.cu  # FP8 block scales: fprop / dgrad (3)
+  ${_sm90}/instances/kernels_fp8_block_group_k.cu  # FP8 block scales: wgrad (4)
 )
 set_target_properties(moekit_sm90 PROPERTIES
   CUDA_ARCHITECTURES 90a-real     # sm_90a machine code only (wgmma, setmaxnreg); no PTX to JIT

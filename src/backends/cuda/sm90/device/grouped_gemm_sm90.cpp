@@ -159,11 +159,19 @@ std::string rejects_fp8_extents(std::initializer_list<std::pair<const char*, int
 }
 
 const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
+  if (p.scaling == Fp8Scaling::Block) {
+    if (!p.b_scales_mn_major) return fp8_block_group_m_fprop;
+    return p.a_code == Fp8Code::E5M2 ? fp8_block_group_m_dgrad_e5m2 : fp8_block_group_m_dgrad_e4m3;
+  }
   if (p.a_code == Fp8Code::E5M2) return fp8_group_m_e5m2_promoted;
   return p.fast_accumulation ? fp8_group_m_e4m3_fast : fp8_group_m_e4m3_promoted;
 }
 const Fp8GroupKInstance& choose_fp8(const Fp8GroupKProblem& p) {
   const bool f32 = p.dw_dtype == DType::F32;
+  if (p.scaling == Fp8Scaling::Block) {
+    if (p.dy_code == Fp8Code::E5M2) return f32 ? fp8_block_group_k_e5m2_f32 : fp8_block_group_k_e5m2_bf16;
+    return f32 ? fp8_block_group_k_e4m3_f32 : fp8_block_group_k_e4m3_bf16;
+  }
   if (p.dy_code == Fp8Code::E5M2) return f32 ? fp8_group_k_e5m2_f32 : fp8_group_k_e5m2_bf16;
   return f32 ? fp8_group_k_e4m3_f32 : fp8_group_k_e4m3_bf16;
 }
@@ -174,11 +182,17 @@ std::string rejects(const Fp8GroupMProblem& p, int device) {
   (void)study_settings();
   if (p.k <= 0) return str("K = ", p.k, ": the product is empty (K must be > 0)");
   if (p.b_code != Fp8Code::E4M3) return "B (the weight) must be e4m3 (the compiled FP8 instances)";
-  if (p.a_code == Fp8Code::E5M2 && p.fast_accumulation) {
+  if (p.scaling == Fp8Scaling::Block) {
+    if (p.fast_accumulation) return "block scales are promoted every K block: no fast accumulation";
+    if (p.a_code == Fp8Code::E5M2 && !p.b_scales_mn_major) {
+      return "an e5m2 A (a gradient) with block scales runs as dgrad only (the weight's scales MN-major)";
+    }
+    if (p.b_scale_group_stride <= 0) return "block scales need the weight's scale group stride";
+  } else if (p.a_code == Fp8Code::E5M2 && p.fast_accumulation) {
     return "an e5m2 A (a gradient) runs with promoted accumulation only (dgrad)";
   }
   if (p.dtype != DType::BF16) return str("the FP8 GEMMs write bf16, got ", name(p.dtype));
-  if (!p.scale_a || !p.scale_b) return "the per-group scales of A and B must be given";
+  if (!p.scale_a || !p.scale_b) return "the scales of A and B must be given";
   if (p.glu_z || p.dglu_dh) return "the FP8 GEMMs fuse no SwiGLU";
   if (std::string why = rejects_schedule(p); !why.empty()) return why;
   if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ldb", p.ldb},
@@ -212,7 +226,7 @@ std::string rejects(const Fp8GroupKProblem& p, int device) {
     return str("dw dtype f32 or bf16, got ", name(p.dw_dtype));
   }
   if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
-  if (!p.scale_dy || !p.scale_x) return "the per-group scales of dy and x must be given";
+  if (!p.scale_dy || !p.scale_x) return "the scales of dy and x must be given";
   if (std::string why = rejects_schedule(p); !why.empty()) return why;
   if (std::string why = rejects_fp8_extents({{"K", p.k}, {"N", p.n}, {"ld", p.ld}}); !why.empty()) {
     return why;

@@ -27,5 +27,11 @@ extern const Fp8GroupMInstance fp8_group_m_e4m3_fast, fp8_group_m_e4m3_promoted,
 // group-K: dy e4m3 or e5m2 x x e4m3 into an f32 (main_grad) or a bf16 dw.
 extern const Fp8GroupKInstance fp8_group_k_e4m3_f32, fp8_group_k_e4m3_bf16, fp8_group_k_e5m2_f32,
     fp8_group_k_e5m2_bf16;
+// Block scales (fp8-block; kernels_fp8_block_group_{m,k}.cu): fprop, dgrad (dy e4m3 or e5m2);
+// wgrad into an f32 or a bf16 dw.
+extern const Fp8GroupMInstance fp8_block_group_m_fprop, fp8_block_group_m_dgrad_e4m3,
+    fp8_block_group_m_dgrad_e5m2;
+extern const Fp8GroupKInstance fp8_block_group_k_e4m3_f32, fp8_block_group_k_e4m3_bf16,
+    fp8_block_group_k_e5m2_f32, fp8_block_group_k_e5m2_bf16;
 
 }  // namespace moekit::cuda::sm90

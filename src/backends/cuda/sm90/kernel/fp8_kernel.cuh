@@ -10,16 +10,25 @@
 //     (dgrad, row stride G·N); group-K A and B = the columnwise copies of dy and x, row stride T,
 //     a group's columns [off_g, off_g + m_g) — its K extent m_g in the descriptors, so TMA
 //     zero-fills the last K tile and never reads the next group's codes;
-//   - the epilogue D = alpha_g · acc (+ bias_g | + beta · C), alpha_g = sa[g] · sb[g] by
-//     CUTLASS's scalar broadcast over per-group pointer arrays (two scalars, multiplied in fp32),
-//     the arrays written by the setup kernel: everything per call reaches the kernel through the
-//     workspace, so the cached Params (kernel_common.cuh) stay valid.
+//   - per-group scales (fp8-current): the epilogue D = alpha_g · acc (+ bias_g | + beta · C),
+//     alpha_g = sa[g] · sb[g] by CUTLASS's scalar broadcast over per-group pointer arrays (two
+//     scalars, multiplied in fp32);
+//   - block scales (fp8-block, Fp8BlockScales): CUTLASS's FP8 blockwise mainloop, which scales
+//     each 128-deep K block's partial sums by its A and B scales as it promotes them to fp32 (a
+//     producer warp of its own copies the scales to shared memory beside the TMA loads), and the
+//     epilogue D = acc (+ bias_g | + beta · C). The same per-group pointer arrays carry the
+//     scales: there each group's first scale, which the mainloop reads in the compact layouts
+//     the quantize writes (fp8_gemm_sm90.h).
+// The arrays are written by the setup kernel: everything per call reaches the kernel through the
+// workspace, so the cached Params (kernel_common.cuh) stay valid.
 #pragma once
 
 #include "backends/cuda/sm90/device/fp8_gemm_sm90.h"
 #include "backends/cuda/sm90/instances/fp8_instances.h"
 #include "backends/cuda/sm90/kernel/kernel_common.cuh"
 #include "backends/cuda/sm90/scheduler/blocked_scheduler.cuh"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/float8.h"
 
 namespace moekit::cuda::sm90 {
@@ -45,6 +54,37 @@ struct ConfigFp8 {
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
 
+// fp8-block: CUTLASS's blockwise mainloop (every 128-deep K block promoted with its own scales),
+// cooperative 128x128x128, cluster 1x2 — CUTLASS example 68's tile. The mainloop waits for each
+// K block's MMAs before scaling them, so a warpgroup's MMAs do not overlap across K blocks.
+struct ConfigFp8Block {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
+
+// The scales of a GEMM: per group (fp8-current: alpha in the epilogue), or blocks of kGranM rows
+// of A / kGranN rows of B by 128 of K, each operand's scales K-major or MN-major (the layouts of
+// fp8_gemm_sm90.h: fprop 1 / 128, K / K; dgrad 1 / 128, K / MN; wgrad 1 / 1, MN / MN).
+struct Fp8PerGroupScales {
+  static constexpr bool kBlock = false;
+  using LayoutSFA = void;
+  using LayoutSFB = void;
+};
+template <int kGranM, int kGranN, bool kSfaKMajor, bool kSfbKMajor>
+struct Fp8BlockScales {
+  static constexpr bool kBlock = true;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
+      kGranM, kGranN, 128, kSfaKMajor ? cute::GMMA::Major::K : cute::GMMA::Major::MN,
+      kSfbKMajor ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+};
+using Fp8FpropBlockScales = Fp8BlockScales<1, 128, true, true>;
+using Fp8DgradBlockScales = Fp8BlockScales<1, 128, true, false>;
+using Fp8WgradBlockScales = Fp8BlockScales<1, 1, false, false>;
+
 template <Fp8Code kCode> struct Fp8Element;
 template <> struct Fp8Element<Fp8Code::E4M3> { using type = cutlass::float_e4m3_t; };
 template <> struct Fp8Element<Fp8Code::E5M2> { using type = cutlass::float_e5m2_t; };
@@ -62,10 +102,11 @@ typename Fp8AlphaLoad::Arguments fp8_alpha_arguments(const Arrays& arr) {
   return alpha;
 }
 
-// ---- group-M: out = alpha_g · (A_g · B_gᵀ) + bias_g, bf16 ----
-template <Fp8Code kA, Fp8Code kB, class Config_>
+// ---- group-M: out = alpha_g · (A_g · B_gᵀ) + bias_g, bf16 (block scales: no alpha) ----
+template <Fp8Code kA, Fp8Code kB, class Config_, class Scales = Fp8PerGroupScales>
 struct Fp8GroupMParts {
   using Config = Config_;
+  static constexpr bool kBlockScaled = Scales::kBlock;
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   using Tile = typename Config::Tile;
   using ElementA = typename Fp8Element<kA>::type;
@@ -78,19 +119,28 @@ struct Fp8GroupMParts {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlign = 16;  // 8-bit elements per 16 bytes (TMA)
   static constexpr int kAlignD = 8;
+  // Block scales: the builder's layout tags pair each operand with its scales' layout.
+  using MainloopLayoutA = std::conditional_t<kBlockScaled, cute::tuple<LayoutA*, typename Scales::LayoutSFA*>, LayoutA*>;
+  using MainloopLayoutB = std::conditional_t<kBlockScaled, cute::tuple<LayoutB*, typename Scales::LayoutSFB*>, LayoutB*>;
   using BiasLoad = cutlass::epilogue::fusion::Sm90RowBroadcast<
       0, Tile, ElementD*, float, cute::Stride<cute::_0, cute::_1, cute::_0>, kAlignD>;
-  using EpilogueOp = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float,
-                                             cutlass::FloatRoundStyle::round_to_nearest>,
-      Fp8AlphaLoad, cutlass::epilogue::fusion::Sm90AccFetch, BiasLoad>;
+  using EpilogueOp = std::conditional_t<
+      kBlockScaled,
+      cutlass::epilogue::fusion::Sm90EVT<
+          cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, ElementD, float,
+                                                 cutlass::FloatRoundStyle::round_to_nearest>,
+          cutlass::epilogue::fusion::Sm90AccFetch, BiasLoad>,
+      cutlass::epilogue::fusion::Sm90EVT<
+          cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float,
+                                                 cutlass::FloatRoundStyle::round_to_nearest>,
+          Fp8AlphaLoad, cutlass::epilogue::fusion::Sm90AccFetch, BiasLoad>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Config::Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
       ElementD, LayoutD*, kAlignD, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 };
-template <Fp8Code kA, Fp8Code kB, class Config>
-using Fp8GroupMGemm = GroupedGemm<Fp8GroupMParts<kA, kB, Config>>;
+template <Fp8Code kA, Fp8Code kB, class Config, class Scales>
+using Fp8GroupMGemm = GroupedGemm<Fp8GroupMParts<kA, kB, Config, Scales>>;
 
 template <class G>
 struct Fp8GroupMArrays {
@@ -137,6 +187,9 @@ struct Fp8GroupMSetupInputs {
   void* out;
   const float* sa;
   const float* sb;
+  // Group g's scales: sa + off_g · sa_row_stride (block scales: ⌈k/128⌉ a row) or sa + g (0:
+  // per group); sb + g · sb_group_stride.
+  int64_t sa_row_stride, sb_group_stride;
   StripeInputs stripe;
 };
 
@@ -154,8 +207,8 @@ __global__ void __launch_bounds__(kSetupThreads)
     out.ptr_b[g] = static_cast<const typename G::ElementB*>(in.b) + g * in.b_group_stride;
     out.ptr_d[g] = static_cast<typename G::ElementD*>(in.out) + at.off * in.n;
     if (in.bias) out.ptr_bias[g] = static_cast<const typename G::ElementD*>(in.bias) + g * in.n;
-    out.ptr_sa[g] = in.sa + g;
-    out.ptr_sb[g] = in.sb + g;
+    out.ptr_sa[g] = in.sa + (in.sa_row_stride > 0 ? at.off * in.sa_row_stride : g);
+    out.ptr_sb[g] = in.sb + g * in.sb_group_stride;
     // Row strides: A k, B ldb, D n (the extents' first entry 1: strides do not depend on m_g).
     out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, k, 1));
     out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{},
@@ -183,11 +236,18 @@ typename G::Gemm::Arguments make_arguments(const Fp8GroupMProblem& p, const Fp8G
   args.problem_shape.order = fp8_group_m_order(p);
   args.problem_shape.unit_starts = arr.unit_starts;
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
-  args.problem_shape.alternate_k = p.k_order == 1;
-  args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
-  // {alpha, acc, bias (null array: 0), multiply-add}
-  typename G::EpilogueOp::Arguments fusion{
-      fp8_alpha_arguments(arr), {}, {p.bias ? arr.ptr_bias : nullptr, typename G::ElementD(0), {}}, {}};
+  typename G::BiasLoad::Arguments bias{p.bias ? arr.ptr_bias : nullptr, typename G::ElementD(0), {}};
+  typename G::EpilogueOp::Arguments fusion{};
+  if constexpr (G::kBlockScaled) {
+    // The blockwise mainloop's scale loads walk K forward only: no alternating K order.
+    args.problem_shape.alternate_k = false;
+    args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sa, nullptr, arr.ptr_sb, nullptr};
+    fusion = {{}, bias, {}};  // {acc, bias (null array: 0), plus}
+  } else {
+    args.problem_shape.alternate_k = p.k_order == 1;
+    args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
+    fusion = {fp8_alpha_arguments(arr), {}, bias, {}};  // {alpha, acc, bias, multiply-add}
+  }
   args.epilogue = {fusion, nullptr, arr.stride_d, arr.ptr_d, arr.stride_d};
   args.hw_info = hw;
   set_raster(args, p.raster, p.swizzle, arr.stripes);
@@ -205,8 +265,11 @@ size_t fp8_group_m_workspace_bytes(const Fp8GroupMProblem& p) {
 template <class G>
 void fp8_group_m_launch(const Fp8GroupMProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const Fp8GroupMCall<G> call(p, workspace);
+  const bool block = G::kBlockScaled;
   const Fp8GroupMSetupInputs in{p.counts, p.k, p.n, p.b_group_stride, p.ldb, p.a, p.b, p.bias, p.out,
                                 p.scale_a, p.scale_b,
+                                block ? (p.k + kScaleBlockRows - 1) / kScaleBlockRows : 0,
+                                block ? p.b_scale_group_stride : 1,
                                 stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
   const int variant = (p.bias != nullptr ? 1 : 0) | (fp8_group_m_order(p) << 3);
   auto params = call.gemm_params(p, workspace, stream, name, variant, p.raster, p.swizzle);
@@ -217,9 +280,10 @@ void fp8_group_m_launch(const Fp8GroupMProblem& p, void* workspace, cudaStream_t
 }
 
 // ---- group-K: dw[g] = alpha_g · (dyᵀ_g · x_g) (+ beta · dw[g]) ----
-template <Fp8Code kA, Fp8Code kB, DType kOut, class Config_>
+template <Fp8Code kA, Fp8Code kB, DType kOut, class Config_, class Scales = Fp8PerGroupScales>
 struct Fp8GroupKParts {
   using Config = Config_;
+  static constexpr bool kBlockScaled = Scales::kBlock;
   using ProblemShape = BlockedGroupProblemShape<cute::Shape<int, int, int>>;
   using Tile = typename Config::Tile;
   using ElementA = typename Fp8Element<kA>::type;
@@ -233,10 +297,20 @@ struct Fp8GroupKParts {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlign = 16;
   static constexpr int kAlignD = 16 / sizeof(ElementD);
-  using AlphaAcc = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, std::conditional_t<std::is_void_v<ElementC>, ElementD, float>,
-                                             float, cutlass::FloatRoundStyle::round_to_nearest>,
-      Fp8AlphaLoad, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using MainloopLayoutA = std::conditional_t<kBlockScaled, cute::tuple<LayoutA*, typename Scales::LayoutSFA*>, LayoutA*>;
+  using MainloopLayoutB = std::conditional_t<kBlockScaled, cute::tuple<LayoutB*, typename Scales::LayoutSFB*>, LayoutB*>;
+  using ScaledOut = std::conditional_t<std::is_void_v<ElementC>, ElementD, float>;
+  // alpha · acc, or (block scales: scaled in the mainloop) acc.
+  using AlphaAcc = std::conditional_t<
+      kBlockScaled,
+      cutlass::epilogue::fusion::Sm90EVT<
+          cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, ScaledOut, float,
+                                                 cutlass::FloatRoundStyle::round_to_nearest>,
+          cutlass::epilogue::fusion::Sm90AccFetch>,
+      cutlass::epilogue::fusion::Sm90EVT<
+          cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ScaledOut, float,
+                                                 cutlass::FloatRoundStyle::round_to_nearest>,
+          Fp8AlphaLoad, cutlass::epilogue::fusion::Sm90AccFetch>>;
   // An f32 dw: beta · C + alpha · acc, CUTLASS's linear-combination node (C not loaded when
   // beta is 0: not accumulating); a bf16 dw: alpha · acc.
   using FusionOp = std::conditional_t<
@@ -251,8 +325,8 @@ struct Fp8GroupKParts {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutD*, kAlignD,
       ElementD, LayoutD*, kAlignD, typename Config::EpilogueSchedule, FusionOp>::CollectiveOp;
 };
-template <Fp8Code kA, Fp8Code kB, DType kOut, class Config>
-using Fp8GroupKGemm = GroupedGemm<Fp8GroupKParts<kA, kB, kOut, Config>>;
+template <Fp8Code kA, Fp8Code kB, DType kOut, class Config, class Scales>
+using Fp8GroupKGemm = GroupedGemm<Fp8GroupKParts<kA, kB, kOut, Config, Scales>>;
 
 template <class G>
 struct Fp8GroupKArrays {
@@ -296,6 +370,7 @@ struct Fp8GroupKSetupInputs {
   void* dw;
   const float* sa;
   const float* sb;
+  bool block_scales;  // group g's scales: sa + row_block_g · n, sb + row_block_g · k; else + g
   StripeInputs stripe;
 };
 
@@ -322,8 +397,8 @@ __global__ void __launch_bounds__(kSetupThreads)
         out.ptr_a[g] = static_cast<const typename G::ElementA*>(in.dy) + at.off;
         out.ptr_b[g] = static_cast<const typename G::ElementB*>(in.x) + at.off;
         out.ptr_d[g] = static_cast<typename G::ElementD*>(in.dw) + g * in.n * in.k;
-        out.ptr_sa[g] = in.sa + g;
-        out.ptr_sb[g] = in.sb + g;
+        out.ptr_sa[g] = in.sa + (in.block_scales ? at.row_block * in.n : g);
+        out.ptr_sb[g] = in.sb + (in.block_scales ? at.row_block * in.k : g);
         out.stride_a[g] = cutlass::make_cute_packed_stride(typename G::StrideA{}, cute::make_shape(1, ld, 1));
         out.stride_b[g] = cutlass::make_cute_packed_stride(typename G::StrideB{}, cute::make_shape(1, ld, 1));
         out.stride_d[g] = cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(n, k, 1));
@@ -352,9 +427,16 @@ typename G::Gemm::Arguments make_arguments(const Fp8GroupKProblem& p, const Fp8G
   args.problem_shape.unit_starts = arr.unit_starts;
   args.problem_shape.slot_groups = nullptr;  // group order
   args.problem_shape.tensormaps = tensormap_slots(arr.tensormaps);
-  args.problem_shape.alternate_k = p.k_order == 1;
-  args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
-  typename G::AlphaAcc::Arguments alpha_acc{fp8_alpha_arguments(arr), {}, {}};
+  typename G::AlphaAcc::Arguments alpha_acc{};
+  if constexpr (G::kBlockScaled) {
+    args.problem_shape.alternate_k = false;  // as group-M's
+    args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sa, nullptr, arr.ptr_sb, nullptr};
+    alpha_acc = {{}, {}};  // {acc, identity}
+  } else {
+    args.problem_shape.alternate_k = p.k_order == 1;
+    args.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b};
+    alpha_acc = {fp8_alpha_arguments(arr), {}, {}};  // {alpha, acc, multiplies}
+  }
   if constexpr (std::is_void_v<typename G::ElementC>) {
     args.epilogue.thread = alpha_acc;
     args.epilogue.ptr_C = nullptr;
@@ -384,6 +466,7 @@ template <class G>
 void fp8_group_k_launch(const Fp8GroupKProblem& p, void* workspace, cudaStream_t stream, const char* name) {
   const Fp8GroupKCall<G> call(p, workspace);
   const Fp8GroupKSetupInputs in{p.counts, p.k, p.n, p.ld, p.dy, p.x, p.dw, p.scale_dy, p.scale_x,
+                                G::kBlockScaled,
                                 stripe_inputs<typename G::Config>(p.raster, p.swizzle, call.hw)};
   auto params = call.gemm_params(p, workspace, stream, name,
                                  (p.accumulate ? 1 : 0) | (fp8_group_k_order<G>(p, call.hw) << 1),
@@ -401,10 +484,11 @@ void fp8_group_k_launch(const Fp8GroupKProblem& p, void* workspace, cudaStream_t
 }
 
 // Defines the instances declared in instances/fp8_instances.h.
-#define MOEKIT_SM90_FP8_GROUP_M_INSTANCE(symbol, a_code, b_code, config, label)                   \
+// `scales`: Fp8PerGroupScales or one of the Fp8*BlockScales (with ConfigFp8Block).
+#define MOEKIT_SM90_FP8_GROUP_M_INSTANCE(symbol, a_code, b_code, config, scales, label)           \
   namespace {                                                                                   \
   using symbol##_gemm = ::moekit::cuda::sm90::Fp8GroupMGemm<::moekit::cuda::sm90::Fp8Code::a_code, \
-                                                            ::moekit::cuda::sm90::Fp8Code::b_code, config>; \
+                                                            ::moekit::cuda::sm90::Fp8Code::b_code, config, scales>; \
   size_t symbol##_ws(const Fp8GroupMProblem& p) {                                               \
     return ::moekit::cuda::sm90::fp8_group_m_workspace_bytes<symbol##_gemm>(p);                 \
   }                                                                                             \
@@ -414,11 +498,11 @@ void fp8_group_k_launch(const Fp8GroupKProblem& p, void* workspace, cudaStream_t
   }                                                                                             \
   const Fp8GroupMInstance symbol{label, symbol##_ws, symbol##_run};
 
-#define MOEKIT_SM90_FP8_GROUP_K_INSTANCE(symbol, a_code, b_code, out_dtype, config, label)        \
+#define MOEKIT_SM90_FP8_GROUP_K_INSTANCE(symbol, a_code, b_code, out_dtype, config, scales, label) \
   namespace {                                                                                   \
   using symbol##_gemm = ::moekit::cuda::sm90::Fp8GroupKGemm<::moekit::cuda::sm90::Fp8Code::a_code, \
                                                             ::moekit::cuda::sm90::Fp8Code::b_code, \
-                                                            out_dtype, config>;                 \
+                                                            out_dtype, config, scales>;         \
   size_t symbol##_ws(const Fp8GroupKProblem& p) {                                               \
     return ::moekit::cuda::sm90::fp8_group_k_workspace_bytes<symbol##_gemm>(p);                 \
   }                                                                                             \

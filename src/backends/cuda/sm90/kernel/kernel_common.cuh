@@ -184,9 +184,19 @@ struct GroupedGemm : P {
     if constexpr (requires { typename P::ElementB; }) return std::type_identity<typename P::ElementB>{};
     else return std::type_identity<typename P::Element>{};
   }())::type;
+  // The mainloop builder's layout tags: P::LayoutA* and P::LayoutB*, unless P names its own (the
+  // block-scaled FP8 kernels: each paired with its scales' layout, CUTLASS's blockwise builder).
+  using MainloopLayoutA = typename decltype([] {
+    if constexpr (requires { typename P::MainloopLayoutA; }) return std::type_identity<typename P::MainloopLayoutA>{};
+    else return std::type_identity<typename P::LayoutA*>{};
+  }())::type;
+  using MainloopLayoutB = typename decltype([] {
+    if constexpr (requires { typename P::MainloopLayoutB; }) return std::type_identity<typename P::MainloopLayoutB>{};
+    else return std::type_identity<typename P::LayoutB*>{};
+  }())::type;
   using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      typename P::LayoutA*, P::kAlign, ElementB, typename P::LayoutB*, P::kAlign, float,
+      MainloopLayoutA, P::kAlign, ElementB, MainloopLayoutB, P::kAlign, float,
       typename P::Config::Tile, typename P::Config::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       typename P::Config::Schedule>::CollectiveOp;
@@ -247,13 +257,16 @@ constexpr int kSetupThreads = 256;
 
 // A group's place in the call (setup kernels): its rows m_g, its first row off_g, and its first
 // tile unit (the units of the groups before it; blocked_scheduler.cuh reads them).
+// row_block: the groups before it's 128-row blocks, Σ_{j<g} ⌈m_j/128⌉ — where its 1-D block scales
+// start (SPEC §6b: a group's row blocks follow its predecessors'; the block-scaled FP8 group-K).
 struct GroupPlace {
-  int64_t m = 0, off = 0, unit = 0;
+  int64_t m = 0, off = 0, unit = 0, row_block = 0;
 };
+inline constexpr int64_t kScaleBlockRows = 128;
 
-// Rows and tile units, summed together by one scan.
+// Rows, tile units and 128-row blocks, summed together by one scan.
 struct RowsUnits {
-  int64_t rows = 0, units = 0;
+  int64_t rows = 0, units = 0, blocks = 0;
 };
 
 // Inclusive block-wide prefix sums of one (rows, units) pair per thread (kSetupThreads threads);
@@ -266,7 +279,8 @@ __device__ inline RowsUnits block_inclusive_scan(RowsUnits v, RowsUnits* warp_su
   for (int d = 1; d < 32; d *= 2) {
     const int64_t rows = __shfl_up_sync(0xffffffffu, v.rows, d);
     const int64_t units = __shfl_up_sync(0xffffffffu, v.units, d);
-    if (lane >= d) v.rows += rows, v.units += units;
+    const int64_t blocks = __shfl_up_sync(0xffffffffu, v.blocks, d);
+    if (lane >= d) v.rows += rows, v.units += units, v.blocks += blocks;
   }
   if (lane == 31) warp_sums[warp] = v;
   __syncthreads();
@@ -275,13 +289,17 @@ __device__ inline RowsUnits block_inclusive_scan(RowsUnits v, RowsUnits* warp_su
     for (int d = 1; d < 32; d *= 2) {
       const int64_t rows = __shfl_up_sync(0xffffffffu, w.rows, d);
       const int64_t units = __shfl_up_sync(0xffffffffu, w.units, d);
-      if (lane >= d) w.rows += rows, w.units += units;
+      const int64_t blocks = __shfl_up_sync(0xffffffffu, w.blocks, d);
+      if (lane >= d) w.rows += rows, w.units += units, w.blocks += blocks;
     }
     if (lane < kWarps) warp_sums[lane] = w;
     if (lane == kWarps - 1) *total = w;
   }
   __syncthreads();
-  if (warp > 0) v.rows += warp_sums[warp - 1].rows, v.units += warp_sums[warp - 1].units;
+  if (warp > 0) {
+    v.rows += warp_sums[warp - 1].rows, v.units += warp_sums[warp - 1].units;
+    v.blocks += warp_sums[warp - 1].blocks;
+  }
   return v;
 }
 
@@ -309,13 +327,18 @@ __device__ inline int64_t scan_groups(const DeviceCounts& c, UnitsOf units_of, V
     const uint32_t why = count_error(m, c.rows, row_multiple);
     my_bad |= why;
     if (why) m = 0;  // takes no rows: the offsets stay in range until the call is declared invalid
-    const RowsUnits mine{m, m > 0 ? static_cast<int64_t>(units_of(m)) : 0};
+    const RowsUnits mine{m, m > 0 ? static_cast<int64_t>(units_of(m)) : 0,
+                         (m + kScaleBlockRows - 1) / kScaleBlockRows};
     const RowsUnits upto = block_inclusive_scan(mine, warp_sums[chunk], &chunk_total[chunk]);
     if (g < c.groups) {
-      visit(g, GroupPlace{m, carry.rows + upto.rows - mine.rows, carry.units + upto.units - mine.units}, true);
+      visit(g,
+            GroupPlace{m, carry.rows + upto.rows - mine.rows, carry.units + upto.units - mine.units,
+                       carry.blocks + upto.blocks - mine.blocks},
+            true);
     }
     carry.rows += chunk_total[chunk].rows;
     carry.units += chunk_total[chunk].units;
+    carry.blocks += chunk_total[chunk].blocks;
   }
   if (my_bad) atomicOr(&bad, my_bad);
   __syncthreads();
