@@ -723,6 +723,14 @@ TEST(QuantizeCuda, EverySpecEqualsTheCpuReferenceBitForBitWithHostAndDeviceCount
       const QuantizedTensor q = host_copy(gpu, q_d);
       EXPECT_TRUE(matches_reference(
           q, ref_quantize(floats_of(x), T, C, counts, ns.spec, DType::BF16), counts));
+      // Rows [S, T) of the copies are never written: still the poisoned allocator's 0xFF.
+      const bool fp4 = ns.spec.format == QuantFormat::E2M1;
+      for (int64_t t = S; t < T; ++t) {
+        for (int64_t c = 0; c < C; ++c) {
+          ASSERT_EQ(code_at(q.rowwise, t, c, fp4), fp4 ? 0xF : 0xFF) << "rowwise tail row " << t;
+          ASSERT_EQ(code_at(q.columnwise, c, t, fp4), fp4 ? 0xF : 0xFF) << "columnwise tail col " << t;
+        }
+      }
       // The GPU dequantize of each copy equals the CPU's of the same codes, bit for bit.
       for (QuantUsage which : {QuantUsage::Rowwise, QuantUsage::Columnwise}) {
         const Shape shape = which == QuantUsage::Rowwise ? Shape{T, C} : Shape{C, T};
@@ -768,12 +776,18 @@ TEST(QuantizeCuda, Fp8CodesOfEdgesAndAMillionRandomFloatsEqualTheCpu) {
   std::copy(v.begin(), v.end(), x.data_as<float>());
   const std::vector<int64_t> counts = {T};
   for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::Hybrid}) {  // Hybrid: e5m2 gradients
-    const QuantSpec spec = Recipe::fp8_current(f).spec(QuantRole::GradOutput);
-    SCOPED_TRACE(spec.format == QuantFormat::E4M3 ? "e4m3" : "e5m2");
-    const QuantizedTensor q = host_copy(
-        gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), spec, QuantUsage::Both));
-    ASSERT_EQ(q.amax.data_as<float>()[0], INFINITY);
-    EXPECT_TRUE(matches_reference(q, ref_quantize(v, T, C, counts, spec, DType::F32), counts));
+    // Per group, and fp8-block's 1×128 / 128×1 blocks (the same codes: its one-read kernel).
+    for (const QuantSpec spec : {Recipe::fp8_current(f).spec(QuantRole::GradOutput),
+                                 Recipe::fp8_block(f).spec(QuantRole::GradOutput)}) {
+      SCOPED_TRACE(str(spec.format == QuantFormat::E4M3 ? "e4m3" : "e5m2",
+                       spec.scaling == Scaling::PerGroup ? " per group" : " 1x128 blocks"));
+      const QuantizedTensor q = host_copy(
+          gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), spec, QuantUsage::Both));
+      if (spec.scaling == Scaling::PerGroup) {
+        ASSERT_EQ(q.amax.data_as<float>()[0], INFINITY);
+      }
+      EXPECT_TRUE(matches_reference(q, ref_quantize(v, T, C, counts, spec, DType::F32), counts));
+    }
   }
 }
 
@@ -785,18 +799,23 @@ TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
   };
   const std::vector<NamedSpec> specs = every_spec();
-  for (int iter = 0; iter < 30; ++iter) {
+  for (int iter = 0; iter < 3 * static_cast<int>(specs.size()); ++iter) {
     const NamedSpec& ns = specs[static_cast<size_t>(iter) % specs.size()];
     const bool fp4 = ns.spec.format == QuantFormat::E2M1;
     std::vector<int64_t> counts(static_cast<size_t>(uni(1, 6)));
     for (auto& c : counts) c = uni(0, 3) == 0 ? 0 : uni(1, 300) * (fp4 ? 2 : 1);
-    const int64_t T = sum_of(counts) + uni(0, 9), C = uni(1, 300) * (fp4 ? 2 : 1);
+    // Half the trials C % 4 == 0 (the kernels' vector paths), half any C.
+    const int64_t T = sum_of(counts) + uni(0, 9), C = uni(1, 300) * (fp4 ? 2 : 1) * (iter % 2 ? 4 : 1);
     const DType dt = iter % 3 == 0 ? DType::F32 : iter % 3 == 1 ? DType::F16 : DType::BF16;
+    const size_t round = static_cast<size_t>(iter) / specs.size();  // each spec: every usage once
+    const QuantUsage usage = round == 1 ? QuantUsage::Rowwise
+                             : round == 2 ? QuantUsage::Columnwise
+                                          : QuantUsage::Both;
     SCOPED_TRACE(str(ns.name, " T=", T, " C=", C, " counts=", ::testing::PrintToString(counts), " ",
-                     name(dt)));
+                     name(dt), " usage ", static_cast<int>(usage)));
     const Tensor x = random_normal({T, C}, dt, 900 + iter, std::ldexp(1.0, uni(-10, 10)));
     const QuantizedTensor q = host_copy(
-        gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), ns.spec, QuantUsage::Both));
+        gpu, quantize(gpu, to_device(gpu, x), Splits::host(counts), ns.spec, usage));
     EXPECT_TRUE(
         matches_reference(q, ref_quantize(floats_of(x), T, C, counts, ns.spec, dt), counts));
   }

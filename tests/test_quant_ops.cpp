@@ -525,13 +525,14 @@ void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
 TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
   MOEKIT_REQUIRE_SM90();
   const Context gpu = poisoned(Context::cuda(0));
-  for (const Recipe& r : {Recipe::fp8_current(Fp8Format::Hybrid), Recipe::fp8_block(Fp8Format::E4M3),
-                          Recipe::fp8_block(Fp8Format::Hybrid, false)}) {
-    check_fp8_gemms(gpu, {2048, 1536, {512, 0, 384, 272}, 9, r});
+  // The deep case once per scaling (its fp64 reference dominates the test's time).
+  check_fp8_gemms(gpu, {2048, 1536, {512, 0, 384, 272}, 9, Recipe::fp8_current(Fp8Format::Hybrid)});
+  check_fp8_gemms(gpu, {1024, 1536, {512, 0, 384, 272}, 9, Recipe::fp8_block(Fp8Format::Hybrid, false)});
+  for (const Recipe& r : {Recipe::fp8_current(Fp8Format::E4M3), Recipe::fp8_block(Fp8Format::E4M3)}) {
     check_fp8_gemms(gpu, {16, 16, {16, 0, 0}, 0, r});
   }
   std::mt19937_64 rng(40);
-  for (int trial = 0; trial < 16; ++trial) {
+  for (int trial = 0; trial < 12; ++trial) {
     Fp8Problem c;
     c.K = 16 * static_cast<int64_t>(1 + rng() % 40);
     c.N = 16 * static_cast<int64_t>(1 + rng() % 40);

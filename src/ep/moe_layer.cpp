@@ -104,7 +104,7 @@ MoELayer::Grads MoELayer::backward(Saved& s, const Tensor& dy, const BackwardOpt
   check_backward_once(s.used);
   const ExpertParallelConfig& c = config_.ep;
   const Context& ctx = comm_->context();
-  const int64_t H = c.hidden, E = ep_->experts(), k = c.topk, T = s.input.size(0);
+  const int64_t H = c.hidden, E = ep_->experts(), T = s.input.size(0);
   check_input("grad_output", dy, {T, H}, c.dtype, ctx.device());
   backward_phases_ = {};
   auto t0 = Clock::now();

@@ -166,14 +166,16 @@ def _recipe(name):
             "nvfp4": lambda: NVFP4BlockScaling()}[name]()
 
 
-@pytest.mark.parametrize("recipe_name", ["fp8-block-fp32-scales"])
+@pytest.mark.parametrize("recipe_name", ["fp8-block-fp32-scales", "fp8-current"])
 def test_recipes_without_a_gpu_path_raise_naming_the_recipe(recipe_name):
-    """SPEC §6d: fp8-block with fp32 scales has no GPU path yet (the block-scaled FP8 GEMM):
-    NotImplementedError naming the recipe, before any work (never a silent fallback)."""
+    """SPEC §6d: an fp8 recipe with fp32 scales in an fp16 layer has no GPU path yet (the FP8
+    GEMMs write bf16; the bf16 path needs power-of-two scales): NotImplementedError naming the
+    recipe, before any work (never a silent fallback)."""
     built_for("cuda")
-    layer = mt.GroupedLinear(2, 128, 128, bias=False, params_dtype=BF16, device="cuda")
-    x = torch.randn(256, 128, dtype=BF16, device="cuda")
-    out = torch.full((256, 128), 7.0, dtype=BF16, device="cuda")
+    F16 = torch.float16
+    layer = mt.GroupedLinear(2, 128, 128, bias=False, params_dtype=F16, device="cuda")
+    x = torch.randn(256, 128, dtype=F16, device="cuda")
+    out = torch.full((256, 128), 7.0, dtype=F16, device="cuda")
     with mt.autocast(recipe=_recipe(recipe_name)):
         with pytest.raises(NotImplementedError, match=recipe_name.replace("-fp32-scales", "")):
             layer(x, [128, 128], out=out)
@@ -207,20 +209,22 @@ def _gpu_matches_cpu(recipe_name, rtol, atol_of_scale):
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol_of_scale * scale)
 
 
-@pytest.mark.parametrize("recipe_name", ["fp8-block", "mxfp8"])
+@pytest.mark.parametrize("recipe_name", ["mxfp8"])
 def test_power_of_two_recipes_on_the_gpu_match_the_cpu_in_bf16(recipe_name):
-    """SPEC §6d: a recipe whose scales are powers of two runs on the bf16 tensor cores (exact
-    bf16 operands); forward and backward equal the CPU reference up to the fp32 summation order,
+    """SPEC §6d: mxfp8 (e8m0 scales: powers of two) runs on the bf16 tensor cores (exact bf16
+    operands); forward and backward equal the CPU reference up to the fp32 summation order,
     i.e. within one bf16 rounding of each output, with device split counts."""
     # one bf16 rounding apart at most (2^-8 relative), plus the fp32 order at small values
     _gpu_matches_cpu(recipe_name, 2 ** -7, 2 ** -12)
 
 
-@pytest.mark.parametrize("recipe_name", ["fp8-current", "fp8-current-pow2"])
-def test_fp8_current_on_the_native_fp8_gemms_matches_the_cpu(recipe_name):
-    """SPEC §6d: fp8-current (per-group scales, fp32 or power-of-two) runs on the native FP8
-    GEMMs; forward and backward equal the CPU reference within the FP8 tensor cores'
-    accumulation (products aligned to ~14 bits per MMA step) and one bf16 rounding."""
+@pytest.mark.parametrize("recipe_name",
+                         ["fp8-current", "fp8-current-pow2", "fp8-block", "fp8-block-fp32-scales"])
+def test_fp8_recipes_on_the_native_fp8_gemms_match_the_cpu(recipe_name):
+    """SPEC §6d: fp8-current (per-group scales) and fp8-block (1x128 / 128x128 blocks), fp32 or
+    power-of-two scales, run on the native FP8 GEMMs; forward and backward equal the CPU
+    reference within the FP8 tensor cores' accumulation (products aligned to ~14 bits per MMA
+    step) and one bf16 rounding."""
     _gpu_matches_cpu(recipe_name, 2 ** -7, 2 ** -9)
 
 

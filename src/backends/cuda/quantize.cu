@@ -14,13 +14,15 @@
 //   rowwise 1-D (1×128 / 1×32 / 1×16): one thread per (row, block) — amax, scale, codes;
 //   columnwise 1-D: one thread per (group row block, column) — amax down the block, codes
 //     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
+//   1×128 with 128×1 (fp8-block, C % 4 == 0): one CTA per (group row block, 128 columns), both
+//     copies and both scales from one read held in registers;
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one CTA per 64×128 tile, both copies from one read (the columnwise one through
 //     shared memory).
 // Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
-// count makes the call write nothing and sets Context::kCountsMisaligned. The 1-D block kernels read
-// every element once per copy, the 128×128 one twice (ARCHITECTURE.md: what the bandwidth target
-// still needs).
+// count makes the call write nothing and sets Context::kCountsMisaligned. The fp8-block and
+// per-group kernels read every element once, the other 1-D block kernels once per copy, the 128×128
+// one twice (ARCHITECTURE.md: what the bandwidth target still needs).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -346,6 +348,39 @@ __global__ void tile_blocks_kernel(QuantParams p) {
   }
 }
 
+// Stores a tile's columnwise codes, staged as codes[column][row] (rows [0, rows) of kRows), into
+// the copy: column c0 + j of the tile is row c0 + j of the copy, from its column t0. With `words`
+// (t0, col_ld and the copy 4-byte aligned) whole 4-byte words, then the tail's bytes.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void store_columnwise(const QuantParams& p, const uint8_t (*codes)[kRows + 4],
+                                                 int64_t t0, int rows, int64_t c0, int cols, bool words) {
+  if (words) {
+    const int whole = rows / 4;
+    for (int e = threadIdx.x; e < cols * (kRows / 4); e += kThreads) {
+      const int j = e / (kRows / 4), w = e % (kRows / 4);
+      uint8_t* out = p.col + (c0 + j) * p.col_ld + t0;
+      if (w < whole) {
+        reinterpret_cast<uint32_t*>(out)[w] = *reinterpret_cast<const uint32_t*>(&codes[j][4 * w]);
+      } else if (w == whole) {
+        for (int r = 4 * w; r < rows; ++r) out[r] = codes[j][r];
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < cols * kRows; e += kThreads) {
+      const int j = e / kRows, r = e % kRows;
+      if (r < rows) p.col[(c0 + j) * p.col_ld + t0 + r] = codes[j][r];
+    }
+  }
+}
+
+// Four codes of x · f (e4m3 / e5m2) by encode_fp8_pair, as one little-endian word.
+template <class T, class Vec>
+__device__ __forceinline__ uint32_t encode_fp8_quad(const QuantParams& p, const Vec& x, const float (&f)[4]) {
+  const uint32_t lo = encode_fp8_pair(p, to_float(x.v[0]) * f[0], to_float(x.v[1]) * f[1]);
+  const uint32_t hi = encode_fp8_pair(p, to_float(x.v[2]) * f[2], to_float(x.v[3]) * f[3]);
+  return lo | (hi << 16);
+}
+
 // Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
 // (grid-strided), each element read once for both copies. A tile may span groups: each row's factor
 // is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). V columns a
@@ -404,26 +439,100 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
       for (int j = 0; j < V; ++j) codes[c + j][r] = q[j];
     }
     __syncthreads();
-    if (p.col) {
-      if (col_words) {  // t0 and col_ld multiples of 4: whole words, then the tail's bytes
-        const int words = rows / 4;
-        for (int e = threadIdx.x; e < cols * (kPgRows / 4); e += kPgThreads) {
-          const int j = e / (kPgRows / 4), w = e % (kPgRows / 4);
-          uint8_t* out = p.col + (c0 + j) * p.col_ld + t0;
-          if (w < words) {
-            reinterpret_cast<uint32_t*>(out)[w] = *reinterpret_cast<const uint32_t*>(&codes[j][4 * w]);
-          } else if (w == words) {
-            for (int r = 4 * w; r < rows; ++r) out[r] = codes[j][r];
-          }
-        }
-      } else {
-        for (int e = threadIdx.x; e < cols * kPgRows; e += kPgThreads) {
-          const int j = e / kPgRows, r = e % kPgRows;
-          if (r < rows) p.col[(c0 + j) * p.col_ld + t0 + r] = codes[j][r];
+    if (p.col) store_columnwise<kPgRows, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
+    __syncthreads();  // factor and codes reused by the next tile
+  }
+}
+
+// Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
+// read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
+// columns (one vector load) × 8 warps, 16 rows each, the whole 128×128 tile held in registers. A
+// row's 1×128 amax is one warp's (row r is warp r % 8's, pass r / 8), its scale from lane 0 and
+// stored at [t, ⌈c/128⌉]; a column's 128×1 amax over 8 warps' partial maxima in shared memory,
+// its scale stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows, the
+// columnwise ones staged transposed in shared memory and stored along the copy's rows (words when
+// the tile's first row t0 and col_ld allow). Needs C % 4 == 0 and 4-element-aligned x / row copy
+// (launch_all checks; else the one-copy kernels above).
+constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256;
+template <class T>
+__global__ void __launch_bounds__(kB1Threads) block1d_tiles_kernel(QuantParams p, bool col_words) {
+  if (p.ws[0] < 0) return;
+  constexpr int kV = 4, kLanes = kB1Cols / kV, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
+  static_assert(kLanes == 32, "a warp spans one row of the strip");
+  __shared__ float part[kWarps][kB1Cols];
+  __shared__ float col_factor[kB1Cols];
+  __shared__ __align__(16) uint8_t codes[kB1Cols][kB1Rows + 4];  // [column][row]: the copy's layout
+  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t* rb = rb_offsets(p);
+  const int64_t cb = (p.C + kB1Cols - 1) / kB1Cols, tiles = rb[p.G] * cb;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
+    const int64_t k = tile / cb, jb = tile % cb, c0 = jb * kB1Cols;
+    const int64_t g = group_of_row(rb, p.G, k);
+    const int64_t end = offsets(p)[g + 1];
+    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * kB1Rows;
+    const int rows = static_cast<int>(end - t0 < kB1Rows ? end - t0 : kB1Rows);
+    const int cols = static_cast<int>(p.C - c0 < kB1Cols ? p.C - c0 : kB1Cols);
+    const int c = lane * kV;  // this thread's first column in the strip (cols is a multiple of 4)
+    const bool live = c < cols;
+    Vec x[kPasses];
+    const T* src = static_cast<const T*>(p.x) + (t0 + warp) * p.C + c0 + c;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      if (live && warp + i * kWarps < rows) x[i] = *reinterpret_cast<const Vec*>(src + int64_t{i} * kWarps * p.C);
+    }
+    float cmax[kV] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = warp + i * kWarps;
+      if (r >= rows) break;  // uniform per warp
+      float a = 0.0f;
+      if (live) {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) {
+          const float v = qm::abs_f(to_float(x[i].v[j]));
+          if (v > a) a = v;  // NaN never wins, as in the CPU's loop
+          if (v > cmax[j]) cmax[j] = v;
         }
       }
+      if (!p.row) continue;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, a, o);
+        if (other > a) a = other;
+      }
+      float f = 0.0f;
+      if (lane == 0) f = block_scale(p, a, g, p.row_scale, (t0 + r) * cb + jb);
+      f = __shfl_sync(0xffffffffu, f, 0);
+      if (live) {
+        const float fs[kV] = {f, f, f, f};
+        *reinterpret_cast<uint32_t*>(p.row + (t0 + r) * p.row_ld + c0 + c) = encode_fp8_quad<T>(p, x[i], fs);
+      }
     }
-    __syncthreads();  // factor and codes reused by the next tile
+    if (p.col) {
+#pragma unroll
+      for (int j = 0; j < kV; ++j) part[warp][c + j] = cmax[j];
+      __syncthreads();
+      if (threadIdx.x < cols) {
+        float m = 0.0f;
+        for (int w = 0; w < kWarps; ++w) m = part[w][threadIdx.x] > m ? part[w][threadIdx.x] : m;
+        col_factor[threadIdx.x] = block_scale(p, m, g, p.col_scale, k * p.C + c0 + threadIdx.x);
+      }
+      __syncthreads();
+      if (live) {
+        const float fs[kV] = {col_factor[c], col_factor[c + 1], col_factor[c + 2], col_factor[c + 3]};
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+          const int r = warp + i * kWarps;
+          if (r >= rows) break;
+          const uint32_t q = encode_fp8_quad<T>(p, x[i], fs);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) codes[c + j][r] = static_cast<uint8_t>(q >> (8 * j));
+        }
+      }
+      __syncthreads();
+      store_columnwise<kB1Rows, kB1Threads>(p, codes, t0, rows, c0, cols, col_words && t0 % 4 == 0);
+      __syncthreads();  // part, col_factor and codes reused by the next tile
+    }
   }
 }
 
@@ -451,10 +560,10 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     group_scales_kernel<<<static_cast<unsigned>((p.G + 255) / 256), 256, 0, stream>>>(p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
+  const auto aligned = [](const void* q, int64_t bytes) {
+    return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
+  };
   if (per_group) {
-    const auto aligned = [](const void* q, int64_t bytes) {
-      return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
-    };
     const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
                      (p.row == nullptr || p.row_ld % 4 == 0);
     const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
@@ -467,6 +576,11 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     }
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
+  } else if (p.scaling == Scaling::Block1D && p.block == kB1Rows && p.C % 4 == 0 &&
+             aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) && (p.row == nullptr || p.row_ld % 4 == 0)) {
+    const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(tiles, 1), int64_t{sms} * 8));
+    block1d_tiles_kernel<T><<<grid, kB1Threads, 0, stream>>>(p, aligned(p.col, 4) && p.col_ld % 4 == 0);
   } else {
     if (p.row)
       rowwise_blocks_kernel<T>  // a warp per (row, block)
