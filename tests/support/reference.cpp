@@ -50,6 +50,9 @@ Reference reference_forward(const std::vector<double>& x, const std::vector<doub
   return r;
 }
 
+// dgrad and wgrad walk their operands along rows (the k loop innermost, contiguous): each sum
+// still takes its terms in the order of its reduction index (n, or the group's rows), so the
+// values are those of the textbook loops, at a fraction of their cache misses.
 Reference reference_dgrad(const std::vector<double>& dy, const std::vector<double>& w,
                           const std::vector<int64_t>& counts, int64_t K, int64_t N) {
   const auto off = offsets(counts);
@@ -61,15 +64,16 @@ Reference reference_dgrad(const std::vector<double>& dy, const std::vector<doubl
   r.length.assign(at(S * K), N);
   for (size_t g = 0; g < counts.size(); ++g) {
     for (int64_t row = off[g]; row < off[g + 1]; ++row) {
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0, m = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const double t = dy[at(row * N + n)] * w[at((static_cast<int64_t>(g) * N + n) * K + k)];
-          s += t;
-          m += std::fabs(t);
+      double* s = r.value.data() + at(row * K);
+      double* m = r.magnitude.data() + at(row * K);
+      for (int64_t n = 0; n < N; ++n) {
+        const double d = dy[at(row * N + n)];
+        const double* wr = w.data() + at((static_cast<int64_t>(g) * N + n) * K);
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = d * wr[k];
+          s[k] += t;
+          m[k] += std::fabs(t);
         }
-        r.value[at(row * K + k)] = s;
-        r.magnitude[at(row * K + k)] = m;
       }
     }
   }
@@ -87,24 +91,25 @@ Reference reference_wgrad(const std::vector<double>& dy, const std::vector<doubl
   r.magnitude.assign(at(G * N * K), 0.0);
   r.length.assign(at(G * N * K), 0);
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const size_t i = at((g * N + n) * K + k);
-        double s = 0, m = 0;
-        for (int64_t row = off[at(g)]; row < off[at(g) + 1]; ++row) {
-          const double t = dy[at(row * N + n)] * x[at(row * K + k)];
-          s += t;
-          m += std::fabs(t);
+    for (int64_t row = off[at(g)]; row < off[at(g) + 1]; ++row) {
+      const double* xr = x.data() + at(row * K);
+      for (int64_t n = 0; n < N; ++n) {
+        const double d = dy[at(row * N + n)];
+        double* s = r.value.data() + at((g * N + n) * K);
+        double* m = r.magnitude.data() + at((g * N + n) * K);
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = d * xr[k];
+          s[k] += t;
+          m[k] += std::fabs(t);
         }
-        int64_t len = counts[at(g)];
-        if (!start.empty()) {
-          s += start[i];
-          m += std::fabs(start[i]);
-          len += 1;
-        }
-        r.value[i] = s;
-        r.magnitude[i] = m;
-        r.length[i] = len;
+      }
+    }
+    for (int64_t i = g * N * K; i < (g + 1) * N * K; ++i) {
+      r.length[at(i)] = counts[at(g)];
+      if (!start.empty()) {
+        r.value[at(i)] += start[at(i)];
+        r.magnitude[at(i)] += std::fabs(start[at(i)]);
+        r.length[at(i)] += 1;
       }
     }
   }

@@ -447,15 +447,16 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
 // Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
 // read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
 // columns (one vector load) × 8 warps, 16 rows each, the whole 128×128 tile held in registers. A
-// row's 1×128 amax is one warp's (row r is warp r % 8's, pass r / 8), its scale from lane 0 and
-// stored at [t, ⌈c/128⌉]; a column's 128×1 amax over 8 warps' partial maxima in shared memory,
+// row's 1×128 amax is one warp's (row r is warp r % 8's, pass r / 8; a warp's 16 reductions
+// interleaved), its scale computed by lane r / 8 (16 rows' scales at once) and stored at
+// [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory,
 // its scale stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows, the
 // columnwise ones staged transposed in shared memory and stored along the copy's rows (words when
 // the tile's first row t0 and col_ld allow). Needs C % 4 == 0 and 4-element-aligned x / row copy
 // (launch_all checks; else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256;
 template <class T>
-__global__ void __launch_bounds__(kB1Threads) block1d_tiles_kernel(QuantParams p, bool col_words) {
+__global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParams p, bool col_words) {
   if (p.ws[0] < 0) return;
   constexpr int kV = 4, kLanes = kB1Cols / kV, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
   static_assert(kLanes == 32, "a warp spans one row of the strip");
@@ -481,31 +482,43 @@ __global__ void __launch_bounds__(kB1Threads) block1d_tiles_kernel(QuantParams p
     for (int i = 0; i < kPasses; ++i) {
       if (live && warp + i * kWarps < rows) x[i] = *reinterpret_cast<const Vec*>(src + int64_t{i} * kWarps * p.C);
     }
-    float cmax[kV] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float cmax[kV] = {0.0f, 0.0f, 0.0f, 0.0f}, a[kPasses];
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      const int r = warp + i * kWarps;
-      if (r >= rows) break;  // uniform per warp
-      float a = 0.0f;
-      if (live) {
+      a[i] = 0.0f;
+      if (!live || warp + i * kWarps >= rows) continue;
 #pragma unroll
-        for (int j = 0; j < kV; ++j) {
-          const float v = qm::abs_f(to_float(x[i].v[j]));
-          if (v > a) a = v;  // NaN never wins, as in the CPU's loop
-          if (v > cmax[j]) cmax[j] = v;
+      for (int j = 0; j < kV; ++j) {
+        const float v = qm::abs_f(to_float(x[i].v[j]));
+        if (v > a[i]) a[i] = v;  // NaN never wins, as in the CPU's loop
+        if (v > cmax[j]) cmax[j] = v;
+      }
+    }
+    if (p.row) {
+      // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
+      // warp + 8i's scale, then each row's codes with its factor from that lane.
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+          const float other = __shfl_xor_sync(0xffffffffu, a[i], o);
+          if (other > a[i]) a[i] = other;
         }
       }
-      if (!p.row) continue;
-      for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, a, o);
-        if (other > a) a = other;
-      }
-      float f = 0.0f;
-      if (lane == 0) f = block_scale(p, a, g, p.row_scale, (t0 + r) * cb + jb);
-      f = __shfl_sync(0xffffffffu, f, 0);
-      if (live) {
-        const float fs[kV] = {f, f, f, f};
-        *reinterpret_cast<uint32_t*>(p.row + (t0 + r) * p.row_ld + c0 + c) = encode_fp8_quad<T>(p, x[i], fs);
+      float mine = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) mine = lane == i ? a[i] : mine;
+      const int r_mine = warp + lane * kWarps;
+      float f_mine = 0.0f;
+      if (lane < kPasses && r_mine < rows) f_mine = block_scale(p, mine, g, p.row_scale, (t0 + r_mine) * cb + jb);
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int r = warp + i * kWarps;
+        const float f = __shfl_sync(0xffffffffu, f_mine, i);
+        if (live && r < rows) {
+          const float fs[kV] = {f, f, f, f};
+          *reinterpret_cast<uint32_t*>(p.row + (t0 + r) * p.row_ld + c0 + c) = encode_fp8_quad<T>(p, x[i], fs);
+        }
       }
     }
     if (p.col) {
