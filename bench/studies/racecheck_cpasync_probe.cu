@@ -1,0 +1,160 @@
+// bench/studies/racecheck_cpasync_probe.cu — does compute-sanitizer racecheck model cp.async whose
+// completion a thread hands to an mbarrier (cp.async.mbarrier.arrive.noinc)? CUTLASS's sm90
+// blockwise-FP8 mainloop loads its scale factors that way (32 producer lanes, the stage's full
+// barrier counting 33 arrivals) and racecheck reports read-after-write hazards between those
+// LDGSTS and the consumers' LDS. Three correct kernels, the same hand-off each:
+//   noinc    32 lanes cp.async 4 B each, cp.async.mbarrier.arrive.noinc; a consumer warp waits on
+//            the barrier's phase, then reads (CUTLASS's pattern)
+//   wait_all the same, but cp.async.wait_all then a plain mbarrier.arrive (release)
+//   plain    st.shared then mbarrier.arrive
+// and one with a real race (racy: the consumer reads without waiting), so the probe shows the
+// tool catches a race here; and a buffer reused for a second round after a release (reuse_*,
+// below). The numbers are checked (correct kernels only): exit 1 on a wrong value.
+//   nvcc -std=c++17 -arch=sm_90a -o racecheck_cpasync_probe racecheck_cpasync_probe.cu
+//   compute-sanitizer --tool racecheck ./racecheck_cpasync_probe MODE
+// Measured (bench/results/2026-12-04-nvidia-h200-*-fp8-block.md): see there.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+enum Mode { kNoinc, kWaitAll, kPlain, kRacy };
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__global__ void probe(const float* in, float* out, int mode) {
+  __shared__ alignas(16) float buf[32];
+  __shared__ alignas(8) unsigned long long bar;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&bar)), "r"(32));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+  }
+  __syncthreads();
+  if (warp == 0) {  // producer
+    if (mode == kPlain) {
+      buf[lane] = in[lane];
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(in + lane));
+    }
+    if (mode == kNoinc || mode == kRacy) {
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&bar)));
+    } else {
+      if (mode == kWaitAll) asm volatile("cp.async.wait_all;");
+      asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(smem_addr(&bar)));
+    }
+  } else {  // consumer
+    if (mode != kRacy) {
+      unsigned done = 0;
+      while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_addr(&bar)), "r"(0));
+      }
+    }
+    out[lane] = buf[31 - lane];
+  }
+  if (mode == kRacy && warp == 0) {  // let the arrivals complete before the CTA exits
+    unsigned done = 0;
+    while (!done) {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done)
+                   : "r"(smem_addr(&bar)), "r"(0));
+    }
+  }
+}
+
+
+// Two rounds through one buffer (a 2-stage pipeline of depth 1), as CUTLASS's mainloop reuses a
+// stage: round 0 filled by cp.async + arrive.noinc on `full`, read by the consumer warp, released
+// on `empty`; the producer waits on `empty`, refills by cp.async, arrives on `full` again; the
+// consumer reads round 1. The release is CUTLASS's ClusterBarrier::arrive(cta_id): `mapa` of the
+// barrier to a CTA of the cluster (here its own) and mbarrier.arrive.shared::cluster
+// (mode reuse_cluster), or a CTA-local mbarrier.arrive (reuse_cta). Launched as clusters of 2 CTAs,
+// each with its own buffer and barriers. Both are correct programs.
+__global__ void __cluster_dims__(2, 1, 1) reuse(const float* in, float* out, bool cluster_release) {
+  __shared__ alignas(16) float buf[32];
+  __shared__ alignas(8) unsigned long long full, empty;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&full)), "r"(32));
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&empty)), "r"(32));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+  auto wait = [](unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done)
+                   : "r"(smem_addr(bar)), "r"(parity));
+    }
+  };
+  const float* src = in + blockIdx.x * 64;
+  if (warp == 0) {  // producer
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) wait(&empty, 0);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(src + 32 * round + lane));
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
+    }
+    wait(&full, 1);  // the last arrivals done before the CTA exits
+  } else {  // consumer
+    for (int round = 0; round < 2; ++round) {
+      wait(&full, round);
+      out[blockIdx.x * 64 + 32 * round + lane] = buf[31 - lane];
+      if (round == 0) {
+        if (cluster_release) {
+          unsigned rank, remote;
+          asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(rank));
+          asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+        } else {
+          asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(smem_addr(&empty)) : "memory");
+        }
+      }
+    }
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+}
+
+int main(int argc, char** argv) {
+  const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta"};
+  int mode = -1;
+  for (int m = 0; m < 6; ++m) {
+    if (argc > 1 && std::strcmp(argv[1], names[m]) == 0) mode = m;
+  }
+  if (mode < 0) {
+    std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta\n", argv[0]);
+    return 2;
+  }
+  const bool two_rounds = mode >= 4;
+  const int n = two_rounds ? 128 : 32;  // reuse: 2 CTAs x 2 rounds x 32
+  float h[128], got[128];
+  for (int i = 0; i < n; ++i) h[i] = 1.5f * static_cast<float>(i) - 7.0f;
+  float *in = nullptr, *out = nullptr;
+  cudaMalloc(&in, sizeof h);
+  cudaMalloc(&out, sizeof h);
+  cudaMemcpy(in, h, sizeof h, cudaMemcpyHostToDevice);
+  cudaMemset(out, 0xFF, sizeof h);
+  if (two_rounds) {
+    reuse<<<2, 64>>>(in, out, mode == 4);
+  } else {
+    probe<<<1, 64>>>(in, out, mode);
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  cudaMemcpy(got, out, sizeof h, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    std::printf("%s: %s\n", names[mode], cudaGetErrorString(e));
+    return 1;
+  }
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) {
+    const int base = i / 32 * 32, want = base + 31 - i % 32;  // each row of 32 read reversed
+    wrong += got[i] != h[want];
+  }
+  std::printf("%s: %d of %d values wrong%s\n", names[mode], wrong, n, mode == kRacy ? " (racy: any count)" : "");
+  return mode != kRacy && wrong != 0;
+}
