@@ -806,8 +806,9 @@ TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
     for (auto& c : counts) c = uni(0, 3) == 0 ? 0 : uni(1, 300) * (fp4 ? 2 : 1);
     // Half the trials C % 4 == 0 (the kernels' vector paths), half any C.
     const int64_t T = sum_of(counts) + uni(0, 9), C = uni(1, 300) * (fp4 ? 2 : 1) * (iter % 2 ? 4 : 1);
-    const DType dt = iter % 3 == 0 ? DType::F32 : iter % 3 == 1 ? DType::F16 : DType::BF16;
     const size_t round = static_cast<size_t>(iter) / specs.size();  // each spec: every usage once
+    const size_t d = (static_cast<size_t>(iter) + round) % 3;          // and every dtype once
+    const DType dt = d == 0 ? DType::F32 : d == 1 ? DType::F16 : DType::BF16;
     const QuantUsage usage = round == 1 ? QuantUsage::Rowwise
                              : round == 2 ? QuantUsage::Columnwise
                                           : QuantUsage::Both;

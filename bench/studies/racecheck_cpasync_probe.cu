@@ -120,26 +120,81 @@ __global__ void __cluster_dims__(2, 1, 1) reuse(const float* in, float* out, boo
   asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
 }
 
+// CUTLASS's full barrier exactly: 33 arrivals — the elected lane's arrive.expect_tx for a bulk
+// (TMA-engine) copy that completes the transaction bytes, then 32 lanes' cp.async with
+// arrive.noinc — consumed after one wait; `rounds` 2 reuses both buffers after a cluster-scope
+// release (mixed_reuse). Clusters of 2 CTAs, each its own buffers.
+__global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int rounds) {
+  __shared__ alignas(128) float bulk[32];
+  __shared__ alignas(16) float buf[32];
+  __shared__ alignas(8) unsigned long long full, empty;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&full)), "r"(33));
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&empty)), "r"(32));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+  auto wait = [](unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done)
+                   : "r"(smem_addr(bar)), "r"(parity));
+    }
+  };
+  const float* src = in + blockIdx.x * 128;  // per CTA and round: 32 floats for buf, 32 for bulk
+  if (warp == 0) {  // producer
+    for (int round = 0; round < rounds; ++round) {
+      if (round == 1) wait(&empty, 0);
+      const float* r = src + 64 * round;
+      if (lane == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_addr(&full)), "r"(128));
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 128, [%2];"
+                     ::"r"(smem_addr(bulk)), "l"(r + 32), "r"(smem_addr(&full)) : "memory");
+      }
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(r + lane));
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
+    }
+    wait(&full, (rounds - 1) & 1);
+  } else {  // consumer
+    for (int round = 0; round < rounds; ++round) {
+      wait(&full, round);
+      out[blockIdx.x * 128 + 64 * round + lane] = buf[31 - lane];
+      out[blockIdx.x * 128 + 64 * round + 32 + lane] = bulk[31 - lane];
+      if (round + 1 < rounds) {
+        unsigned rank, remote;
+        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(rank));
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+      }
+    }
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+}
+
 int main(int argc, char** argv) {
-  const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta"};
+  const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta", "mixed", "mixed_reuse"};
   int mode = -1;
-  for (int m = 0; m < 6; ++m) {
+  for (int m = 0; m < 8; ++m) {
     if (argc > 1 && std::strcmp(argv[1], names[m]) == 0) mode = m;
   }
   if (mode < 0) {
-    std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta\n", argv[0]);
+    std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta|mixed|mixed_reuse\n", argv[0]);
     return 2;
   }
-  const bool two_rounds = mode >= 4;
-  const int n = two_rounds ? 128 : 32;  // reuse: 2 CTAs x 2 rounds x 32
-  float h[128], got[128];
+  const bool two_rounds = mode == 4 || mode == 5;
+  const int n = mode == 6 ? 256 : mode == 7 ? 256 : two_rounds ? 128 : 32;  // CTAs x rounds x 32 (x2 mixed)
+  float h[256], got[256];
   for (int i = 0; i < n; ++i) h[i] = 1.5f * static_cast<float>(i) - 7.0f;
   float *in = nullptr, *out = nullptr;
   cudaMalloc(&in, sizeof h);
   cudaMalloc(&out, sizeof h);
   cudaMemcpy(in, h, sizeof h, cudaMemcpyHostToDevice);
   cudaMemset(out, 0xFF, sizeof h);
-  if (two_rounds) {
+  if (mode >= 6) {
+    mixed<<<2, 64>>>(in, out, mode == 7 ? 2 : 1);
+  } else if (two_rounds) {
     reuse<<<2, 64>>>(in, out, mode == 4);
   } else {
     probe<<<1, 64>>>(in, out, mode);
@@ -153,6 +208,7 @@ int main(int argc, char** argv) {
   int wrong = 0;
   for (int i = 0; i < n; ++i) {
     const int base = i / 32 * 32, want = base + 31 - i % 32;  // each row of 32 read reversed
+    if (mode == 6 && i % 128 >= 64) continue;                  // mixed, one round: half written
     wrong += got[i] != h[want];
   }
   std::printf("%s: %d of %d values wrong%s\n", names[mode], wrong, n, mode == kRacy ? " (racy: any count)" : "");

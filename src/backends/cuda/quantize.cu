@@ -28,6 +28,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backends/contract/quant_args.h"
 #include "backends/contract/quant_math.h"
@@ -446,57 +447,104 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
 
 // Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
 // read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
-// columns (one vector load) × 8 warps, 16 rows each, the whole 128×128 tile held in registers. A
-// row's 1×128 amax is one warp's (row r is warp r % 8's, pass r / 8; a warp's 16 reductions
-// interleaved), its scale computed by lane r / 8 (16 rows' scales at once) and stored at
-// [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory,
-// its scale stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows, the
-// columnwise ones staged transposed in shared memory and stored along the copy's rows (words when
-// the tile's first row t0 and col_ld allow). Needs C % 4 == 0 and 4-element-aligned x / row copy
-// (launch_all checks; else the one-copy kernels above).
-constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256;
+// columns × 8 warps; warp w owns rows 16w .. 16w + 15 of the tile. Each thread's 16 vectors of
+// the tile arrive by cp.async into a two-stage buffer of its own in shared memory (the next tile's
+// loads in flight while this one is cast: no thread reads another's vectors, so a
+// cp.async.wait_group is the only wait). A row's 1×128 amax is one warp's (its 16 reductions
+// interleaved), its scale computed by lane r % 16 (16 rows' scales at once) and stored at
+// [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory, its scale
+// stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows; the columnwise
+// ones are staged transposed in shared memory four rows a word (the word order rotated by lane
+// group: no bank conflicts) and stored along the copy's rows (words when the tile's first row t0
+// and col_ld allow). Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
+// else the one-copy kernels above).
+constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256, kB1Stages = 2;
+template <class T>
+constexpr size_t block1d_stage_bytes() {
+  return size_t{kB1Stages} * kB1Rows * kB1Cols * sizeof(T);
+}
+template <class T>
+__device__ __forceinline__ void cp_async_vec(void* smem, const T* gmem) {
+  constexpr int kBytes = 4 * sizeof(T);  // 8 (f16 / bf16) or 16 (f32)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+  }
+}
 template <class T>
 __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParams p, bool col_words) {
   if (p.ws[0] < 0) return;
   constexpr int kV = 4, kLanes = kB1Cols / kV, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
-  static_assert(kLanes == 32, "a warp spans one row of the strip");
+  static_assert(kLanes == 32 && kPasses == 16, "a warp spans one row of the strip, 16 rows a warp");
+  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
+  extern __shared__ __align__(16) unsigned char block1d_smem[];
+  Vec* stage = reinterpret_cast<Vec*>(block1d_smem);  // [stage][pass][thread]
   __shared__ float part[kWarps][kB1Cols];
   __shared__ float col_factor[kB1Cols];
   __shared__ __align__(16) uint8_t codes[kB1Cols][kB1Rows + 4];  // [column][row]: the copy's layout
-  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int c = lane * kV;  // this thread's first column in the strip
   const int64_t* rb = rb_offsets(p);
   const int64_t cb = (p.C + kB1Cols - 1) / kB1Cols, tiles = rb[p.G] * cb;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
-    const int64_t k = tile / cb, jb = tile % cb, c0 = jb * kB1Cols;
-    const int64_t g = group_of_row(rb, p.G, k);
-    const int64_t end = offsets(p)[g + 1];
-    const int64_t t0 = offsets(p)[g] + (k - rb[g]) * kB1Rows;
-    const int rows = static_cast<int>(end - t0 < kB1Rows ? end - t0 : kB1Rows);
-    const int cols = static_cast<int>(p.C - c0 < kB1Cols ? p.C - c0 : kB1Cols);
-    const int c = lane * kV;  // this thread's first column in the strip (cols is a multiple of 4)
-    const bool live = c < cols;
-    Vec x[kPasses];
-    const T* src = static_cast<const T*>(p.x) + (t0 + warp) * p.C + c0 + c;
+  struct Tile {
+    int64_t k, jb, c0, g, t0;
+    int rows, cols;
+  };
+  const auto tile_at = [&](int64_t tile) {
+    Tile t;
+    t.k = tile / cb, t.jb = tile % cb, t.c0 = t.jb * kB1Cols;
+    t.g = group_of_row(rb, p.G, t.k);
+    const int64_t end = offsets(p)[t.g + 1];
+    t.t0 = offsets(p)[t.g] + (t.k - rb[t.g]) * kB1Rows;
+    t.rows = static_cast<int>(end - t.t0 < kB1Rows ? end - t.t0 : kB1Rows);
+    t.cols = static_cast<int>(p.C - t.c0 < kB1Cols ? p.C - t.c0 : kB1Cols);
+    return t;
+  };
+  const auto load = [&](const Tile& t, int s) {  // this thread's 16 vectors of tile t → stage s
+    if (c < t.cols) {
+      const T* src = static_cast<const T*>(p.x) + (t.t0 + kPasses * warp) * p.C + t.c0 + c;
+      Vec* dst = stage + s * kPasses * kB1Threads + threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      if (live && warp + i * kWarps < rows) x[i] = *reinterpret_cast<const Vec*>(src + int64_t{i} * kWarps * p.C);
+      for (int i = 0; i < kPasses; ++i) {
+        if (kPasses * warp + i < t.rows) cp_async_vec<T>(dst + i * kB1Threads, src + int64_t{i} * p.C);
+      }
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  int64_t tile = blockIdx.x;
+  Tile cur = tile_at(tile < tiles ? tile : 0);
+  if (tile < tiles) load(cur, 0);
+  for (int s = 0; tile < tiles; tile += gridDim.x, s ^= 1) {  // uniform per CTA
+    const int64_t next = tile + gridDim.x;
+    Tile nxt = cur;
+    if (next < tiles) {
+      nxt = tile_at(next);
+      load(nxt, s ^ 1);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+    const Vec* x = stage + s * kPasses * kB1Threads + threadIdx.x;  // pass i at x[i * kB1Threads]
+    const bool live = c < cur.cols;
+    const int r0 = kPasses * warp;  // this warp's first row in the tile
     float cmax[kV] = {0.0f, 0.0f, 0.0f, 0.0f}, a[kPasses];
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       a[i] = 0.0f;
-      if (!live || warp + i * kWarps >= rows) continue;
+      if (!live || r0 + i >= cur.rows) continue;
+      const Vec v = x[i * kB1Threads];
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
-        const float v = qm::abs_f(to_float(x[i].v[j]));
-        if (v > a[i]) a[i] = v;  // NaN never wins, as in the CPU's loop
-        if (v > cmax[j]) cmax[j] = v;
+        const float m = qm::abs_f(to_float(v.v[j]));
+        if (m > a[i]) a[i] = m;  // NaN never wins, as in the CPU's loop
+        if (m > cmax[j]) cmax[j] = m;
       }
     }
     if (p.row) {
       // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
-      // warp + 8i's scale, then each row's codes with its factor from that lane.
+      // r0 + i's scale, then each row's codes with its factor from that lane.
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
 #pragma unroll
@@ -508,16 +556,17 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
       float mine = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) mine = lane == i ? a[i] : mine;
-      const int r_mine = warp + lane * kWarps;
       float f_mine = 0.0f;
-      if (lane < kPasses && r_mine < rows) f_mine = block_scale(p, mine, g, p.row_scale, (t0 + r_mine) * cb + jb);
+      if (lane < kPasses && r0 + lane < cur.rows) {
+        f_mine = block_scale(p, mine, cur.g, p.row_scale, (cur.t0 + r0 + lane) * cb + cur.jb);
+      }
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
-        const int r = warp + i * kWarps;
         const float f = __shfl_sync(0xffffffffu, f_mine, i);
-        if (live && r < rows) {
+        if (live && r0 + i < cur.rows) {
           const float fs[kV] = {f, f, f, f};
-          *reinterpret_cast<uint32_t*>(p.row + (t0 + r) * p.row_ld + c0 + c) = encode_fp8_quad<T>(p, x[i], fs);
+          *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
+              encode_fp8_quad<T>(p, x[i * kB1Threads], fs);
         }
       }
     }
@@ -525,27 +574,38 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
 #pragma unroll
       for (int j = 0; j < kV; ++j) part[warp][c + j] = cmax[j];
       __syncthreads();
-      if (threadIdx.x < cols) {
+      if (threadIdx.x < cur.cols) {
         float m = 0.0f;
         for (int w = 0; w < kWarps; ++w) m = part[w][threadIdx.x] > m ? part[w][threadIdx.x] : m;
-        col_factor[threadIdx.x] = block_scale(p, m, g, p.col_scale, k * p.C + c0 + threadIdx.x);
+        col_factor[threadIdx.x] = block_scale(p, m, cur.g, p.col_scale, cur.k * p.C + cur.c0 + threadIdx.x);
       }
       __syncthreads();
       if (live) {
         const float fs[kV] = {col_factor[c], col_factor[c + 1], col_factor[c + 2], col_factor[c + 3]};
+        const int rot = lane >> 3;  // lane groups store their columns' words in rotated order
 #pragma unroll
-        for (int i = 0; i < kPasses; ++i) {
-          const int r = warp + i * kWarps;
-          if (r >= rows) break;
-          const uint32_t q = encode_fp8_quad<T>(p, x[i], fs);
+        for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
+          uint32_t w[kV] = {0, 0, 0, 0};
 #pragma unroll
-          for (int j = 0; j < kV; ++j) codes[c + j][r] = static_cast<uint8_t>(q >> (8 * j));
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t code = encode_fp8_quad<T>(p, x[(4 * q + i) * kB1Threads], fs);
+#pragma unroll
+            for (int j = 0; j < kV; ++j) w[j] |= ((code >> (8 * j)) & 0xFFu) << (8 * i);
+          }
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            const int jj = (j + rot) & 3;
+            const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
+            *reinterpret_cast<uint32_t*>(&codes[c + jj][r0 + 4 * q]) = word;
+          }
         }
       }
       __syncthreads();
-      store_columnwise<kB1Rows, kB1Threads>(p, codes, t0, rows, c0, cols, col_words && t0 % 4 == 0);
+      store_columnwise<kB1Rows, kB1Threads>(p, codes, cur.t0, cur.rows, cur.c0, cur.cols,
+                                            col_words && cur.t0 % 4 == 0);
       __syncthreads();  // part, col_factor and codes reused by the next tile
     }
+    cur = nxt;
   }
 }
 
@@ -593,7 +653,15 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
              aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) && (p.row == nullptr || p.row_ld % 4 == 0)) {
     const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(tiles, 1), int64_t{sms} * 8));
-    block1d_tiles_kernel<T><<<grid, kB1Threads, 0, stream>>>(p, aligned(p.col, 4) && p.col_ld % 4 == 0);
+    constexpr size_t smem = block1d_stage_bytes<T>();  // > 48 KiB: opted in once per device and type
+    static std::atomic<uint64_t> opted_devices{0};
+    const uint64_t bit = uint64_t{1} << (res.device & 63);
+    if ((opted_devices.load(std::memory_order_acquire) & bit) == 0) {
+      MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block1d_tiles_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem)));
+      opted_devices.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    block1d_tiles_kernel<T><<<grid, kB1Threads, smem, stream>>>(p, aligned(p.col, 4) && p.col_ld % 4 == 0);
   } else {
     if (p.row)
       rowwise_blocks_kernel<T>  // a warp per (row, block)
