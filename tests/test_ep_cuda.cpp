@@ -1,6 +1,8 @@
 // Expert parallelism on the GPU engines (SPEC §7; src/ep/ep_device.h, src/backends/cuda/ep/):
 // every EpCuda case runs once per engine — EpCuda.<case>/cuda_ranks (CudaRanks) and, where moekit
-// was built with NCCL, EpCuda.<case>/nccl_symmetric (NcclRanks) — against CpuRanks on the same
+// was built with NCCL, EpCuda.<case>/nccl_symmetric (NcclRanks) and EpCuda.<case>/nccl_communicator
+// (nccl_communicator over ncclCommInitRank communicators, one host thread per rank standing in for
+// one process per GPU; its capture case checks the refusal) — against CpuRanks on the same
 // data, bit for bit — dispatch (recv, weights, splits,
 // tokens per expert), combine, combine_backward, dispatch_backward — with fuzzed routing,
 // zero-token experts, int32 indices, capacity overflow both ways, malformed topk_idx (the device
@@ -22,6 +24,10 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <stdexcept>
+#include <thread>
+
+#include <dlfcn.h>
 
 #include "moekit/moekit.h"
 #include "support/cuda_graph.h"
@@ -39,29 +45,115 @@ namespace {
     }                                                                                        \
   } while (0)
 
-// The GPU engines every EpCuda case runs on (the test parameter, an engine() name).
+// The GPU engines every EpCuda case runs on (the test parameter): cuda-ranks (CudaRanks) and,
+// where moekit was built with NCCL, nccl-symmetric (NcclRanks) and nccl-communicator
+// (nccl_communicator over communicators the test makes, as a program with one process per GPU
+// does).
 std::vector<std::string> gpu_engines() {
   std::vector<std::string> e = {"cuda-ranks"};
-  if (NcclRanks::built()) e.push_back("nccl-symmetric");
+  if (NcclRanks::built()) {
+    e.push_back("nccl-symmetric");
+    e.push_back("nccl-communicator");
+  }
   return e;
 }
 
-// CudaRanks or NcclRanks, by engine name (the two have the same shape, no common base).
+// What Communicator::engine() says for a test engine (nccl_communicator is the NCCL engine too).
+std::string engine_name(const std::string& engine) {
+  return engine == "nccl-communicator" ? "nccl-symmetric" : engine;
+}
+
+// The NCCL and CUDA runtime calls a program makes before nccl_communicator, from the libraries
+// moekit loaded (dlsym: this test includes no NCCL or CUDA header). ncclUniqueId is 128 bytes
+// (NCCL_UNIQUE_ID_BYTES), passed by value; ncclComm_t is a pointer; ncclResult_t 0 is ncclSuccess.
+struct NcclApi {
+  struct UniqueId {
+    char internal[128];
+  };
+  int (*get_unique_id)(UniqueId*) = nullptr;
+  int (*comm_init_rank)(void**, int, UniqueId, int) = nullptr;
+  int (*comm_destroy)(void*) = nullptr;
+  int (*set_device)(int) = nullptr;
+  NcclApi() {
+    get_unique_id = reinterpret_cast<decltype(get_unique_id)>(dlsym(RTLD_DEFAULT, "ncclGetUniqueId"));
+    comm_init_rank = reinterpret_cast<decltype(comm_init_rank)>(dlsym(RTLD_DEFAULT, "ncclCommInitRank"));
+    comm_destroy = reinterpret_cast<decltype(comm_destroy)>(dlsym(RTLD_DEFAULT, "ncclCommDestroy"));
+    set_device = reinterpret_cast<decltype(set_device)>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  }
+  bool ok() const { return get_unique_id && comm_init_rank && comm_destroy && set_device; }
+};
+
+// fn(r) on one host thread per rank, joined; the first rank's error rethrown.
+void on_rank_threads(int W, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(W));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < W; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// CudaRanks, NcclRanks, or W nccl_communicator ranks over the test's own NCCL communicators
+// (ncclGetUniqueId, then ncclCommInitRank on one host thread per rank, each on its GPU — one
+// process standing in for W; the communicators are kept until the ranks are gone), by engine name.
 class GpuRanks {
  public:
   GpuRanks(const std::string& engine, const std::vector<Context>& contexts) {
     if (engine == "nccl-symmetric") {
       nccl_ = std::make_unique<NcclRanks>(contexts);
+    } else if (engine == "nccl-communicator") {
+      const NcclApi api;
+      if (!api.ok()) throw std::runtime_error("NCCL / CUDA runtime entry points not found through dlsym");
+      const int W = static_cast<int>(contexts.size());
+      NcclApi::UniqueId id{};
+      if (api.get_unique_id(&id) != 0) throw std::runtime_error("ncclGetUniqueId failed");
+      raw_.assign(static_cast<size_t>(W), nullptr);
+      ranks_.resize(static_cast<size_t>(W));
+      destroy_ = api.comm_destroy;
+      on_rank_threads(W, [&](int r) {
+        const Context& ctx = contexts[static_cast<size_t>(r)];
+        if (api.set_device(ctx.device().index) != 0) throw std::runtime_error("cudaSetDevice failed");
+        if (api.comm_init_rank(&raw_[static_cast<size_t>(r)], W, id, r) != 0) {
+          throw std::runtime_error("ncclCommInitRank failed");
+        }
+        ranks_[static_cast<size_t>(r)] = nccl_communicator(raw_[static_cast<size_t>(r)], ctx);
+      });
     } else {
       cuda_ = std::make_unique<CudaRanks>(contexts);
     }
   }
-  int world_size() const { return nccl_ ? nccl_->world_size() : cuda_->world_size(); }
-  void run(const std::function<void(Communicator&)>& fn) { nccl_ ? nccl_->run(fn) : cuda_->run(fn); }
+  ~GpuRanks() {
+    ranks_.clear();
+    for (void* c : raw_) {
+      if (c) destroy_(c);
+    }
+  }
+  GpuRanks(const GpuRanks&) = delete;
+  GpuRanks& operator=(const GpuRanks&) = delete;
+  int world_size() const {
+    return nccl_ ? nccl_->world_size() : cuda_ ? cuda_->world_size() : static_cast<int>(ranks_.size());
+  }
+  void run(const std::function<void(Communicator&)>& fn) {
+    if (nccl_) return nccl_->run(fn);
+    if (cuda_) return cuda_->run(fn);
+    on_rank_threads(world_size(), [&](int r) { fn(*ranks_[static_cast<size_t>(r)]); });
+  }
 
  private:
   std::unique_ptr<CudaRanks> cuda_;
   std::unique_ptr<NcclRanks> nccl_;
+  std::vector<void*> raw_;
+  std::vector<std::unique_ptr<Communicator>> ranks_;
+  int (*destroy_)(void*) = nullptr;
 };
 
 // Contexts on GPUs 0..W-1.
@@ -201,7 +293,7 @@ std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::
   std::vector<Result> out(static_cast<size_t>(W));
   GpuRanks ranks(engine, gpu_contexts(W));  // a GPU machine whose engine cannot run fails here (no skip)
   ranks.run([&](Communicator& comm) {
-    EXPECT_EQ(comm.engine(), engine);
+    EXPECT_EQ(comm.engine(), engine_name(engine));
     out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
   });
   return out;
@@ -386,6 +478,22 @@ TEST_P(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToE
     ctx.synchronize();
     void* graph = nullptr;
     void* exec = nullptr;
+    if (engine() == "nccl-communicator") {
+      // Its all_gather (every call's agreement) synchronises: refused while capturing, before any
+      // work (ARCHITECTURE.md, "Expert parallelism"), and the step runs eagerly afterwards.
+      const std::string why = api.capture(stream, [&] { step(graphed, g); }, &graph);
+      EXPECT_THAT(why, ::testing::HasSubstr("all_gather"));
+      EXPECT_THAT(why, ::testing::HasSubstr("cannot run while a CUDA graph is captured"));
+      if (graph) api.graph_destroy(graph);
+      for (const Tensor* t : {&g.recv, &g.out, &g.dtok}) {
+        EXPECT_TRUE(bit_identical(bytes_of(ctx, *t), bytes_of(ctx, filled(ctx, t->shape(), c.dt, kSentinel)), c.dt))
+            << "the refused capture wrote something";
+      }
+      step(eager, e);
+      ctx.synchronize();
+      EXPECT_EQ(ctx.device_error_bits(), 0u);
+      return;
+    }
     ASSERT_EQ(api.capture(stream, [&] { step(graphed, g); }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
     for (int round = 0; round < 4; ++round) {
@@ -620,7 +728,7 @@ TEST_P(EpCuda, AllocateGivesEachRankItsOwnBlockAsItsPeer) {
   MOEKIT_EP_REQUIRE_GPUS(1);
   GpuRanks ranks(engine(), gpu_contexts(1));
   ranks.run([&](Communicator& comm) {
-    EXPECT_EQ(comm.engine(), engine());
+    EXPECT_EQ(comm.engine(), engine_name(engine()));
     const Context& ctx = comm.context();
     for (size_t bytes : {size_t{1}, size_t{4096}, size_t{3 * 4096 + 17}}) {
       SCOPED_TRACE("bytes=" + std::to_string(bytes));

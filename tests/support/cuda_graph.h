@@ -128,9 +128,10 @@ struct CudaGraphApi {
   }
 };
 
-/// Whether a captured launch is one of the sm90 persistent GEMMs: the only kernels that take more
-/// than 96 KiB of dynamic shared memory (their pipeline stages; the largest other, the bias
-/// kernels' offset table, is 64 KiB at most).
+/// Whether a captured launch of a 16-bit step is one of the sm90 persistent GEMMs: the only kernels
+/// of such a step that take more than 96 KiB of dynamic shared memory (their pipeline stages; the
+/// largest other, the bias kernels' offset table, is 64 KiB at most). Not for quantized steps: the
+/// fp8-block quantize of f32 data stages 128 KiB.
 inline bool is_gemm_launch(const CudaGraphApi::KernelParams& k) {
   return k.shared_bytes > 96 * 1024;
 }
