@@ -24,12 +24,34 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+__device__ __forceinline__ void bar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void bar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity));
+  }
+}
+// CUTLASS's ClusterBarrier::arrive(cta_id): the barrier mapped to a CTA of the cluster (its own).
+__device__ __forceinline__ void bar_arrive_cluster(unsigned long long* bar) {
+  unsigned rank, remote;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+}
+
 __global__ void probe(const float* in, float* out, int mode) {
   __shared__ alignas(16) float buf[32];
   __shared__ alignas(8) unsigned long long bar;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&bar)), "r"(32));
+    bar_init(&bar, 32);
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
   __syncthreads();
@@ -46,27 +68,11 @@ __global__ void probe(const float* in, float* out, int mode) {
       asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(smem_addr(&bar)));
     }
   } else {  // consumer
-    if (mode != kRacy) {
-      unsigned done = 0;
-      while (!done) {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(smem_addr(&bar)), "r"(0));
-      }
-    }
+    if (mode != kRacy) bar_wait(&bar, 0);
     out[lane] = buf[31 - lane];
   }
-  if (mode == kRacy && warp == 0) {  // let the arrivals complete before the CTA exits
-    unsigned done = 0;
-    while (!done) {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(smem_addr(&bar)), "r"(0));
-    }
-  }
+  if (mode == kRacy && warp == 0) bar_wait(&bar, 0);  // the arrivals complete before the CTA exits
 }
-
 
 // Two rounds through one buffer (a 2-stage pipeline of depth 1), as CUTLASS's mainloop reuses a
 // stage: round 0 filled by cp.async + arrive.noinc on `full`, read by the consumer warp, released
@@ -80,44 +86,33 @@ __global__ void __cluster_dims__(2, 1, 1) reuse(const float* in, float* out, boo
   __shared__ alignas(8) unsigned long long full, empty;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&full)), "r"(32));
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&empty)), "r"(32));
+    bar_init(&full, 32);
+    bar_init(&empty, 32);
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
-  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
-  auto wait = [](unsigned long long* bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(smem_addr(bar)), "r"(parity));
-    }
-  };
+  cluster_sync();
   const float* src = in + blockIdx.x * 64;
   if (warp == 0) {  // producer
     for (int round = 0; round < 2; ++round) {
-      if (round == 1) wait(&empty, 0);
+      if (round == 1) bar_wait(&empty, 0);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(src + 32 * round + lane));
       asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
     }
-    wait(&full, 1);  // the last arrivals done before the CTA exits
+    bar_wait(&full, 1);  // the last arrivals done before the CTA exits
   } else {  // consumer
     for (int round = 0; round < 2; ++round) {
-      wait(&full, round);
+      bar_wait(&full, round);
       out[blockIdx.x * 64 + 32 * round + lane] = buf[31 - lane];
       if (round == 0) {
         if (cluster_release) {
-          unsigned rank, remote;
-          asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(rank));
-          asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+          bar_arrive_cluster(&empty);
         } else {
           asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(smem_addr(&empty)) : "memory");
         }
       }
     }
   }
-  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+  cluster_sync();
 }
 
 // CUTLASS's full barrier exactly: 33 arrivals — the elected lane's arrive.expect_tx for a bulk
@@ -130,23 +125,15 @@ __global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int
   __shared__ alignas(8) unsigned long long full, empty;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&full)), "r"(33));
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(&empty)), "r"(32));
+    bar_init(&full, 33);
+    bar_init(&empty, 32);
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
-  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
-  auto wait = [](unsigned long long* bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(smem_addr(bar)), "r"(parity));
-    }
-  };
+  cluster_sync();
   const float* src = in + blockIdx.x * 128;  // per CTA and round: 32 floats for buf, 32 for bulk
   if (warp == 0) {  // producer
     for (int round = 0; round < rounds; ++round) {
-      if (round == 1) wait(&empty, 0);
+      if (round == 1) bar_wait(&empty, 0);
       const float* r = src + 64 * round;
       if (lane == 0) {
         asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_addr(&full)), "r"(128));
@@ -156,21 +143,16 @@ __global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(r + lane));
       asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
     }
-    wait(&full, (rounds - 1) & 1);
+    bar_wait(&full, (rounds - 1) & 1);
   } else {  // consumer
     for (int round = 0; round < rounds; ++round) {
-      wait(&full, round);
+      bar_wait(&full, round);
       out[blockIdx.x * 128 + 64 * round + lane] = buf[31 - lane];
       out[blockIdx.x * 128 + 64 * round + 32 + lane] = bulk[31 - lane];
-      if (round + 1 < rounds) {
-        unsigned rank, remote;
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(rank));
-        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-      }
+      if (round + 1 < rounds) bar_arrive_cluster(&empty);
     }
   }
-  asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;");
+  cluster_sync();
 }
 
 int main(int argc, char** argv) {
