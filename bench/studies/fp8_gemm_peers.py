@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""bench/studies/fp8_gemm_peers.py — issue 40's FP8 GEMM targets side by side, in one process:
+moekit's native FP8 grouped GEMMs (cuda-fp8: fp8-current's per-expert scales, fp8-block's
+1x128 / 128x128 blocks) for fprop, dgrad and wgrad on the suite's shapes (uniform routing,
+device splits, bf16), beside
+  - CUTLASS example 68 (block-scaled, the mainloop moekit's fp8-block uses) and example 57
+    (per-tensor FP8), stock, timing only, at each pass's per-group (m, n, k) — built by
+    bench/studies/cutlass_fp8_peers.sh DIR, given as --cutlass DIR; each timed by its own loop
+    (--iterations runs of initialize() + run() between two events), example 57 its best kernel;
+  - torch._scaled_grouped_mm (rowwise scales, fast accumulation) for fprop.
+moekit's time of a pass: its GEMM kernels only (CUTLASS device kernels; not the quantize or the
+setup kernels), from torch.profiler over --reps calls of a GroupedLinear step that runs only that
+pass (fprop: a no-grad forward; dgrad: the input requires grad, the weight not; wgrad: the
+reverse), after warm-up. A study: the numbers feed design/PERFORMANCE.md's FP8 row.
+
+    PYTHONPATH=<build>/python python3 bench/studies/fp8_gemm_peers.py [--shapes a,b]
+        [--cutlass DIR] [--reps 10] [--out table.md]
+
+Shapes (bench/grouped_gemm_bench.cu's suite; E experts, T rows, K -> N):
+"""
+import argparse
+import re
+import statistics
+import subprocess
+
+import torch
+
+import moekit.torch as mt
+from moekit.torch.recipe import Float8BlockScaling, Float8CurrentScaling
+
+SHAPES = {  # name: (E, T, K, N), as `moekit_bench --list`
+    "dsv3_fc1_E8": (8, 32768, 7168, 4096), "dsv3_fc2_E8": (8, 32768, 2048, 7168),
+    "dsv3_fc1_E32": (32, 32768, 7168, 4096), "qwen3_fc1_E16": (16, 16384, 4096, 3072),
+    "qwen3_fc2_E16": (16, 16384, 1536, 4096), "mixtral_fc1_E8": (8, 16384, 4096, 28672),
+    "small_E64": (64, 4096, 2048, 1024),
+}
+__doc__ += "".join(f"  {k}: E {v[0]}, T {v[1]}, {v[2]} -> {v[3]}\n" for k, v in SHAPES.items())
+RECIPES = {"fp8-current": Float8CurrentScaling, "fp8-block": Float8BlockScaling}
+PASSES = ("fprop", "dgrad", "wgrad")
+
+
+def pass_mnk(p, T, E, K, N):
+    """The per-group GEMM (m, n, k) of a pass: fprop x·Wᵀ, dgrad dy·W, wgrad dyᵀ·x."""
+    m = T // E
+    return {"fprop": (m, N, K), "dgrad": (m, K, N), "wgrad": (N, K, m)}[p]
+
+
+def moekit_pass_ms(recipe, p, E, T, K, N, reps):
+    """Milliseconds per call of the pass's GEMM kernels (median over the profiled calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    layer = mt.GroupedLinear(E, K, N, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        layer.weight.normal_(0.0, K ** -0.5)
+    x = torch.randn(T, K, dtype=torch.bfloat16, device="cuda")
+    dy = torch.randn(T, N, dtype=torch.bfloat16, device="cuda")
+    splits = torch.full((E,), T // E, dtype=torch.int32, device="cuda")
+    x.requires_grad_(p == "dgrad")
+    layer.weight.requires_grad_(p == "wgrad")
+
+    def step():
+        with mt.autocast(recipe=RECIPES[recipe]()):
+            if p == "fprop":
+                with torch.no_grad():
+                    layer(x, splits)
+            else:
+                x.grad = layer.weight.grad = None
+                layer(x, splits).backward(dy)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    gemm = [ev.device_time / 1e3 for ev in prof.events()
+            if ev.device_type == torch.autograd.DeviceType.CUDA and "cutlass13device_kernel" in ev.name]
+    if len(gemm) != reps:
+        raise RuntimeError(f"moekit {recipe} {p}: {len(gemm)} GEMM kernels in {reps} calls, expected {reps}")
+    return statistics.median(gemm)
+
+
+def cutlass_ms(binary, m, n, k, groups, iterations=20):
+    """The example's own 'Avg runtime' (its best kernel when it runs several), milliseconds."""
+    r = subprocess.run([binary, f"--m={m}", f"--n={n}", f"--k={k}", f"--groups={groups}",
+                        f"--iterations={iterations}"], capture_output=True, text=True, timeout=300)
+    times = [float(t) for t in re.findall(r"Avg runtime\s*:\s*([0-9.eE+-]+)\s*ms", r.stdout)]
+    if r.returncode != 0 or not times:
+        raise RuntimeError(f"{binary} --m={m} --n={n} --k={k} --groups={groups}: exit {r.returncode}: "
+                           f"{(r.stdout + r.stderr)[-400:]}")
+    return min(times)
+
+
+def scaled_grouped_mm_ms(E, T, K, N, reps):
+    fn = getattr(torch, "_scaled_grouped_mm", None)
+    if fn is None:
+        return None
+    a = torch.randn(T, K, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(E, N, K, device="cuda").to(torch.float8_e4m3fn).transpose(-2, -1)
+    sa, sb = torch.ones(T, device="cuda"), torch.ones(E, N, device="cuda")
+    offs = torch.arange(T // E, T + 1, T // E, device="cuda", dtype=torch.int32)
+    call = lambda: fn(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(reps):
+        call()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) / reps
+
+
+def peer(fn):
+    """A peer's time, or None with the reason printed (a peer that refuses a shape, e.g. example
+    68 with k < 128, is a missing cell, not a failed study)."""
+    try:
+        return fn()
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"peer refused: {e}", flush=True)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--cutlass", help="the folder bench/studies/cutlass_fp8_peers.sh built ex57 / ex68 in")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", help="also write the table (markdown) here")
+    args = ap.parse_args()
+    lines = [f"# FP8 grouped GEMMs: moekit (cuda-fp8) beside stock CUTLASS and torch — "
+             f"{torch.cuda.get_device_name()}", "",
+             f"torch {torch.__version__}; uniform routing, device splits; ms per call (moekit: its GEMM "
+             f"kernels, median of {args.reps} profiled calls); TFLOP/s = 2·T·N·K / time.", "",
+             "| shape | pass | fp8-block ms | ex68 ms | block / ex68 (target ≥ 1.0) | fp8-current ms | "
+             "ex57 ms | current / ex57 (≥ 1.0) | torch._scaled_grouped_mm ms | current / torch (≥ 1.1) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in args.shapes.split(","):
+        E, T, K, N = SHAPES[name]
+        flop = 2.0 * T * N * K
+        for p in PASSES:
+            blk = moekit_pass_ms("fp8-block", p, E, T, K, N, args.reps)
+            cur = moekit_pass_ms("fp8-current", p, E, T, K, N, args.reps)
+            m, n, k = pass_mnk(p, T, E, K, N)
+            ex68 = peer(lambda: cutlass_ms(f"{args.cutlass}/ex68", m, n, k, E)) if args.cutlass else None
+            ex57 = peer(lambda: cutlass_ms(f"{args.cutlass}/ex57", m, n, k, E)) if args.cutlass else None
+            tsg = scaled_grouped_mm_ms(E, T, K, N, args.reps) if p == "fprop" else None
+            fmt = lambda v: "—" if v is None else f"{v:.3f}"
+            ratio = lambda peer, ours: "—" if peer is None else f"{peer / ours:.2f}"
+            lines.append(f"| {name} | {p} | {blk:.3f} ({flop / blk / 1e9:.0f} TF) | {fmt(ex68)} | "
+                         f"{ratio(ex68, blk)} | {cur:.3f} ({flop / cur / 1e9:.0f} TF) | {fmt(ex57)} | "
+                         f"{ratio(ex57, cur)} | {fmt(tsg)} | {ratio(tsg, cur)} |")
+            print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
