@@ -99,8 +99,8 @@ std::string reject_unless_emulated(const Context& ctx, RecipeKind recipe) {
   if (!why.empty()) return why;
   if (recipe == RecipeKind::Mxfp8 || recipe == RecipeKind::Nvfp4) return "";
   return str("recipe ", Recipe{recipe}.name(),
-             " with fp32 scales has no GPU path for this call yet: the native sm_90a FP8 GEMMs "
-             "(cuda-fp8) write bf16 outputs, the bf16 tensor-core path (cuda-bf16) takes "
+             " has no GPU path for this call yet: the native sm_90a FP8 GEMMs (cuda-fp8) write "
+             "bf16 outputs, the bf16 tensor-core path (cuda-bf16) takes bf16 outputs with "
              "power-of-two scales, and this fp32 emulation mxfp8 and nvfp4 only");
 }
 
