@@ -545,6 +545,42 @@ TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
   }
 }
 
+// One tile feature at a time, through all three block-scaled GEMMs (and the per-group ones for
+// contrast): whole 128x128 tiles, a group's rows ending mid-tile, N ending mid-tile, a single
+// k-block, an empty group between two, a wgrad group shorter than a k-block, persistent CTAs
+// taking several tiles each. Each case is its own test so a tool can be pointed at one
+// (compute-sanitizer --tool racecheck test_quant_ops --gtest_filter=Fp8GemmFeatures/Fp8Features.*/CASE).
+struct Fp8Feature {
+  const char* name;
+  Fp8Problem problem;
+};
+const Fp8Feature kFp8Features[] = {
+    {"whole_tiles", {256, 256, {256, 128}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"rows_end_mid_tile", {256, 256, {192, 64}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"n_ends_mid_tile", {256, 192, {256, 128}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"one_k_block", {128, 256, {256, 128}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"empty_group_between", {256, 256, {128, 0, 128}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"wgrad_group_below_a_k_block", {256, 256, {64, 48}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"many_tiles_per_cta", {512, 2048, {512, 512, 512}, 0, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"a_tail", {256, 256, {256, 128}, 9, Recipe::fp8_block(Fp8Format::Hybrid)}},
+    {"fp32_scales", {256, 256, {192, 64}, 0, Recipe::fp8_block(Fp8Format::Hybrid, false)}},
+    {"per_group_rows_end_mid_tile", {256, 256, {192, 64}, 0, Recipe::fp8_current(Fp8Format::Hybrid)}},
+};
+
+void PrintTo(const Fp8Feature& f, std::ostream* os) {
+  *os << f.name;
+}
+
+class Fp8Features : public ::testing::TestWithParam<Fp8Feature> {};
+
+TEST_P(Fp8Features, MatchTheFp64ReferenceWithDeviceCounts) {
+  MOEKIT_REQUIRE_SM90();
+  check_fp8_gemms(poisoned(Context::cuda(0)), GetParam().problem);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8GemmFeatures, Fp8Features, ::testing::ValuesIn(kFp8Features),
+                         [](const ::testing::TestParamInfo<Fp8Feature>& info) { return std::string(info.param.name); });
+
 // The group-K kernels' rows rule on the device (SPEC §6c): a count not a multiple of 16 writes
 // nothing and sets kCountsMisaligned (a group's first row is a TMA address of 8-bit codes).
 TEST(Fp8GemmCuda, MisalignedDeviceCountsWriteNoWeightGradientAndSayWhy) {
