@@ -133,8 +133,11 @@ class GpuRanks {
   }
   ~GpuRanks() {
     ranks_.clear();
-    for (void* c : raw_) {
-      if (c) destroy_(c);
+    // One thread per rank, together: a communicator's destruction may wait for its peers'.
+    if (!raw_.empty()) {
+      on_rank_threads(static_cast<int>(raw_.size()), [&](int r) {
+        if (raw_[static_cast<size_t>(r)]) destroy_(raw_[static_cast<size_t>(r)]);
+      });
     }
   }
   GpuRanks(const GpuRanks&) = delete;
