@@ -30,7 +30,12 @@ build() {  # build NAME EXAMPLE_DIR FILE
     -o "$out/$name" "$copy"
 }
 build ex57 57_hopper_grouped_gemm 57_hopper_grouped_gemm.cu &
+p57=$!
 build ex68 68_hopper_fp8_warp_specialized_grouped_gemm_with_blockwise_scaling \
   68_hopper_fp8_warp_specialized_grouped_gemm_with_blockwise_scaling.cu &
-wait -n && wait -n
+p68=$!
+rc=0
+wait "$p57" || rc=1
+wait "$p68" || rc=1
+(( rc == 0 )) || { echo "cutlass_fp8_peers.sh: a build failed" >&2; exit 1; }
 ls -la "$out"/ex57 "$out"/ex68
