@@ -8,9 +8,10 @@
 //   wait_all the same, but cp.async.wait_all then a plain mbarrier.arrive (release)
 //   plain    st.shared then mbarrier.arrive
 // and one with a real race (racy: the consumer reads without waiting), so the probe shows the
-// tool catches a race here; and a buffer reused for a second round after a release (reuse_*,
-// below). The numbers are checked (correct kernels only): exit 1 on a wrong value.
-//   nvcc -std=c++17 -arch=sm_90a -o racecheck_cpasync_probe racecheck_cpasync_probe.cu
+// tool catches a race here; a buffer reused for a second round after a release (reuse_*), the
+// full barrier exactly as CUTLASS's (mixed*), and its phases completed by the other CTA of the
+// cluster — a multicast bulk copy, releases to both CTAs (multicast*: not yet run). The numbers are checked (correct kernels only): exit 1 on a wrong value.
+//   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -o racecheck_cpasync_probe racecheck_cpasync_probe.cu
 //   compute-sanitizer --tool racecheck ./racecheck_cpasync_probe MODE
 // Measured (bench/results/2026-12-04-nvidia-h200-*-fp8-block.md): see there.
 #include <cuda_runtime.h>
@@ -155,18 +156,75 @@ __global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int
   cluster_sync();
 }
 
+// As `mixed`, but the bulk bytes arrive the way CUTLASS's 1x2-cluster kernels get their A tiles:
+// CTA 0 issues one multicast bulk copy into both CTAs' `bulk` (cp.async.bulk ... .multicast::cluster,
+// completing the bytes on each CTA's own `full` at the same offset), so a barrier phase may be
+// completed by the *other* CTA's copy; each CTA's producer lanes still cp.async `buf` with
+// arrive.noinc, its lane 0 arrive.expect_tx for the bytes it receives. Consumers release the stage
+// on both CTAs' `empty` (64 arrivals each: the multicast writer waits for both CTAs' readers), as
+// CUTLASS's consumer_release does with a multicast operand. Once (multicast) or reused
+// (multicast_reuse). Correct programs.
+__global__ void __cluster_dims__(2, 1, 1) multicast(const float* in, float* out, int rounds) {
+  __shared__ alignas(128) float bulk[32];
+  __shared__ alignas(16) float buf[32];
+  __shared__ alignas(8) unsigned long long full, empty;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  if (threadIdx.x == 0) {
+    bar_init(&full, 33);
+    bar_init(&empty, 64);
+    asm volatile("fence.mbarrier_init.release.cluster;");
+  }
+  cluster_sync();
+  if (warp == 0) {  // producer
+    for (int round = 0; round < rounds; ++round) {
+      if (round == 1) bar_wait(&empty, 0);
+      if (lane == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_addr(&full)), "r"(128));
+        if (rank == 0) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+              " [%0], [%1], 128, [%2], %3;" ::"r"(smem_addr(bulk)),
+              "l"(in + 64 * round), "r"(smem_addr(&full)), "h"(static_cast<unsigned short>(3))
+              : "memory");
+        }
+      }
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])),
+                   "l"(in + 128 + blockIdx.x * 64 + 32 * round + lane));
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
+    }
+    bar_wait(&full, (rounds - 1) & 1);
+  } else {  // consumer
+    for (int round = 0; round < rounds; ++round) {
+      bar_wait(&full, round);
+      out[blockIdx.x * 128 + 64 * round + lane] = buf[31 - lane];
+      out[blockIdx.x * 128 + 64 * round + 32 + lane] = bulk[31 - lane];
+      if (round + 1 < rounds) {
+        for (unsigned cta = 0; cta < 2; ++cta) {  // ClusterBarrier::arrive(cta_id) to each CTA
+          unsigned remote;
+          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(cta));
+          asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+        }
+      }
+    }
+  }
+  cluster_sync();
+}
+
 int main(int argc, char** argv) {
-  const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta", "mixed", "mixed_reuse"};
+  const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta", "mixed", "mixed_reuse",
+                         "multicast", "multicast_reuse"};
   int mode = -1;
-  for (int m = 0; m < 8; ++m) {
+  for (int m = 0; m < 10; ++m) {
     if (argc > 1 && std::strcmp(argv[1], names[m]) == 0) mode = m;
   }
   if (mode < 0) {
-    std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta|mixed|mixed_reuse\n", argv[0]);
+    std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta|mixed|mixed_reuse|multicast|multicast_reuse\n", argv[0]);
     return 2;
   }
   const bool two_rounds = mode == 4 || mode == 5;
-  const int n = mode == 6 ? 256 : mode == 7 ? 256 : two_rounds ? 128 : 32;  // CTAs x rounds x 32 (x2 mixed)
+  const int n = mode >= 6 ? 256 : two_rounds ? 128 : 32;  // CTAs x rounds x 32 (x2 mixed, multicast)
   float h[256], got[256];
   for (int i = 0; i < n; ++i) h[i] = 1.5f * static_cast<float>(i) - 7.0f;
   float *in = nullptr, *out = nullptr;
@@ -174,7 +232,9 @@ int main(int argc, char** argv) {
   cudaMalloc(&out, sizeof h);
   cudaMemcpy(in, h, sizeof h, cudaMemcpyHostToDevice);
   cudaMemset(out, 0xFF, sizeof h);
-  if (mode >= 6) {
+  if (mode >= 8) {
+    multicast<<<2, 64>>>(in, out, mode == 9 ? 2 : 1);
+  } else if (mode >= 6) {
     mixed<<<2, 64>>>(in, out, mode == 7 ? 2 : 1);
   } else if (two_rounds) {
     reuse<<<2, 64>>>(in, out, mode == 4);
@@ -189,8 +249,12 @@ int main(int argc, char** argv) {
   }
   int wrong = 0;
   for (int i = 0; i < n; ++i) {
-    const int base = i / 32 * 32, want = base + 31 - i % 32;  // each row of 32 read reversed
-    if (mode == 6 && i % 128 >= 64) continue;                  // mixed, one round: half written
+    if ((mode == 6 || mode == 8) && i % 128 >= 64) continue;  // one round: half written
+    int want = i / 32 * 32 + 31 - i % 32;                     // each row of 32 read reversed
+    if (mode >= 8) {  // multicast: [cta][round][buf: in[128 + cta·64 + 32·round + ·] | bulk: in[64·round + ·]]
+      const int cta = i / 128, round = i % 128 / 64, lane = i % 32;
+      want = i % 64 < 32 ? 128 + cta * 64 + 32 * round + 31 - lane : 64 * round + 31 - lane;
+    }
     wrong += got[i] != h[want];
   }
   std::printf("%s: %d of %d values wrong%s\n", names[mode], wrong, n, mode == kRacy ? " (racy: any count)" : "");
