@@ -118,53 +118,17 @@ __global__ void __cluster_dims__(2, 1, 1) reuse(const float* in, float* out, boo
 
 // CUTLASS's full barrier exactly: 33 arrivals — the elected lane's arrive.expect_tx for a bulk
 // (TMA-engine) copy that completes the transaction bytes, then 32 lanes' cp.async with
-// arrive.noinc — consumed after one wait; `rounds` 2 reuses both buffers after a cluster-scope
-// release (mixed_reuse). Clusters of 2 CTAs, each its own buffers.
-__global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int rounds) {
-  __shared__ alignas(128) float bulk[32];
-  __shared__ alignas(16) float buf[32];
-  __shared__ alignas(8) unsigned long long full, empty;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x == 0) {
-    bar_init(&full, 33);
-    bar_init(&empty, 32);
-    asm volatile("fence.mbarrier_init.release.cluster;");
-  }
-  cluster_sync();
-  const float* src = in + blockIdx.x * 128;  // per CTA and round: 32 floats for buf, 32 for bulk
-  if (warp == 0) {  // producer
-    for (int round = 0; round < rounds; ++round) {
-      if (round == 1) bar_wait(&empty, 0);
-      const float* r = src + 64 * round;
-      if (lane == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_addr(&full)), "r"(128));
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 128, [%2];"
-                     ::"r"(smem_addr(bulk)), "l"(r + 32), "r"(smem_addr(&full)) : "memory");
-      }
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(r + lane));
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
-    }
-    bar_wait(&full, (rounds - 1) & 1);
-  } else {  // consumer
-    for (int round = 0; round < rounds; ++round) {
-      bar_wait(&full, round);
-      out[blockIdx.x * 128 + 64 * round + lane] = buf[31 - lane];
-      out[blockIdx.x * 128 + 64 * round + 32 + lane] = bulk[31 - lane];
-      if (round + 1 < rounds) bar_arrive_cluster(&empty);
-    }
-  }
-  cluster_sync();
-}
-
-// As `mixed`, but the bulk bytes arrive the way CUTLASS's 1x2-cluster kernels get their A tiles:
-// CTA 0 issues one multicast bulk copy into both CTAs' `bulk` (cp.async.bulk ... .multicast::cluster,
-// completing the bytes on each CTA's own `full` at the same offset), so a barrier phase may be
-// completed by the *other* CTA's copy; each CTA's producer lanes still cp.async `buf` with
-// arrive.noinc, its lane 0 arrive.expect_tx for the bytes it receives. Consumers release the stage
-// on both CTAs' `empty` (64 arrivals each: the multicast writer waits for both CTAs' readers), as
-// CUTLASS's consumer_release does with a multicast operand. Once (multicast) or reused
-// (multicast_reuse). Correct programs.
-__global__ void __cluster_dims__(2, 1, 1) multicast(const float* in, float* out, int rounds) {
+// arrive.noinc — consumed after one wait; `rounds` 2 reuses both buffers after a release.
+// Clusters of 2 CTAs, each its own buffers. `multicast` false (modes mixed, mixed_reuse): each CTA
+// copies its own bulk bytes and releases its own `empty`. `multicast` true (modes multicast,
+// multicast_reuse): the way CUTLASS's 1x2-cluster kernels get their A tiles — CTA 0 issues one
+// multicast bulk copy into both CTAs' `bulk` (completing the bytes on each CTA's own `full` at the
+// same offset, so a phase may be completed by the *other* CTA's copy), and consumers release the
+// stage on both CTAs' `empty` (64 arrivals each: the multicast writer waits for both CTAs'
+// readers), as CUTLASS's consumer_release does with a multicast operand. Correct programs.
+// Data: mixed, CTA b's round r: buf from in[128b + 64r + ·], bulk from in[128b + 64r + 32 + ·];
+// multicast: buf from in[128 + 64b + 32r + ·], bulk (shared) from in[64r + ·].
+__global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int rounds, bool multicast) {
   __shared__ alignas(128) float bulk[32];
   __shared__ alignas(16) float buf[32];
   __shared__ alignas(8) unsigned long long full, empty;
@@ -173,16 +137,20 @@ __global__ void __cluster_dims__(2, 1, 1) multicast(const float* in, float* out,
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   if (threadIdx.x == 0) {
     bar_init(&full, 33);
-    bar_init(&empty, 64);
+    bar_init(&empty, multicast ? 64 : 32);
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
   cluster_sync();
   if (warp == 0) {  // producer
     for (int round = 0; round < rounds; ++round) {
       if (round == 1) bar_wait(&empty, 0);
+      const float* local = multicast ? in + 128 + blockIdx.x * 64 + 32 * round : in + blockIdx.x * 128 + 64 * round;
       if (lane == 0) {
         asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_addr(&full)), "r"(128));
-        if (rank == 0) {
+        if (!multicast) {
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 128, [%2];"
+                       ::"r"(smem_addr(bulk)), "l"(local + 32), "r"(smem_addr(&full)) : "memory");
+        } else if (rank == 0) {
           asm volatile(
               "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
               " [%0], [%1], 128, [%2], %3;" ::"r"(smem_addr(bulk)),
@@ -190,8 +158,7 @@ __global__ void __cluster_dims__(2, 1, 1) multicast(const float* in, float* out,
               : "memory");
         }
       }
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])),
-                   "l"(in + 128 + blockIdx.x * 64 + 32 * round + lane));
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&buf[lane])), "l"(local + lane));
       asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(&full)));
     }
     bar_wait(&full, (rounds - 1) & 1);
@@ -201,7 +168,8 @@ __global__ void __cluster_dims__(2, 1, 1) multicast(const float* in, float* out,
       out[blockIdx.x * 128 + 64 * round + lane] = buf[31 - lane];
       out[blockIdx.x * 128 + 64 * round + 32 + lane] = bulk[31 - lane];
       if (round + 1 < rounds) {
-        for (unsigned cta = 0; cta < 2; ++cta) {  // ClusterBarrier::arrive(cta_id) to each CTA
+        for (unsigned cta = 0; cta < 2; ++cta) {  // ClusterBarrier::arrive(cta_id)
+          if (!multicast && cta != rank) continue;
           unsigned remote;
           asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(&empty)), "r"(cta));
           asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
@@ -232,10 +200,8 @@ int main(int argc, char** argv) {
   cudaMalloc(&out, sizeof h);
   cudaMemcpy(in, h, sizeof h, cudaMemcpyHostToDevice);
   cudaMemset(out, 0xFF, sizeof h);
-  if (mode >= 8) {
-    multicast<<<2, 64>>>(in, out, mode == 9 ? 2 : 1);
-  } else if (mode >= 6) {
-    mixed<<<2, 64>>>(in, out, mode == 7 ? 2 : 1);
+  if (mode >= 6) {
+    mixed<<<2, 64>>>(in, out, mode == 7 || mode == 9 ? 2 : 1, mode >= 8);
   } else if (two_rounds) {
     reuse<<<2, 64>>>(in, out, mode == 4);
   } else {
