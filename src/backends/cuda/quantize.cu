@@ -15,7 +15,7 @@
 //   columnwise 1-D: one thread per (group row block, column) — amax down the block, codes
 //     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
 //   1×128 with 128×1 (fp8-block, C % 4 == 0): one CTA per (group row block, 128 columns), both
-//     copies and both scales from one read held in registers;
+//     copies and both scales from one read (cp.async into a two-stage buffer);
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one CTA per 64×128 tile, both copies from one read (the columnwise one through
 //     shared memory).
@@ -633,15 +633,17 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     group_scales_kernel<<<static_cast<unsigned>((p.G + 255) / 256), 256, 0, stream>>>(p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
+  // The one-read kernels' vector paths: 4 elements of x a load, 4 rowwise codes a store, and the
+  // columnwise copy stored as 4-byte words.
   const auto aligned = [](const void* q, int64_t bytes) {
     return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
   };
+  const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
+                   (p.row == nullptr || p.row_ld % 4 == 0);
+  const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
   if (per_group) {
-    const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
-                     (p.row == nullptr || p.row_ld % 4 == 0);
-    const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
     const int64_t tiles = (p.T + kPgRows - 1) / kPgRows * ((p.C + kPgCols - 1) / kPgCols);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(tiles, 1), int64_t{sms} * 8));
+    const unsigned grid = grid_for(tiles * kPgThreads, kPgThreads, sms);  // a CTA a tile, capped
     if (vec) {
       per_group_kernel<T, 4><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     } else {
@@ -649,10 +651,9 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     }
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
-  } else if (p.scaling == Scaling::Block1D && p.block == kB1Rows && p.C % 4 == 0 &&
-             aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) && (p.row == nullptr || p.row_ld % 4 == 0)) {
+  } else if (p.scaling == Scaling::Block1D && p.block == kB1Rows && vec) {
     const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(tiles, 1), int64_t{sms} * 8));
+    const unsigned grid = grid_for(tiles * kB1Threads, kB1Threads, sms);
     constexpr size_t smem = block1d_stage_bytes<T>();  // > 48 KiB: opted in once per device and type
     static std::atomic<uint64_t> opted_devices{0};
     const uint64_t bit = uint64_t{1} << (res.device & 63);
@@ -661,7 +662,7 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
                                              static_cast<int>(smem)));
       opted_devices.fetch_or(bit, std::memory_order_acq_rel);
     }
-    block1d_tiles_kernel<T><<<grid, kB1Threads, smem, stream>>>(p, aligned(p.col, 4) && p.col_ld % 4 == 0);
+    block1d_tiles_kernel<T><<<grid, kB1Threads, smem, stream>>>(p, col_words);
   } else {
     if (p.row)
       rowwise_blocks_kernel<T>  // a warp per (row, block)
