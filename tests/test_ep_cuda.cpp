@@ -25,7 +25,6 @@
 #include <optional>
 #include <random>
 #include <stdexcept>
-#include <thread>
 
 #include <dlfcn.h>
 
@@ -83,23 +82,10 @@ struct NcclApi {
   bool ok() const { return get_unique_id && comm_init_rank && comm_destroy && set_device; }
 };
 
-// fn(r) on one host thread per rank, joined; the first rank's error rethrown.
+// fn(r) on one host thread per rank, joined, the first rank's error rethrown (CpuRanks' threads:
+// only their rank numbers are used).
 void on_rank_threads(int W, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(W));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < W; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  CpuRanks(W).run([&](Communicator& host) { fn(host.rank()); });
 }
 
 // CudaRanks, NcclRanks, or W nccl_communicator ranks over the test's own NCCL communicators
