@@ -27,6 +27,7 @@ import torch
 
 import moekit.torch as mt
 from moekit.torch.recipe import Float8BlockScaling, Float8CurrentScaling
+from recipe_profile import scaled_grouped_mm_ms
 
 SHAPES = {  # name: (E, T, K, N), as `moekit_bench --list`
     "dsv3_fc1_E8": (8, 32768, 7168, 4096), "dsv3_fc2_E8": (8, 32768, 2048, 7168),
@@ -89,27 +90,6 @@ def cutlass_ms(binary, m, n, k, groups, iterations=20):
         raise RuntimeError(f"{binary} --m={m} --n={n} --k={k} --groups={groups}: exit {r.returncode}: "
                            f"{(r.stdout + r.stderr)[-400:]}")
     return min(times)
-
-
-def scaled_grouped_mm_ms(E, T, K, N, reps):
-    fn = getattr(torch, "_scaled_grouped_mm", None)
-    if fn is None:
-        return None
-    a = torch.randn(T, K, device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(E, N, K, device="cuda").to(torch.float8_e4m3fn).transpose(-2, -1)
-    sa, sb = torch.ones(T, device="cuda"), torch.ones(E, N, device="cuda")
-    offs = torch.arange(T // E, T + 1, T // E, device="cuda", dtype=torch.int32)
-    call = lambda: fn(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(reps):
-        call()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) / reps
 
 
 def peer(fn):

@@ -55,6 +55,7 @@ from moekit.torch import ops
 from moekit.torch._common import context_for, dl
 
 import python_gap_ext
+from gpu_sleep import sleep_cycles_per_ms
 
 # hidden, ffn, experts, tokens (as tools/moekit/main.cpp's presets; tail 64)
 PRESETS = {"qwen3": (4096, 1536, 16, 16384), "dsv3": (7168, 2048, 8, 32768),
@@ -186,16 +187,6 @@ def graph_driver(name, eager):
     drv = Driver(name, replay, s)
     drv.keep = (graph, eager)
     return drv
-
-
-def sleep_cycles_per_ms():
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(10_000_000)
-    b.record()
-    b.synchronize()
-    return 10_000_000 / a.elapsed_time(b)
 
 
 def wall_block(drv, n):

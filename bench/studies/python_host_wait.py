@@ -19,17 +19,8 @@ import warnings
 
 import torch
 
+from gpu_sleep import sleep_cycles_per_ms
 from python_step import moekit_torch_step
-
-
-def cycles_per_ms():
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(10_000_000)
-    b.record()
-    b.synchronize()
-    return 10_000_000 / a.elapsed_time(b)
 
 
 def main():
@@ -41,7 +32,7 @@ def main():
     step, mlp = moekit_torch_step(run, "cuda")
     for _ in range(3):
         step()
-    cyc = cycles_per_ms()
+    cyc = sleep_cycles_per_ms()
     torch.autograd.set_multithreading_enabled(False)  # backward on this thread: cProfile sees it
     step()
     torch.cuda.synchronize()

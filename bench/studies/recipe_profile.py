@@ -54,33 +54,43 @@ def main():
             print(f"  {ms / 3:8.3f} ms  x{n // 3:<3} {k[:120]}")
 
 
-def scaled_grouped_mm_peer(E=16, T=16384, K=4096, N=3072, reps=20):
-    """torch._scaled_grouped_mm (rowwise e4m3, fast accumulation) on the layer's fprop shape:
-    the per-tensor FP8 peer of issue 40's targets, milliseconds per call (CUDA events)."""
+def scaled_grouped_mm_ms(E, T, K, N, reps=20):
+    """torch._scaled_grouped_mm (rowwise e4m3, fast accumulation, uniform groups) on an fprop of
+    E groups, T rows, K -> N: milliseconds per call (CUDA events, after warm-up); None when this
+    torch has no _scaled_grouped_mm. The per-tensor FP8 peer of issue 40's targets
+    (fp8_gemm_peers.py uses it too)."""
     fn = getattr(torch, "_scaled_grouped_mm", None)
     if fn is None:
-        print("== torch._scaled_grouped_mm: not in this torch")
-        return
+        return None
     a = torch.randn(T, K, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(E, N, K, device="cuda").to(torch.float8_e4m3fn).transpose(-2, -1)
-    sa = torch.ones(T, device="cuda")
-    sb = torch.ones(E, N, device="cuda")
+    sa, sb = torch.ones(T, device="cuda"), torch.ones(E, N, device="cuda")
     offs = torch.arange(T // E, T + 1, T // E, device="cuda", dtype=torch.int32)
-    try:
-        call = lambda: fn(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)
+    call = lambda: fn(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)
+    for _ in range(3):
         call()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            call()
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / reps
-        print(f"== torch._scaled_grouped_mm fprop E{E} T{T} K{K} N{N}: {ms:.3f} ms, "
-              f"{2 * T * K * N / ms / 1e9:.0f} TFLOP/s")
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def scaled_grouped_mm_peer(E=16, T=16384, K=4096, N=3072):
+    """The peer on the layer's fprop shape, printed."""
+    try:
+        ms = scaled_grouped_mm_ms(E, T, K, N)
     except Exception as e:  # a signature this torch does not take: say so
         print(f"== torch._scaled_grouped_mm: {type(e).__name__}: {e}")
+        return
+    if ms is None:
+        print("== torch._scaled_grouped_mm: not in this torch")
+        return
+    print(f"== torch._scaled_grouped_mm fprop E{E} T{T} K{K} N{N}: {ms:.3f} ms, "
+          f"{2 * T * K * N / ms / 1e9:.0f} TFLOP/s")
 
 
 if __name__ == "__main__":
