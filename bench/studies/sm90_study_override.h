@@ -1,7 +1,7 @@
 // bench/studies/sm90_study_override.h — the sm90 study override's parser: the environment
 // variable MOEKIT_SM90_STUDY=key=value[,key=value...] of a study build (-DMOEKIT_SM90_STUDY_OVERRIDE=ON,
 // read by src/backends/cuda/sm90/heuristics.cpp only in that build) turned into the knobs of
-// src/backends/cuda/sm90/study_settings.h. Each key fixes one automatic choice of heuristics.h,
+// sm90_study_settings.h (beside this file). Each key fixes one automatic choice of heuristics.h,
 // for A/B runs and ctest's study variant; unset or empty: every choice automatic. An unknown key,
 // a value outside its set, a key given twice or an entry without '=' is an InvalidArgument error
 // naming the key — never silently ignored. CUTLASS- and CUDA-free so the CPU tests check it
@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "backends/cuda/sm90/study_settings.h"
+#include "sm90_study_settings.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {

@@ -1,5 +1,5 @@
 // The rules of heuristics.h applied: each answer mapped onto a compiled instance (instances/), the
-// study override (study_settings.h; its parser bench/studies/sm90_study_override.h, compiled only
+// study override (bench/studies/sm90_study_settings.h; its parser bench/studies/sm90_study_override.h, compiled only
 // into a study build) read here and nowhere else.
 #include "backends/cuda/sm90/heuristics.h"
 
@@ -13,8 +13,8 @@
 #include "backends/cuda/sm90/device/grouped_gemm_sm90.h"
 #include "backends/cuda/sm90/instances/group_k_instances.h"
 #include "backends/cuda/sm90/instances/group_m_instances.h"
-#include "backends/cuda/sm90/study_settings.h"
 #include "moekit/core/error.h"
+#include "../../../../bench/studies/sm90_study_settings.h"  // the study knobs (all -1 in the product)
 #if MOEKIT_SM90_STUDY_OVERRIDE
 #include "../../../../bench/studies/sm90_study_override.h"  // a study build's parser
 #endif
@@ -65,7 +65,7 @@ bool prebuilt_tensormaps_setting() {
 
 namespace {
 
-// The study override's values (study_settings.h, in each key's order) as the problems spell them.
+// The study override's values (sm90_study_settings.h, in each key's order) as the problems spell them.
 int study_order(int v) {
   constexpr int kOrder[] = {-1, 0, 1, 2, 4, 8, kSnakeOrder};  // auto cutlass blocked chunk2/4/8 balanced
   return v < 0 ? -1 : kOrder[v];

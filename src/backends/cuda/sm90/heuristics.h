@@ -4,7 +4,7 @@
 // (the numbers themselves: design/PERFORMANCE-LOG.md). The rules are plain functions of the call's
 // sizes, CUTLASS- and CUDA-free (the setup kernels evaluate the stripe rule on the device; the CPU
 // tests check them: tests/test_tile_units.cpp). heuristics.cpp maps each answer onto a compiled
-// instance (instances/) and applies the study override (study_settings.h).
+// instance (instances/) and applies the study override (bench/studies/sm90_study_settings.h).
 //
 // Chosen at compile time instead, beside the kernel they shape (each says why there):
 //   the group-K epilogue subtile (kernel/group_k_kernel.cuh, default_epilogue_tile),

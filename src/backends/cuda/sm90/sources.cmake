@@ -78,7 +78,7 @@ target_sources(moekit PRIVATE
   ${_sm90}/heuristics.cpp
   ${_sm90}/sm90_entries.cpp)
 target_compile_definitions(moekit PRIVATE MOEKIT_HAS_SM90=1)
-if(MOEKIT_SM90_STUDY_OVERRIDE)  # a study build (heuristics.cpp, study_settings.h)
+if(MOEKIT_SM90_STUDY_OVERRIDE)  # a study build (heuristics.cpp, bench/studies/sm90_study_settings.h)
   target_compile_definitions(moekit PRIVATE MOEKIT_SM90_STUDY_OVERRIDE=1)
   target_compile_definitions(moekit_sm90 PRIVATE MOEKIT_SM90_STUDY_OVERRIDE=1)
 endif()

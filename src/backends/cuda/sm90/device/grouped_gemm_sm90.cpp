@@ -17,7 +17,7 @@
 #include "backends/cuda/sm90/instances/group_k_instances.h"
 #include "backends/cuda/sm90/instances/group_m_instances.h"
 #include "backends/cuda/sm90/scheduler/tile_units.h"
-#include "backends/cuda/sm90/study_settings.h"
+#include "../../../../../bench/studies/sm90_study_settings.h"  // study_settings(): every field -1 in the product
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {

@@ -27,7 +27,7 @@
 // Kernels: kernel/group_m_kernel.cuh (the CUTLASS configuration + setup kernel + launcher),
 // instances in instances/; the choice of instance: heuristics.h / heuristics.cpp; the checks:
 // grouped_gemm_sm90.cpp. Every field below left automatic (-1) is heuristics.h's; the study
-// override (study_settings.h, MOEKIT_SM90_STUDY) may fix it for A/B runs.
+// override (bench/studies/sm90_study_settings.h, MOEKIT_SM90_STUDY) may fix it for A/B runs.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -78,7 +78,7 @@ struct UnitCursor {
 struct UnitTile {
   uint32_t m = 0, n = 0;
 };
-// A stripe width with kStripeMFirst set (study key swizzle=m4|m8|m16, study_settings.h): the same
+// A stripe width with kStripeMFirst set (study key swizzle=m4|m8|m16, bench/studies/sm90_study_settings.h): the same
 // stripes, M fastest inside each — a stripe's units that share an A block (one M unit) are then
 // units_m apart in the sequence instead of neighbours, so they run on clusters that far apart.
 inline constexpr uint32_t kStripeMFirst = 1u << 16;

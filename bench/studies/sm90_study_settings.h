@@ -1,5 +1,6 @@
-// Internal: the knobs of the sm90 heuristics a study may turn (heuristics.cpp honours them; each
-// -1: automatic). The product never sets them: study_settings() returns every field -1. A study
+// bench/studies/sm90_study_settings.h — the knobs of the sm90 heuristics a study may turn
+// (src/backends/cuda/sm90/heuristics.cpp honours them; each -1: automatic), kept with the studies:
+// the product never sets them (study_settings() returns every field -1 there). A study
 // build (-DMOEKIT_SM90_STUDY_OVERRIDE=ON) fills them from MOEKIT_SM90_STUDY=key=value[,...],
 // parsed by bench/studies/sm90_study_override.h (the keys, values and errors live there, with the
 // studies; design/ARCHITECTURE.md, "Environment variables").
