@@ -8,10 +8,10 @@ device splits, bf16), beside
     bench/studies/cutlass_fp8_peers.sh DIR, given as --cutlass DIR; each timed by its own loop
     (--iterations runs of initialize() + run() between two events), example 57 its best kernel;
   - torch._scaled_grouped_mm (rowwise scales, fast accumulation) for fprop.
-moekit's time of a pass: its GEMM kernels only (CUTLASS device kernels; not the quantize or the
+moekit's time of a pass: its GEMM kernel only (CUTLASS device kernels; not the quantize or the
 setup kernels), from torch.profiler over --reps calls of a GroupedLinear step that runs only that
 pass (fprop: a no-grad forward; dgrad: the input requires grad, the weight not; wgrad: the
-reverse), after warm-up. A study: the numbers feed design/PERFORMANCE.md's FP8 row.
+reverse; a backward step's first GEMM is its forward's, not counted), after warm-up. A study: the numbers feed design/PERFORMANCE.md's FP8 row.
 
     PYTHONPATH=<build>/python python3 bench/studies/fp8_gemm_peers.py [--shapes a,b]
         [--cutlass DIR] [--reps 10] [--out table.md]
@@ -74,11 +74,13 @@ def moekit_pass_ms(recipe, p, E, T, K, N, reps):
         for _ in range(reps):
             step()
         torch.cuda.synchronize()
-    gemm = [ev.device_time / 1e3 for ev in prof.events()
-            if ev.device_type == torch.autograd.DeviceType.CUDA and "cutlass13device_kernel" in ev.name]
-    if len(gemm) != reps:
-        raise RuntimeError(f"moekit {recipe} {p}: {len(gemm)} GEMM kernels in {reps} calls, expected {reps}")
-    return statistics.median(gemm)
+    gemm = sorted((ev for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and "cutlass13device_kernel" in ev.name),
+                  key=lambda ev: ev.time_range.start)
+    per_call = 1 if p == "fprop" else 2  # a backward step runs its forward's GEMM first
+    if len(gemm) != per_call * reps:
+        raise RuntimeError(f"moekit {recipe} {p}: {len(gemm)} GEMM kernels in {reps} calls, expected {per_call * reps}")
+    return statistics.median(ev.device_time / 1e3 for ev in gemm[per_call - 1::per_call])
 
 
 def cutlass_ms(binary, m, n, k, groups, iterations=20):

@@ -7,7 +7,9 @@ that `moekit run` does not (issue 43's Python-overhead target). A study, not a b
 For the problem of a `moekit run --json` output: the step of bench/python_step.py timed as there
 (wall with a device sync) beside its host enqueue time (until step() returns), on torch's default
 stream and on a side stream, then one torch.profiler trace of 5 steps: GPU kernel time per step
-(sum of kernel durations) and the CUDA runtime calls the host made, each with its count.
+(sum of kernel durations) and the CUDA runtime calls the host made, each with its count; and,
+for moekit.torch and the bare bindings, where a per-step-synced step's GPU waits for the host
+(idle_gaps: the lead before the first kernel, idle gaps between kernels, the tail).
 """
 import json
 import os
@@ -33,6 +35,52 @@ def timed(step, n=20):
         torch.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(wall), statistics.median(enq)
+
+
+def idle_gaps(label, step, n=5):
+    """Where a per-step-synced step's GPU waits for the host: over n profiled steps (each
+    step() + synchronize inside one record_function), the median time from the step's start to
+    its first kernel (lead), the GPU's idle time between its kernels (idle) and from its last
+    kernel to the sync's return (tail), and the step's largest idle gaps, each named by the kernel
+    the GPU waited for. torch.profiler puts host and kernel times on one clock."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            with record_function("idle_gaps_step"):
+                step()
+                torch.cuda.synchronize()
+    evs = prof.events()
+    steps = sorted((ev for ev in evs if ev.name == "idle_gaps_step" and
+                    ev.device_type == torch.autograd.DeviceType.CPU), key=lambda ev: ev.time_range.start)
+    kernels = sorted((ev for ev in evs if ev.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda ev: ev.time_range.start)
+    rows, worst = [], []
+    for st in steps:
+        ks = [k for k in kernels if st.time_range.start <= k.time_range.start < st.time_range.end]
+        if not ks:
+            continue
+        lead = ks[0].time_range.start - st.time_range.start
+        gaps, end = [], ks[0].time_range.end
+        for k in ks[1:]:
+            g = k.time_range.start - end
+            if g > 0:
+                gaps.append((g, k.name))
+            end = max(end, k.time_range.end)
+        tail = st.time_range.end - end
+        busy = sum(k.time_range.end - k.time_range.start for k in ks)
+        rows.append((st.time_range.end - st.time_range.start, lead, sum(g for g, _ in gaps), tail,
+                     busy, len(ks)))
+        worst.append(sorted(gaps, reverse=True)[:6])
+    med = [statistics.median(v) / 1e3 for v in zip(*rows)]
+    print(f"{label}: per synced step (median of {len(rows)}): wall {med[0]:.3f} ms = lead "
+          f"{med[1]:.3f} (step start to first kernel) + kernels and idle gaps + tail {med[3]:.3f} "
+          f"(last kernel to sync return); idle between kernels {med[2]:.3f} ms; kernel time "
+          f"{med[4]:.3f} ms over {rows[0][5]} kernels")
+    for g, name in worst[len(worst) // 2]:
+        print(f"    idle {g / 1e3:7.3f} ms before {name[:100]}")
 
 
 def main():
@@ -104,6 +152,8 @@ def main():
         w, e = timed(step2)
     print(f"moekit.torch, side stream:    step {w:.3f} ms, enqueue {e:.3f} ms")
     from torch.profiler import ProfilerActivity, profile
+    idle_gaps("moekit.torch", step)
+    idle_gaps("bindings only", lambda: raw_step_on(seq, o1, o2))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             step()

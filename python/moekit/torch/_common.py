@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.dlpack import from_dlpack as _from_capsule, to_dlpack as _to_capsule
 
 from .. import _moekit
+from . import recipe as _recipe
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _contexts: dict = {}
@@ -32,7 +34,8 @@ def context_for(device: torch.device):
     on the stream torch would use. One context per (device, stream), made on first use; making one
     allocates, so run a module once on a stream before capturing a CUDA graph on it.
     """
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type == "cpu":
         key = ("cpu",)
     elif device.type == "cuda":
@@ -43,7 +46,7 @@ def context_for(device: torch.device):
         index = device.index if device.index is not None else torch.cuda.current_device()
         # torch's default stream is the legacy NULL stream, handle 0; moekit reads a null stream as
         # "make one of its own", so it gets cudaStreamLegacy ((cudaStream_t)1), the same stream.
-        stream = torch.cuda.current_stream(index).cuda_stream or 1
+        stream = _current_raw_stream(index) or 1
         key = ("cuda", index, stream)
     else:
         raise ValueError(f"moekit: unsupported device {device} (expected cpu or cuda)")
@@ -59,18 +62,31 @@ def context_for(device: torch.device):
     return key, ctx
 
 
+def _current_raw_stream(index: int) -> int:
+    """torch's current stream on CUDA device `index` as a cudaStream_t (0: the legacy default
+    stream). torch._C._cuda_getCurrentRawStream is what torch's own generated code calls: no
+    torch.cuda.Stream object per query; torch.cuda.current_stream where a torch lacks it."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def dl(t: torch.Tensor | None):
-    """The tensor for moekit: itself on the CPU; on CUDA a DLPack capsule made with stream=-1
-    (no stream synchronisation: moekit runs on the current stream, which it was given)."""
+    """The tensor for moekit: itself on the CPU; on CUDA a DLPack capsule with no stream
+    synchronisation (torch.utils.dlpack.to_dlpack, as __dlpack__(stream=-1) without its Python
+    checks: the tensor is detached here and moekit's dtypes are real): moekit runs on the
+    current stream, which it was given."""
     if t is None:
         return None
     t = t.detach()
-    return t.__dlpack__(stream=-1) if t.is_cuda else t
+    return _to_capsule(t) if t.is_cuda else t
 
 
 def from_moekit(array) -> torch.Tensor | None:
-    """A torch view of a tensor moekit allocated (owning a handle to its storage)."""
-    return None if array is None else torch.from_dlpack(array)
+    """A torch view of a tensor moekit allocated (owning a handle to its storage). From the
+    array's capsule, not the array: torch.from_dlpack(array) queries the current stream and
+    retries __dlpack__ with fewer keywords until nanobind's signature takes them; moekit wrote
+    the array on the current stream, so no stream hand-over is needed."""
+    return None if array is None else _from_capsule(array.__dlpack__())
 
 
 def splits_for(m_splits, device: torch.device, groups: int):
@@ -150,8 +166,7 @@ def bind_weight(records: dict, layer, weight: torch.Tensor):
 
 def recipe_for(device: torch.device):
     """The active autocast recipe as (key, moekit.Recipe), or (None, None) outside one."""
-    from .recipe import active_recipe
-    r = active_recipe()
+    r = _recipe.active_recipe()
     if r is None:
         return None, None
     return r.key(), r.to_moekit()
