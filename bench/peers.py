@@ -32,6 +32,9 @@ import re
 import statistics
 import sys
 
+# moekit_bench's recipe columns (quantized GEMMs, not the bf16 computation the peers run)
+RECIPES = ("fp8-current", "fp8-block", "mxfp8", "nvfp4")
+
 
 def _torch():
     import torch  # imported lazily: `merge` needs no GPU
@@ -310,12 +313,15 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
     ratios_b2b = {p: [] for p in passes}                   # the same, grouped_mm back to back
     per_cycle = {p: [] for p in passes}                    # the same, per SM clock cycle
     per_backend = {b: {p: [] for p in passes} for b in names}  # each backend / grouped_mm
+    per_recipe = {}                                        # each recipe column / moekit's headline
     for r in mk["results"]:
         p = peers.get(key(r), {})
         g, l, d = tf(p.get("grouped_mm")), tf(p.get("loop")), tf(p.get("dense"))
         runs = _backend_runs(mk, r)
         ok = {b: e for b, e in runs.items() if "tflops" in e and e.get("check", {}).get("pass")}
-        best = max(ok, key=lambda b: ok[b]["tflops"]) if ok else None
+        # best: of the backends of the bf16 computation (a recipe column quantizes: its own ratios)
+        ok16 = [b for b in ok if b not in RECIPES]
+        best = max(ok16, key=lambda b: ok[b]["tflops"]) if ok16 else None
         best_tf = ok[best]["tflops"] if best else None
         # The headline is what a user gets: the automatic choice with device splits ("auto"),
         # when the run has it; else (older runs) the best backend.
@@ -336,6 +342,8 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         for b, e in ok.items():
             if g:
                 per_backend.setdefault(b, {q: [] for q in passes})[r["pass"]].append(e["tflops"] / g)
+            if b in RECIPES and user_tf:
+                per_recipe.setdefault(b, {q: [] for q in passes})[r["pass"]].append(e["tflops"] / user_tf)
         checks = [e.get("check", {}).get("pass") for e in runs.values() if "tflops" in e]
         rows.append({
             "shape": r["shape"], "routing": r["routing"], "pass": r["pass"],
@@ -392,6 +400,9 @@ def merge(moekit_json, peers_json, results_dir, stem=None):
         f"{q} {f2(v)}" for q, v in summary.items())
     per_lines = [f"median moekit {b}/torch._grouped_mm: " + ", ".join(
         f"{q} {f2(v)}" for q, v in d.items() if v is not None) for b, d in summary_backends.items()]
+    user_label = "auto" if "auto" in names else "best"
+    per_lines += [f"median moekit {b}/moekit {user_label} (bf16): " + ", ".join(
+        f"{q} {f2(med(v))}" for q, v in d.items() if v) for b, d in per_recipe.items()]
     summary_b2b = {q: med(v) for q, v in ratios_b2b.items() if v}
     if summary_b2b:
         per_lines.append(f"median {who}/torch._grouped_mm timed back to back (16 calls between "

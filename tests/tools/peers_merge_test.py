@@ -91,4 +91,24 @@ with tempfile.TemporaryDirectory() as d:
     text = out.getvalue()
 expect("auto headline ratio", abs(summary["fprop"] - 540 / 500) < 1e-9, summary)
 expect("auto headline named", "median moekit auto (the automatic backend, device splits" in text, text)
+
+# A recipe column (fp8-block: quantized GEMMs) is never "best" of the bf16 computation, and gets
+# its own ratio to the headline: fp8-block 1080 vs auto 540 -> 2.00; best stays sm90 (600).
+mk_fp8 = dict(mk_auto, backends=["auto", "sm90", "cublas", "fp8-block"])
+mk_fp8["results"] = [dict(mk_auto["results"][0], backends=dict(
+    mk_auto["results"][0]["backends"], **{"fp8-block": dict(run(True, (1080, 1400)), ran="cuda-fp8")}))]
+with tempfile.TemporaryDirectory() as d:
+    for name, doc in (("mk.json", mk_fp8), ("pe.json", pe_auto)):
+        with open(os.path.join(d, name), "w") as f:
+            json.dump(doc, f)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
+    text = out.getvalue()
+    with open(os.path.join(d, "t.json")) as f:
+        merged = json.load(f)
+expect("recipe column not best", merged["merged"][0]["best_backend"] == "sm90",
+       merged["merged"][0]["best_backend"])
+expect("recipe headline unchanged", abs(summary["fprop"] - 540 / 500) < 1e-9, summary)
+expect("recipe ratio to the headline", "median moekit fp8-block/moekit auto (bf16): fprop 2.00" in text, text)
 sys.exit(1 if failures else 0)
