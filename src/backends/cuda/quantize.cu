@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "backends/contract/quant_args.h"
 #include "backends/contract/quant_math.h"
@@ -374,12 +375,21 @@ __device__ __forceinline__ void store_columnwise(const QuantParams& p, const uin
   }
 }
 
-// Four codes of x · f (e4m3 / e5m2) by encode_fp8_pair, as one little-endian word.
-template <class T, class Vec>
-__device__ __forceinline__ uint32_t encode_fp8_quad(const QuantParams& p, const Vec& x, const float (&f)[4]) {
-  const uint32_t lo = encode_fp8_pair(p, to_float(x.v[0]) * f[0], to_float(x.v[1]) * f[1]);
-  const uint32_t hi = encode_fp8_pair(p, to_float(x.v[2]) * f[2], to_float(x.v[3]) * f[3]);
-  return lo | (hi << 16);
+// Four codes of x · f, e4m3 (kE4) or e5m2, as one little-endian word: encode_fp8_pair with the
+// format a constant and, without kNan (no NaN among x's elements), no NaN fix-up.
+template <bool kE4, bool kNan, class Vec>
+__device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&f)[4]) {
+  const auto pair = [](float a, float b) {
+    uint16_t r = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kE4 ? __NV_E4M3 : __NV_E5M2);
+    if constexpr (kNan) {
+      const uint16_t nan = kE4 ? 0x7F : 0x7E;
+      if (a != a) r = static_cast<uint16_t>((r & 0xFF00u) | nan);
+      if (b != b) r = static_cast<uint16_t>((r & 0x00FFu) | (nan << 8));
+    }
+    return uint32_t{r};
+  };
+  return pair(to_float(x.v[0]) * f[0], to_float(x.v[1]) * f[1]) |
+         (pair(to_float(x.v[2]) * f[2], to_float(x.v[3]) * f[3]) << 16);
 }
 
 // Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
@@ -450,15 +460,89 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
 // columns × 8 warps; warp w owns rows 16w .. 16w + 15 of the tile. Each thread's 16 vectors of
 // the tile arrive by cp.async into a two-stage buffer of its own in shared memory (the next tile's
 // loads in flight while this one is cast: no thread reads another's vectors, so a
-// cp.async.wait_group is the only wait). A row's 1×128 amax is one warp's (its 16 reductions
-// interleaved), its scale computed by lane r % 16 (16 rows' scales at once) and stored at
-// [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory, its scale
+// cp.async.wait_group is the only wait), then read once into registers for the amaxes and both
+// encodes. The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
+// format as a constant and fix up NaN codes only in a warp that holds a NaN (warp-uniform
+// branches: the common path is the conversion alone). A row's 1×128 amax is one warp's (its 16
+// reductions interleaved), its scale computed by lane r % 16 (16 rows' scales at once) and stored
+// at [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory, its scale
 // stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows; the columnwise
-// ones are staged transposed in shared memory four rows a word (the word order rotated by lane
-// group: no bank conflicts) and stored along the copy's rows (words when the tile's first row t0
-// and col_ld allow). Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
+// ones are transposed four rows at a time by byte permutes, staged in shared memory one word a
+// column (the word order rotated by lane group: no bank conflicts) and stored along the copy's
+// rows (words when the tile's first row t0 and col_ld allow). (ncu at 07ec4f1, before the
+// register reuse, the packed maxima and the constant-format encodes: issue-bound, SM 67% vs
+// memory 42% of peak.) Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
 // else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256, kB1Stages = 2;
+
+// The packed pair type of a 16-bit element type.
+template <class T>
+struct Pair2;
+template <>
+struct Pair2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct Pair2<__half> {
+  using type = __half2;
+};
+
+// The |x| maxima of a thread's vectors of 4: each vector's (a[i], its row's share) and each of
+// the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
+// CPU's loop (from 0, so an all-NaN row's is 0) — and whether any element is NaN. 16-bit types on
+// the packed pairs: |x| clears the sign bits, max keeps the non-NaN operand (fmax's rule), both
+// exact in the element type, so the results are the f32 loop's; f32 per element.
+template <class T, class Vec, int N>
+__device__ __forceinline__ void block1d_amax(const Vec (&v)[N], float (&a)[N], float (&cmax)[4], bool& nan) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cmax[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      a[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float m = qm::abs_f(v[i].v[j]);
+        nan |= m != m;
+        if (m > a[i]) a[i] = m;
+        if (m > cmax[j]) cmax[j] = m;
+      }
+    }
+  } else {
+    using P = typename Pair2<T>::type;
+    const auto lo = [](P q) { if constexpr (std::is_same_v<T, __half>) return __low2half(q); else return __low2bfloat16(q); };
+    const auto hi = [](P q) { if constexpr (std::is_same_v<T, __half>) return __high2half(q); else return __high2bfloat16(q); };
+    P zero;
+    if constexpr (std::is_same_v<T, __half>) zero = __float2half2_rn(0.0f);
+    else zero = __float2bfloat162_rn(0.0f);
+    P c01 = zero, c23 = zero, seen = zero;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const P* pr = reinterpret_cast<const P*>(&v[i]);
+      const P x01 = __habs2(pr[0]), x23 = __habs2(pr[1]);
+      c01 = __hmax2(c01, x01);
+      c23 = __hmax2(c23, x23);
+      seen = __hmax2_nan(seen, __hmax2_nan(x01, x23));  // NaN-propagating: did one occur?
+      const P m = __hmax2(__hmax2(x01, x23), zero);
+      a[i] = to_float(__hmax(lo(m), hi(m)));
+    }
+    cmax[0] = to_float(lo(c01));
+    cmax[1] = to_float(hi(c01));
+    cmax[2] = to_float(lo(c23));
+    cmax[3] = to_float(hi(c23));
+    nan = __hisnan(lo(seen)) || __hisnan(hi(seen));
+  }
+}
+
+// The four codes of a 4x4 byte block transposed: w[j] byte i = byte j of c_i.
+__device__ __forceinline__ void transpose_bytes(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t (&w)[4]) {
+  const uint32_t t0 = __byte_perm(c0, c1, 0x5140), t1 = __byte_perm(c0, c1, 0x7362);  // c0/c1 bytes 0,1 | 2,3
+  const uint32_t t2 = __byte_perm(c2, c3, 0x5140), t3 = __byte_perm(c2, c3, 0x7362);
+  w[0] = __byte_perm(t0, t2, 0x5410);
+  w[1] = __byte_perm(t0, t2, 0x7632);
+  w[2] = __byte_perm(t1, t3, 0x5410);
+  w[3] = __byte_perm(t1, t3, 0x7632);
+}
 template <class T>
 constexpr size_t block1d_stage_bytes() {
   return size_t{kB1Stages} * kB1Rows * kB1Cols * sizeof(T);
@@ -526,22 +610,31 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
     } else {
       asm volatile("cp.async.wait_group 0;" ::: "memory");
     }
-    const Vec* x = stage + s * kPasses * kB1Threads + threadIdx.x;  // pass i at x[i * kB1Threads]
     const bool live = c < cur.cols;
     const int r0 = kPasses * warp;  // this warp's first row in the tile
-    float cmax[kV] = {0.0f, 0.0f, 0.0f, 0.0f}, a[kPasses];
+    // The thread's 16 vectors, read from shared memory once (rows past the tile's: zeros, which
+    // change no maximum, and whose codes are never stored).
+    Vec v[kPasses];
+    {
+      const Vec* x = stage + s * kPasses * kB1Threads + threadIdx.x;  // pass i at x[i * kB1Threads]
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      a[i] = 0.0f;
-      if (!live || r0 + i >= cur.rows) continue;
-      const Vec v = x[i * kB1Threads];
-#pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        const float m = qm::abs_f(to_float(v.v[j]));
-        if (m > a[i]) a[i] = m;  // NaN never wins, as in the CPU's loop
-        if (m > cmax[j]) cmax[j] = m;
-      }
+      for (int i = 0; i < kPasses; ++i) v[i] = live && r0 + i < cur.rows ? x[i * kB1Threads] : Vec{};
     }
+    float a[kPasses], cmax[kV];
+    bool nan = false;
+    block1d_amax<T>(v, a, cmax, nan);
+    // NaN codes are fixed up only in warps that hold a NaN (the common case skips them), and the
+    // format is a constant of each encode loop: warp-uniform branches.
+    const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
+    const auto dispatch = [&](auto&& body) {
+      if (e4) {
+        if (fix_nan) body(std::true_type{}, std::true_type{});
+        else body(std::true_type{}, std::false_type{});
+      } else {
+        if (fix_nan) body(std::false_type{}, std::true_type{});
+        else body(std::false_type{}, std::false_type{});
+      }
+    };
     if (p.row) {
       // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
       // r0 + i's scale, then each row's codes with its factor from that lane.
@@ -560,15 +653,19 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
       if (lane < kPasses && r0 + lane < cur.rows) {
         f_mine = block_scale(p, mine, cur.g, p.row_scale, (cur.t0 + r0 + lane) * cb + cur.jb);
       }
+      float f[kPasses];
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const float f = __shfl_sync(0xffffffffu, f_mine, i);
-        if (live && r0 + i < cur.rows) {
-          const float fs[kV] = {f, f, f, f};
-          *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
-              encode_fp8_quad<T>(p, x[i * kB1Threads], fs);
+      for (int i = 0; i < kPasses; ++i) f[i] = __shfl_sync(0xffffffffu, f_mine, i);
+      dispatch([&](auto kE4, auto kNan) {
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+          if (live && r0 + i < cur.rows) {
+            const float fs[kV] = {f[i], f[i], f[i], f[i]};
+            *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
+                encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[i], fs);
+          }
         }
-      }
+      });
     }
     if (p.col) {
 #pragma unroll
@@ -583,22 +680,22 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
       if (live) {
         const float fs[kV] = {col_factor[c], col_factor[c + 1], col_factor[c + 2], col_factor[c + 3]};
         const int rot = lane >> 3;  // lane groups store their columns' words in rotated order
+        dispatch([&](auto kE4, auto kNan) {
 #pragma unroll
-        for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
-          uint32_t w[kV] = {0, 0, 0, 0};
+          for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
+            uint32_t w[kV];
+            transpose_bytes(encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q], fs),
+                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 1], fs),
+                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 2], fs),
+                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 3], fs), w);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t code = encode_fp8_quad<T>(p, x[(4 * q + i) * kB1Threads], fs);
-#pragma unroll
-            for (int j = 0; j < kV; ++j) w[j] |= ((code >> (8 * j)) & 0xFFu) << (8 * i);
+            for (int j = 0; j < kV; ++j) {
+              const int jj = (j + rot) & 3;
+              const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
+              *reinterpret_cast<uint32_t*>(&codes[c + jj][r0 + 4 * q]) = word;
+            }
           }
-#pragma unroll
-          for (int j = 0; j < kV; ++j) {
-            const int jj = (j + rot) & 3;
-            const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
-            *reinterpret_cast<uint32_t*>(&codes[c + jj][r0 + 4 * q]) = word;
-          }
-        }
+        });
       }
       __syncthreads();
       store_columnwise<kB1Rows, kB1Threads>(p, codes, cur.t0, cur.rows, cur.c0, cur.cols,
