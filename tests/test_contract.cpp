@@ -195,6 +195,100 @@ TEST_P(Contract, MainGradOverlappingDyOrProbsIsRefusedOnEveryPath) {
   }
 }
 
+// zero_tail: rows [S, T) of a tensor set to zero, nothing else written — host counts, device
+// counts of both dtypes, S = T, S = 0, rows of an odd byte length (the GPU kernel's unaligned head
+// and tail bytes), a 1-D tensor — and bad arguments refused before any write.
+TEST_P(Contract, ZeroTailZeroesTheTailRowsAndNothingElse) {
+  struct Case {
+    std::vector<int64_t> counts;
+    int64_t cols;  // 0: a 1-D tensor
+  };
+  const Case cases[] = {{{5, 0, 7, 1}, 7}, {{13, 0, 0, 0}, 7}, {{0, 0, 0, 0}, 9}, {{3, 4, 0, 2}, 64},
+                        {{2, 0, 3, 1}, 0}};
+  const int64_t T = 13;
+  uint64_t seed = 300;
+  for (const Case& c : cases) {
+    for (int form = 0; form < 3; ++form) {  // host counts, i32 device counts, i64 device counts
+      SCOPED_TRACE(str("counts ", c.counts[0], ",", c.counts[1], ",", c.counts[2], ",", c.counts[3],
+                       " cols ", c.cols, " form ", form));
+      const Shape shape = c.cols ? Shape{T, c.cols} : Shape{T};
+      const test::GuardedBuffer buf(ctx_, shape, DType::BF16);
+      const Tensor data = random_normal(shape, DType::BF16, ++seed);
+      copy(ctx_, to_device(ctx_, data), buf.view);
+      const Splits splits =
+          form == 0 ? Splits::host(c.counts)
+                    : Splits::device(to_device(ctx_, test::counts_tensor(c.counts, form == 1 ? DType::I32 : DType::I64)));
+      zero_tail(ctx_, buf.view, splits);
+      ctx_.check_device_errors();
+      int64_t S = 0;
+      for (int64_t m : c.counts) S += m;
+      const std::vector<double> got = buf.values(), want = test::to_doubles(test::host(), data);
+      const int64_t per_row = c.cols ? c.cols : 1;
+      for (int64_t i = 0; i < T * per_row; ++i) {
+        const bool tail = i / per_row >= S;
+        ASSERT_EQ(got[static_cast<size_t>(i)], tail ? 0.0 : want[static_cast<size_t>(i)]) << "element " << i;
+      }
+      EXPECT_TRUE(buf.untouched_outside(T)) << "zero_tail wrote outside the tensor";
+    }
+  }
+  // Refused before any write, naming the argument: S > T, a wrong device, a non-contiguous tensor.
+  const test::GuardedBuffer buf(ctx_, {T, 4}, DType::BF16);
+  auto e = caught([&] { zero_tail(ctx_, buf.view, Splits::host({10, 4})); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'splits'"), HasSubstr("S <= T = 13"), HasSubstr("S = 14")));
+  EXPECT_TRUE(buf.untouched_outside(0));
+  if (ctx_.device().is_cuda()) {
+    const Tensor host = Tensor::empty({T, 4}, DType::BF16, test::host());
+    e = caught([&] { zero_tail(ctx_, host, Splits::host({1})); });
+    ASSERT_TRUE(e);
+    EXPECT_THAT(e->what(), AllOf(HasSubstr("'t'"), HasSubstr("cuda:0")));
+    // Invalid device counts: nothing written, the reason in the error word.
+    zero_tail(ctx_, buf.view, Splits::device(to_device(ctx_, test::counts_tensor({9, 6}, DType::I32))));
+    e = caught([&] { ctx_.check_device_errors(); });
+    ASSERT_TRUE(e) << "invalid device counts went unreported";
+    EXPECT_THAT(e->what(), HasSubstr("larger than the T rows"));
+    EXPECT_TRUE(buf.untouched_outside(0));
+  }
+  e = caught([&] {
+    zero_tail(ctx_, Tensor::wrap(buf.view.data(), {T, 2}, {4, 1}, DType::BF16, buf.view.device()),
+              Splits::host({1}));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'t'"), HasSubstr("contiguous")));
+  EXPECT_TRUE(buf.untouched_outside(0));
+  if (!ctx_.device().is_cuda()) return;
+  // Device counts: captured once in a CUDA graph (no host sync), replayed with new counts.
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);
+  ASSERT_NE(owned.get(), nullptr);
+  {
+    const Context ctx = Context::cuda(0, owned.get());
+    const Tensor counts = to_device(ctx, test::counts_tensor({0, 0}, DType::I64));
+    const test::GuardedBuffer out(ctx, {T, 5}, DType::BF16);
+    ctx.synchronize();
+    void* graph = nullptr;
+    ASSERT_EQ(api.capture(owned.get(), [&] { zero_tail(ctx, out.view, Splits::device(counts)); }, &graph), "");
+    void* exec = nullptr;
+    ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
+    for (const std::vector<int64_t>& m : {std::vector<int64_t>{4, 3}, {13, 0}, {0, 1}}) {
+      const Tensor data = random_normal({T, 5}, DType::BF16, ++seed);
+      copy(ctx, to_device(ctx, data), out.view);
+      copy(ctx, test::counts_tensor(m, DType::I64), counts);
+      ASSERT_EQ(api.launch(exec, owned.get()), 0);
+      ctx.synchronize();
+      const std::vector<double> got = out.values(), want = test::to_doubles(test::host(), data);
+      for (int64_t i = 0; i < T * 5; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(i)], i / 5 >= m[0] + m[1] ? 0.0 : want[static_cast<size_t>(i)])
+            << "replay with counts " << m[0] << "," << m[1] << ", element " << i;
+      }
+      EXPECT_TRUE(out.untouched_outside(T));
+    }
+    api.exec_destroy(exec);
+    api.graph_destroy(graph);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Contract, ::testing::ValuesIn(test::device_names()));
 
 // ---- GPU: device splits never synchronise silently.

@@ -254,6 +254,18 @@ NB_MODULE(_moekit, m) {
           },
           "The device counts tensor [G] (None for host counts)");
 
+  // Rows [S, T) of t set to zero (moekit::zero_tail: only the tail's bytes; device counts read on
+  // the device, no host sync). moekit.torch zeroes the tails of the gradients moekit allocated.
+  m.def(
+      "zero_tail",
+      [](const moekit::Context& ctx, const Array& t, nb::handle splits) {
+        const Tensor tt = view(t, "t");
+        const moekit::Splits s = splits_of(splits);
+        nb::gil_scoped_release release;
+        moekit::zero_tail(ctx, tt, s);
+      },
+      "ctx"_a, "t"_a, "splits"_a);
+
   // ---- quantized recipes (SPEC §6): per layer, given to the GroupedLinear / GroupedLinearOp
   nb::class_<moekit::Recipe>(m, "Recipe")
       .def_static("make", &recipe_of, "name"_a, "fp8_format"_a = "",

@@ -14,6 +14,7 @@ int cuda_device_count() { return 0; }
 void init_cuda_context(ContextImpl&, int, void*) { no_cuda(); }
 void cuda_copy(const Context&, void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_fill(const Context&, const Tensor&, double) { no_cuda(); }
+void cuda_zero_tail(const Context&, void*, size_t, int64_t, const Splits&) { no_cuda(); }
 void cuda_synchronize(const Context&) { no_cuda(); }
 uint32_t cuda_take_error_bits(const Context&) { no_cuda(); }
 int cuda_sm_count(const Context&) { no_cuda(); }

@@ -13,6 +13,7 @@
 #include "moekit/core/context.h"
 
 namespace moekit {
+class Splits;
 namespace detail {
 /// Which backend ran each primitive last (moekit::last_backend): shared by a context, its copies
 /// and its side stream's contexts.
@@ -51,6 +52,10 @@ void init_cuda_context(ContextImpl& impl, int device, void* stream);
 void cuda_copy(const Context& ctx, void* dst, Device dst_device, const void* src,
                Device src_device, size_t bytes);
 void cuda_fill(const Context& ctx, const Tensor& t, double value);
+/// zero_tail's GPU part: rows [S, T) of the `rows` rows of `row_bytes` bytes at data set to zero
+/// on ctx's stream (splits validated; device counts read by a kernel).
+void cuda_zero_tail(const Context& ctx, void* data, size_t row_bytes, int64_t rows,
+                    const Splits& splits);
 void cuda_synchronize(const Context& ctx);
 /// Reads and clears the CUDA context's device error word (synchronises its stream).
 uint32_t cuda_take_error_bits(const Context& ctx);

@@ -1,5 +1,7 @@
 #include "moekit/core/splits.h"
 
+#include <cstring>
+
 #include "core/runtime.h"
 #include "moekit/core/context.h"
 #include "moekit/core/error.h"
@@ -102,6 +104,24 @@ void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device 
   if (!t.is_contiguous()) throw_invalid(argument, "a contiguous counts tensor", t.describe());
   // Counts that live in host memory cost nothing to check now, before any work.
   if (t.device().is_cpu()) check_counts(read_cpu_tensor(t), rows, argument);
+}
+
+void zero_tail(const Context& ctx, const Tensor& t, const Splits& splits) {
+  if (!t.defined()) throw_invalid("t", "a tensor", "none");
+  if (t.dim() < 1) throw_invalid("t", "a tensor of at least one dimension", t.describe());
+  if (!t.is_contiguous()) throw_invalid("t", "a contiguous tensor", t.describe());
+  if (!(t.device() == ctx.device())) {
+    throw_invalid("t", str("a tensor on ", ctx.device().to_string(), " (the context's device)"),
+                  t.describe());
+  }
+  const int64_t rows = t.size(0);
+  validate_splits(splits, splits.groups(), rows, ctx.device());
+  const size_t row_bytes = rows > 0 ? t.nbytes() / static_cast<size_t>(rows) : 0;
+  if (t.device().is_cuda()) return detail::cuda_zero_tail(ctx, t.data(), row_bytes, rows, splits);
+  int64_t total = 0;
+  for (int64_t c : read_counts(ctx, splits)) total += c;  // checked: S <= T
+  std::memset(static_cast<char*>(t.data()) + static_cast<size_t>(total) * row_bytes, 0,
+              static_cast<size_t>(rows - total) * row_bytes);
 }
 
 std::vector<int64_t> read_counts(const Context& ctx, const Splits& splits) {

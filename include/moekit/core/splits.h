@@ -62,6 +62,15 @@ void validate_splits(const Splits& splits, int64_t groups, int64_t rows, Device 
 void check_counts(const std::vector<int64_t>& counts, int64_t rows,
                   std::string_view argument = "splits");
 
+/// Sets rows [S, T) of t to zero — t's first dimension is T, S = Σ counts — on ctx's stream,
+/// writing only those rows' bytes: the padded tail of a tensor an op allocated, which moekit's
+/// ops leave unwritten (e.g. a gradient handed to a framework that reads every row). Device
+/// counts on a GPU are read by the kernel (no host synchronisation, graph-capturable); invalid
+/// ones write nothing and set the context's device error bits, as every kernel that reads them.
+/// Checks first (InvalidArgument naming `t` or `splits`): t a contiguous tensor of at least one
+/// dimension on ctx's device; the splits' metadata (validate_splits, any G) and host values.
+void zero_tail(const Context& ctx, const Tensor& t, const Splits& splits);
+
 /// The counts as host integers. Host splits: returned as is. CPU-device splits: read directly.
 /// CUDA-device splits: copied to the host (synchronises ctx's stream; only for baseline paths
 /// that document it).

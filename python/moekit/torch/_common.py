@@ -129,15 +129,15 @@ def check_buffer(name: str, buf: torch.Tensor, shape, dtype: torch.dtype, device
 
 def zero_tail(t: torch.Tensor | None, m_splits) -> torch.Tensor | None:
     """Zeroes rows [S, T) of a gradient moekit allocated (moekit leaves them unwritten), so a
-    padded tail gets the gradient it has, 0, and no uninitialised memory reaches autograd. Host
-    splits: a slice; device splits: a mask from their sum on the device (no host sync)."""
+    padded tail gets the gradient it has, 0, and no uninitialised memory reaches autograd. Only
+    the tail's bytes are written: host splits a slice; device splits moekit.zero_tail, which reads
+    their sum on the device (no host sync)."""
     if t is None:
         return None
     rows = t.shape[0]
     if isinstance(m_splits, torch.Tensor) and m_splits.device == t.device:
-        total = m_splits.sum()
-        mask = torch.arange(rows, device=t.device) >= total
-        t.masked_fill_(mask.view(-1, *([1] * (t.dim() - 1))), 0)
+        _, ctx = context_for(t.device)
+        _moekit.zero_tail(ctx, dl(t), _moekit.Splits.device(dl(m_splits)))
     else:
         total = sum(int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor)
                                      else m_splits))

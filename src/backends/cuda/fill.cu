@@ -1,11 +1,16 @@
 // fill(): sets every element of a CUDA tensor to one value, for any dtype. The value is encoded
 // on the host (core's rounding rules: round-to-nearest-even, saturating fp8), then written as a
 // 1/2/4/8-byte pattern; patterns whose bytes are all equal become a cudaMemsetAsync.
+// zero_tail(): rows [S, T) set to zero — host counts: one cudaMemsetAsync of those bytes; device
+// counts: a kernel whose every block sums them (block_valid_rows) and zeroes the tail's bytes,
+// 16 at a time where aligned.
 #include <cstdint>
 #include <cstring>
 
 #include "core/runtime.h"
+#include "moekit/core/splits.h"
 #include "backends/cuda/check.h"
+#include "backends/cuda/device_counts.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/resources.h"
 
@@ -29,6 +34,20 @@ void launch(void* data, size_t elems, const void* value, int sm_count, cudaStrea
   const unsigned blocks = static_cast<unsigned>(want < cap ? want : cap);
   fill_kernel<W><<<blocks, kThreads, 0, stream>>>(static_cast<W*>(data), elems, v);
   MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void zero_tail_kernel(DeviceCounts c, unsigned char* data, size_t row_bytes) {
+  const int64_t S = block_valid_rows(c);
+  if (S < 0) return;  // invalid counts: nothing written, the reason in the error word
+  unsigned char* p = data + static_cast<size_t>(S) * row_bytes;
+  const size_t n = static_cast<size_t>(c.rows - S) * row_bytes;
+  const size_t tid = size_t{blockIdx.x} * blockDim.x + threadIdx.x, stride = size_t{gridDim.x} * blockDim.x;
+  const size_t mis = (16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15;
+  const size_t head = mis < n ? mis : n, words = (n - head) / 16, done = head + words * 16;
+  if (tid < head) p[tid] = 0;
+  auto* w = reinterpret_cast<uint4*>(p + head);
+  for (size_t i = tid; i < words; i += stride) w[i] = make_uint4(0, 0, 0, 0);
+  if (tid < n - done) p[done + tid] = 0;  // fewer than 16 bytes
 }
 
 }  // namespace
@@ -58,6 +77,30 @@ void launch_fill(void* data, size_t elems, const void* value, size_t elem_bytes,
 }  // namespace cuda
 
 namespace detail {
+
+void cuda_zero_tail(const Context& ctx, void* data, size_t row_bytes, int64_t rows,
+                    const Splits& splits) {
+  if (rows == 0 || row_bytes == 0) return;
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  auto* bytes = static_cast<unsigned char*>(data);
+  if (splits.on_host()) {
+    int64_t total = 0;
+    for (int64_t c : splits.host_counts()) total += c;  // validated: S <= T
+    if (total < rows) {
+      MOEKIT_CUDA_CHECK(cudaMemsetAsync(bytes + static_cast<size_t>(total) * row_bytes, 0,
+                                        static_cast<size_t>(rows - total) * row_bytes, res.stream));
+    }
+    return;
+  }
+  const cuda::CountsOnDevice counts = cuda::counts_on_device(ctx, splits, rows);
+  constexpr int kThreads = 256;
+  const size_t most = static_cast<size_t>(rows) * row_bytes / 16 + 1;  // words if S were 0
+  const size_t want = (most + kThreads - 1) / kThreads, cap = static_cast<size_t>(res.sm_count) * 4;
+  cuda::zero_tail_kernel<<<static_cast<unsigned>(want < cap ? want : cap), kThreads, 0, res.stream>>>(
+      counts.view, bytes, row_bytes);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
 
 void cuda_fill(const Context& ctx, const Tensor& t, double value) {
   const size_t n = static_cast<size_t>(t.numel());
