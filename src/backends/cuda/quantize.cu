@@ -392,13 +392,76 @@ __device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&
          (pair(to_float(x.v[2]) * f[2], to_float(x.v[3]) * f[3]) << 16);
 }
 
+// The packed pair type of a 16-bit element type.
+template <class T>
+struct Pair2;
+template <>
+struct Pair2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct Pair2<__half> {
+  using type = __half2;
+};
+
+// The four codes of a 4x4 byte block transposed: w[j] byte i = byte j of c_i.
+__device__ __forceinline__ void transpose_bytes(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t (&w)[4]) {
+  const uint32_t t0 = __byte_perm(c0, c1, 0x5140), t1 = __byte_perm(c0, c1, 0x7362);  // c0/c1 bytes 0,1 | 2,3
+  const uint32_t t2 = __byte_perm(c2, c3, 0x5140), t3 = __byte_perm(c2, c3, 0x7362);
+  w[0] = __byte_perm(t0, t2, 0x5410);
+  w[1] = __byte_perm(t0, t2, 0x7632);
+  w[2] = __byte_perm(t1, t3, 0x5410);
+  w[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+// Whether any element of a thread's vectors is NaN (16-bit types: a NaN-propagating max over the
+// packed |x| pairs; f32: per element).
+template <class T, class Vec, int N>
+__device__ __forceinline__ bool any_nan(const Vec (&v)[N]) {
+  if constexpr (std::is_same_v<T, float>) {
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) nan |= v[i].v[j] != v[i].v[j];
+    }
+    return nan;
+  } else {
+    using P = typename Pair2<T>::type;
+    P seen;
+    if constexpr (std::is_same_v<T, __half>) seen = __float2half2_rn(0.0f);
+    else seen = __float2bfloat162_rn(0.0f);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const P* pr = reinterpret_cast<const P*>(&v[i]);
+      seen = __hmax2_nan(seen, __hmax2_nan(__habs2(pr[0]), __habs2(pr[1])));
+    }
+    return __hisnan(seen.x) || __hisnan(seen.y);
+  }
+}
+
+// body(kE4, kNan) with the format (e4m3 or e5m2) and the NaN fix-up as compile-time constants
+// (std::true_type / std::false_type): the encode loops of the one-read kernels, entered by
+// warp-uniform branches.
+template <class F>
+__device__ __forceinline__ void with_format_and_nan(bool e4, bool fix_nan, F&& body) {
+  if (e4) {
+    if (fix_nan) body(std::true_type{}, std::true_type{});
+    else body(std::true_type{}, std::false_type{});
+  } else {
+    if (fix_nan) body(std::false_type{}, std::true_type{});
+    else body(std::false_type{}, std::false_type{});
+  }
+}
+
 // Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
 // (grid-strided), each element read once for both copies. A tile may span groups: each row's factor
 // is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). V columns a
-// thread (V = 4: one vector load and one 4-byte store, when C, the leading dimensions and the
-// pointers allow it); a thread's loads of the whole tile issue before any is used (the bytes in
-// flight a memory-bound pass needs); the rowwise codes stored along the rows, the columnwise ones
-// staged transposed in shared memory and stored along the copy's rows, four rows a 4-byte word.
+// thread; launched with V = 1, the path for any C, leading dimensions and pointers (the vector
+// path, 4 columns a thread, is per_group_vec_kernel below); a thread's loads of the whole tile
+// issue before any is used (the bytes in flight a memory-bound pass needs); the rowwise codes
+// stored along the rows, the columnwise ones staged transposed in shared memory and stored along
+// the copy's rows, four rows a 4-byte word.
 constexpr int kPgRows = 64, kPgCols = 128, kPgThreads = 256;
 template <class T, int V>
 __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bool col_words) {
@@ -455,6 +518,74 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
   }
 }
 
+// per_group_kernel's vector path (V = 4), as the block kernel below: warp w owns rows 8w .. 8w + 7
+// of the tile (a row's 128 columns a warp per load), the format a constant of the encode loop and
+// NaN fix-ups only in warps that hold a NaN; the columnwise codes transposed four rows at a time by
+// byte permutes and staged one word a column (rotated by lane group: no bank conflicts).
+template <class T>
+__global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParams p, bool col_words) {
+  const int64_t S = p.ws[0];
+  if (S < 0) return;
+  constexpr int kV = 4, kWarps = kPgThreads / 32, kRowsPerWarp = kPgRows / kWarps;
+  static_assert(kPgCols == 32 * kV && kRowsPerWarp % 4 == 0, "a warp spans a row, whole words of rows");
+  __shared__ float factor[kPgRows];
+  __shared__ __align__(16) uint8_t codes[kPgCols][kPgRows + 4];  // [column][row]: the copy's layout
+  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int c = lane * kV, r0 = warp * kRowsPerWarp;
+  const bool e4 = p.format == QuantFormat::E4M3;
+  const int64_t strips = (p.C + kPgCols - 1) / kPgCols, tiles = (S + kPgRows - 1) / kPgRows * strips;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
+    const int64_t t0 = tile / strips * kPgRows, c0 = tile % strips * kPgCols;
+    const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
+    const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
+    const bool live = c < cols;
+    Vec x[kRowsPerWarp];  // rows past the tile's: zeros, whose codes are never stored
+    const T* src = static_cast<const T*>(p.x) + (t0 + r0) * p.C + c0 + c;
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      x[i] = live && r0 + i < rows ? *reinterpret_cast<const Vec*>(src + i * p.C) : Vec{};
+    }
+    if (threadIdx.x < rows) {
+      const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
+      factor[threadIdx.x] = qm::scale_from_amax(p.amax[g], p.fp8_max, p.power_2, p.epsilon, p.value_for_inf);
+    }
+    const bool fix_nan = __any_sync(0xffffffffu, any_nan<T>(x));
+    __syncthreads();
+    float f[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) f[i] = r0 + i < rows ? factor[r0 + i] : 0.0f;
+    with_format_and_nan(e4, fix_nan, [&](auto kE4, auto kNan) {
+      uint32_t code[kRowsPerWarp];
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const float fs[kV] = {f[i], f[i], f[i], f[i]};
+        code[i] = encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(x[i], fs);
+        if (p.row && live && r0 + i < rows) {
+          *reinterpret_cast<uint32_t*>(p.row + (t0 + r0 + i) * p.row_ld + c0 + c) = code[i];
+        }
+      }
+      if (p.col && live) {
+        const int rot = lane >> 3;  // lane groups store their columns' words in rotated order
+#pragma unroll
+        for (int q = 0; q < kRowsPerWarp / 4; ++q) {
+          uint32_t w[kV];
+          transpose_bytes(code[4 * q], code[4 * q + 1], code[4 * q + 2], code[4 * q + 3], w);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            const int jj = (j + rot) & 3;
+            const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
+            *reinterpret_cast<uint32_t*>(&codes[c + jj][r0 + 4 * q]) = word;
+          }
+        }
+      }
+    });
+    __syncthreads();
+    if (p.col) store_columnwise<kPgRows, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
+    __syncthreads();  // factor and codes reused by the next tile
+  }
+}
+
 // Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
 // read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
 // columns × 8 warps; warp w owns rows 16w .. 16w + 15 of the tile. Each thread's 16 vectors of
@@ -474,18 +605,6 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
 // memory 42% of peak.) Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
 // else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256, kB1Stages = 2;
-
-// The packed pair type of a 16-bit element type.
-template <class T>
-struct Pair2;
-template <>
-struct Pair2<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-};
-template <>
-struct Pair2<__half> {
-  using type = __half2;
-};
 
 // The |x| maxima of a thread's vectors of 4: each vector's (a[i], its row's share) and each of
 // the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
@@ -534,15 +653,6 @@ __device__ __forceinline__ void block1d_amax(const Vec (&v)[N], float (&a)[N], f
   }
 }
 
-// The four codes of a 4x4 byte block transposed: w[j] byte i = byte j of c_i.
-__device__ __forceinline__ void transpose_bytes(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t (&w)[4]) {
-  const uint32_t t0 = __byte_perm(c0, c1, 0x5140), t1 = __byte_perm(c0, c1, 0x7362);  // c0/c1 bytes 0,1 | 2,3
-  const uint32_t t2 = __byte_perm(c2, c3, 0x5140), t3 = __byte_perm(c2, c3, 0x7362);
-  w[0] = __byte_perm(t0, t2, 0x5410);
-  w[1] = __byte_perm(t0, t2, 0x7632);
-  w[2] = __byte_perm(t1, t3, 0x5410);
-  w[3] = __byte_perm(t1, t3, 0x7632);
-}
 template <class T>
 constexpr size_t block1d_stage_bytes() {
   return size_t{kB1Stages} * kB1Rows * kB1Cols * sizeof(T);
@@ -626,15 +736,7 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
     // NaN codes are fixed up only in warps that hold a NaN (the common case skips them), and the
     // format is a constant of each encode loop: warp-uniform branches.
     const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
-    const auto dispatch = [&](auto&& body) {
-      if (e4) {
-        if (fix_nan) body(std::true_type{}, std::true_type{});
-        else body(std::true_type{}, std::false_type{});
-      } else {
-        if (fix_nan) body(std::false_type{}, std::true_type{});
-        else body(std::false_type{}, std::false_type{});
-      }
-    };
+    const auto dispatch = [&](auto&& body) { with_format_and_nan(e4, fix_nan, body); };
     if (p.row) {
       // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
       // r0 + i's scale, then each row's codes with its factor from that lane.
@@ -742,7 +844,7 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     const int64_t tiles = (p.T + kPgRows - 1) / kPgRows * ((p.C + kPgCols - 1) / kPgCols);
     const unsigned grid = grid_for(tiles * kPgThreads, kPgThreads, sms);  // a CTA a tile, capped
     if (vec) {
-      per_group_kernel<T, 4><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+      per_group_vec_kernel<T><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     } else {
       per_group_kernel<T, 1><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     }
