@@ -9,8 +9,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -287,7 +295,8 @@ struct RankResult {
 // have written and did not fails the bitwise comparison, and rows it must not write stay 0xFF.
 // The group a test runs on: CpuRanks, or threads that each bring their rank's region and the
 // collectives to caller_communicator (what a one-process-per-GPU caller does).
-enum class Engine { CpuRanks, Caller };
+// Processes: as Caller, but each rank a process of its own (below).
+enum class Engine { CpuRanks, Caller, Processes };
 
 // W threads, each a caller_communicator over its own poisoned host region of `region_bytes`
 // (bases exchanged beforehand), a std::barrier and a slot vector for the collectives.
@@ -335,6 +344,189 @@ void run_on_caller_group(int W, size_t region_bytes,
   for (auto& t : threads) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// ---- ranks as processes: what a one-process-per-GPU job does, on the CPU.
+// W processes (fork), each a caller_communicator over its own mapping of one shared memory file
+// (memfd): rank r's region is the file's bytes [r·B, (r+1)·B), and each process maps the whole
+// file itself, so the peer bases it passes are ITS addresses of the other ranks' blocks (not
+// theirs — as torch symmetric memory's buffer_ptrs are each process's own mapping). The
+// collectives run over a second shared mapping: a generation-counting barrier of atomics and an
+// all_gather slot per rank. A child reports its gtest failures and exceptions in its exit status
+// and its results through the shared mapping; the parent waits for all (60 s at most, then kills
+// them: a rank stuck in a collective fails the test, it does not hang it).
+struct SharedControl {
+  static constexpr int kMaxRanks = 8;
+  static constexpr size_t kSlotBytes = 4096;
+  std::atomic<int> arrived{0};
+  std::atomic<int> generation{0};
+  int64_t slot_len[kMaxRanks];
+  char slot[kMaxRanks][kSlotBytes];
+  char error[kMaxRanks][512];
+};
+static_assert(std::atomic<int>::is_always_lock_free, "process-shared atomics");
+
+void shared_barrier(SharedControl& s, int W) {
+  const int gen = s.generation.load(std::memory_order_acquire);
+  if (s.arrived.fetch_add(1, std::memory_order_acq_rel) == W - 1) {
+    s.arrived.store(0, std::memory_order_relaxed);
+    s.generation.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    while (s.generation.load(std::memory_order_acquire) == gen) sched_yield();
+  }
+}
+
+// A RankResult's fields as bytes (one process hands them to another).
+void put(std::string& o, const std::vector<uint8_t>& v) {
+  const uint64_t n = v.size();
+  o.append(reinterpret_cast<const char*>(&n), 8);
+  o.append(reinterpret_cast<const char*>(v.data()), v.size());
+}
+void put(std::string& o, int64_t v) { o.append(reinterpret_cast<const char*>(&v), 8); }
+std::string serialise(const RankResult& r) {
+  std::string o;
+  for (const auto* v : {&r.recv, &r.weights, &r.splits, &r.tokens_per_expert, &r.out, &r.grad_recv,
+                        &r.grad_tokens, &r.grad_topk}) {
+    put(o, *v);
+  }
+  for (const EpTraffic* t : {&r.dispatch_traffic, &r.combine_traffic}) {
+    put(o, t->remote_bytes);
+    put(o, t->local_bytes);
+    put(o, t->per_slot_bytes);
+  }
+  put(o, r.rows);
+  put(o, r.dropped);
+  return o;
+}
+RankResult deserialise(const char* p) {
+  RankResult r;
+  const auto take = [&p](std::vector<uint8_t>& v) {
+    uint64_t n;
+    std::memcpy(&n, p, 8);
+    v.assign(reinterpret_cast<const uint8_t*>(p + 8), reinterpret_cast<const uint8_t*>(p + 8 + n));
+    p += 8 + n;
+  };
+  const auto take64 = [&p](int64_t& v) {
+    std::memcpy(&v, p, 8);
+    p += 8;
+  };
+  for (auto* v : {&r.recv, &r.weights, &r.splits, &r.tokens_per_expert, &r.out, &r.grad_recv,
+                  &r.grad_tokens, &r.grad_topk}) {
+    take(*v);
+  }
+  for (EpTraffic* t : {&r.dispatch_traffic, &r.combine_traffic}) {
+    take64(t->remote_bytes);
+    take64(t->local_bytes);
+    take64(t->per_slot_bytes);
+  }
+  take64(r.rows);
+  take64(r.dropped);
+  return r;
+}
+
+// Runs body(comm) on W forked ranks; each child then serialises result(rank) into its result
+// block of `result_bytes`; returns every rank's block. Fails the test (and returns empty) if a
+// child failed, threw or did not finish.
+std::vector<std::string> run_on_processes(int W, size_t region_bytes, size_t result_bytes,
+                                          const std::function<void(Communicator&)>& body,
+                                          const std::function<std::string(int)>& result) {
+  if (W > SharedControl::kMaxRanks) {
+    ADD_FAILURE() << "at most " << SharedControl::kMaxRanks << " process ranks";
+    return {};
+  }
+  region_bytes = (region_bytes + 4095) / 4096 * 4096;
+  const int fd = memfd_create("moekit-ep-test", 0);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(region_bytes * W)) != 0) {
+    ADD_FAILURE() << "memfd: " << std::strerror(errno);
+    return {};
+  }
+  {  // poisoned (0xFF) as the other engines' regions
+    void* all = mmap(nullptr, region_bytes * W, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    std::memset(all, 0xFF, region_bytes * W);
+    munmap(all, region_bytes * W);
+  }
+  const size_t control_bytes = sizeof(SharedControl) + result_bytes * W;
+  void* control_mem = mmap(nullptr, control_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  auto* control = new (control_mem) SharedControl{};
+  char* results = static_cast<char*>(control_mem) + sizeof(SharedControl);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < W; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {  // rank r: its own mapping of the file, at an address of its own choosing
+      int status = 0;
+      try {
+        auto* mine = static_cast<char*>(
+            mmap(nullptr, region_bytes * W, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+        if (mine == MAP_FAILED) throw std::runtime_error("mmap failed");
+        std::vector<void*> bases;
+        for (int q = 0; q < W; ++q) bases.push_back(mine + region_bytes * static_cast<size_t>(q));
+        const Context ctx = poisoned(Context::cpu(1));
+        CallerGroup g{.rank = r,
+                      .world_size = W,
+                      .context = ctx,
+                      .region = Tensor::wrap(bases[static_cast<size_t>(r)],
+                                             {static_cast<int64_t>(region_bytes)}, DType::U8, Device::cpu()),
+                      .peer_bases = bases,
+                      .barrier = [control, W] { shared_barrier(*control, W); },
+                      .all_gather = [control, W, r](std::string_view bytes) {
+                        if (bytes.size() > SharedControl::kSlotBytes) {
+                          throw std::runtime_error("all_gather: more bytes than a slot holds");
+                        }
+                        shared_barrier(*control, W);  // the previous gather's readers are done
+                        std::memcpy(control->slot[r], bytes.data(), bytes.size());
+                        control->slot_len[r] = static_cast<int64_t>(bytes.size());
+                        shared_barrier(*control, W);
+                        std::vector<std::string> all;
+                        for (int q = 0; q < W; ++q) all.emplace_back(control->slot[q], static_cast<size_t>(control->slot_len[q]));
+                        return all;
+                      }};
+        {
+          const std::unique_ptr<Communicator> comm = caller_communicator(std::move(g));
+          body(*comm);
+        }
+        const std::string out = result(r);
+        if (out.size() > result_bytes) throw std::runtime_error("result larger than its block");
+        std::memcpy(results + result_bytes * static_cast<size_t>(r), out.data(), out.size());
+        status = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        std::snprintf(control->error[r], sizeof control->error[r], "%s", e.what());
+        status = 2;
+      }
+      std::fflush(stdout);
+      _exit(status);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::string> out;
+  bool ok = true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < W; ++r) {
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(pids[static_cast<size_t>(r)], &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (done == 0) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      ADD_FAILURE() << "rank " << r << " did not finish in 60 s";
+      ok = false;
+      break;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ADD_FAILURE() << "rank " << r << (WIFEXITED(status) ? str(" exited ", WEXITSTATUS(status)) : std::string(" was killed"))
+                    << (control->error[r][0] ? str(": ", control->error[r]) : std::string(" (its test failures above)"));
+      ok = false;
+    }
+  }
+  if (ok) {
+    for (int r = 0; r < W; ++r) out.emplace_back(results + result_bytes * static_cast<size_t>(r), result_bytes);
+  }
+  control->~SharedControl();
+  munmap(control_mem, control_bytes);
+  close(fd);
+  return out;
 }
 
 std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in,
@@ -415,6 +607,16 @@ std::vector<RankResult> run_ep(const Case& c, const std::vector<RankInput>& in,
   if (engine == Engine::CpuRanks) {
     CpuRanks ranks(c.W, [](int) { return poisoned(Context::cpu(1)); });
     ranks.run(body);
+  } else if (engine == Engine::Processes) {
+    // Each child's results come back through shared memory: a bound on their bytes.
+    const size_t es = size_of(c.dtype);
+    const size_t bound = 4096 + 8 * static_cast<size_t>(R * c.H) * es + 16 * static_cast<size_t>(c.Tm * c.k + R) +
+                         2 * static_cast<size_t>(c.Tm * c.H) * es + 64 * static_cast<size_t>(c.L + 1);
+    const auto blocks = run_on_processes(
+        c.W, ExpertParallel::symmetric_bytes(config_of(c, R), c.W, Device::cpu()), bound, body,
+        [&](int r) { return serialise(res[static_cast<size_t>(r)]); });
+    if (blocks.empty()) return {};
+    for (int r = 0; r < c.W; ++r) res[static_cast<size_t>(r)] = deserialise(blocks[static_cast<size_t>(r)].data());
   } else {
     run_on_caller_group(c.W, ExpertParallel::symmetric_bytes(config_of(c, R), c.W, Device::cpu()),
                         body);
@@ -574,6 +776,36 @@ TEST(EpCallerGroup, CallerRegionsRunTheProtocolBitForBitAsCpuRanks) {
       EXPECT_EQ(res[static_cast<size_t>(r)].out, cpu[static_cast<size_t>(r)].out) << "rank " << r;
       EXPECT_EQ(res[static_cast<size_t>(r)].grad_tokens, cpu[static_cast<size_t>(r)].grad_tokens)
           << "rank " << r;
+    }
+    if (HasFatalFailure()) return;
+  }
+}
+
+// One process per rank (fork; each maps the shared region at addresses of its own and passes them
+// as the peer bases; host collectives over shared memory): bit for bit the reference and CpuRanks,
+// W = 2 and 4, uniform, skewed and an expert with no tokens — the one-process-per-GPU protocol of
+// caller_communicator with address spaces that differ.
+TEST(EpCallerGroup, RanksAsProcessesRunTheProtocolBitForBitAsCpuRanks) {
+  for (const auto& [W, routing] : {std::pair{2, Routing::Uniform}, std::pair{2, Routing::Skewed},
+                                   std::pair{4, Routing::EmptyExpert}}) {
+    SCOPED_TRACE(str("W=", W, " ", routing_name(routing)));
+    Case c;
+    c.W = W;
+    c.routing = routing;
+    c.L = 2;
+    c.k = std::min<int64_t>(3, c.L * c.W - 1);
+    auto in = make_inputs(c, default_tokens(c));
+    c.R = max_rows_needed(c, in) + 5;
+    const auto res = run_ep(c, in, Engine::Processes);
+    ASSERT_EQ(res.size(), static_cast<size_t>(W));
+    check_against_reference(c, in, res);
+    const auto cpu = run_ep(c, in);
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(res[static_cast<size_t>(r)].out, cpu[static_cast<size_t>(r)].out) << "rank " << r;
+      EXPECT_EQ(res[static_cast<size_t>(r)].grad_tokens, cpu[static_cast<size_t>(r)].grad_tokens)
+          << "rank " << r;
+      EXPECT_EQ(res[static_cast<size_t>(r)].dispatch_traffic.remote_bytes,
+                cpu[static_cast<size_t>(r)].dispatch_traffic.remote_bytes) << "rank " << r;
     }
     if (HasFatalFailure()) return;
   }
