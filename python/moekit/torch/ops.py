@@ -248,6 +248,8 @@ class Sequential(torch.nn.Module):
                 raise ValueError(f"moekit: Sequential takes moekit.torch.ops operations; op {i} is "
                                  f"{type(op).__name__}")
         self._ops = torch.nn.ModuleList(ops)
+        # (position, op) of the ops with parameters, fixed at construction: what each call binds
+        self._linears = [(i, op) for i, op in enumerate(ops) if isinstance(op, GroupedLinear)]
         self._fuse = fuse
         self._cpp: dict = {}
         _compile.register(self)  # the name the compiled path's custom ops know it by
@@ -339,14 +341,15 @@ class Sequential(torch.nn.Module):
             if unknown:
                 raise ValueError(f"moekit: op_kwargs[{k!r}]: unknown argument {unknown[0]!r} "
                                  f"(expected 'output' or 'grad_input')")
-            label = f"op_kwargs[{k!r}]" if isinstance(k, int) else f"op_kwargs[{type(k).__name__}]"
             for name in _BUFFER_KEYS:
                 buf = kw.get(name)
                 if buf is None:
                     continue
-                if not isinstance(buf, torch.Tensor):
-                    raise TypeError(f"moekit: {label}[{name!r}] must be a torch.Tensor")
-                if buf.requires_grad:
+                if not isinstance(buf, torch.Tensor) or buf.requires_grad:
+                    label = (f"op_kwargs[{k!r}]" if isinstance(k, int)
+                             else f"op_kwargs[{type(k).__name__}]")
+                    if not isinstance(buf, torch.Tensor):
+                        raise TypeError(f"moekit: {label}[{name!r}] must be a torch.Tensor")
                     raise ValueError(f"moekit: {label}[{name!r}] buffer must not require gradient "
                                      "(reusing an earlier output as a buffer? pass buffer.detach())")
             cpp_key = k if isinstance(k, int) else k._cpp_op(key, ctx, dtype)
@@ -403,25 +406,25 @@ class Sequential(torch.nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1]) if x.dim() != 2 else y
 
     def forward(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
+        if not torch.compiler.is_compiling():  # eager: straight to the call (no compile wrapper)
+            return self._run_eager(x, *extra_inputs, op_kwargs=op_kwargs)
         traceable = not op_kwargs and not self.delay_wgrad_compute and all(
             not isinstance(op, GroupedLinear) or (
                 not op.accumulate_into_main_grad and op.weight.requires_grad and
                 (op.bias is None or op.bias.requires_grad)) for op in self._ops)
-        if torch.compiler.is_compiling() and traceable:
+        if traceable:
             # traced: moekit's call as a torch.library custom op (no graph break, _compile.py)
             splits_in, probs = self._route_extra_inputs(extra_inputs)
             return self._compiled_forward(x, splits_in, probs)
         return self._forward_eager(x, *extra_inputs, op_kwargs=op_kwargs)
 
-    # op_kwargs buffers, main_grad, frozen parameters under torch.compile: one graph break
-    # (SPEC §8: a buffer written in backward is a mutation AOTAutograd cannot take in 2.11)
-    @torch.compiler.disable
-    def _forward_eager(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
+    def _run_eager(self, x: torch.Tensor, *extra_inputs, op_kwargs: dict | None = None):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"moekit: input must be a torch.Tensor, got {type(x).__name__}")
         splits_in, probs = self._route_extra_inputs(extra_inputs)
-        params = [p for op in self._ops for p in op._params()]
-        device = next((op._device() for op in self._ops if op._device() is not None), x.device)
+        linears = self._linears
+        params = [p for _, op in linears for p in op._params()]
+        device = linears[0][1].weight.device if linears else x.device
         dtype = params[0].dtype if params else x.dtype
         width = x.shape[-1]
         x2 = x.reshape(-1, width)
@@ -431,7 +434,7 @@ class Sequential(torch.nn.Module):
         key, ctx = context_for(device)
         recipe_key, recipe = recipe_for(device)  # the active autocast recipe, read at forward
         key = (key, recipe_key)
-        groups = next((op.num_groups for op in self._ops if isinstance(op, GroupedLinear)), 1)
+        groups = linears[0][1].num_groups if linears else 1
         if splits_in is None:
             splits_in = [x2.shape[0]]  # ops without groups take S = T
         splits, splits_keep = splits_for(splits_in, device, groups)
@@ -441,15 +444,14 @@ class Sequential(torch.nn.Module):
                 probs = probs.float()  # moekit's probs are fp32; autograd casts the gradient back
             probs = probs.contiguous()
         seq = self._seq(key, ctx, dtype, recipe)
-        for op in self._ops:
+        for _, op in linears:  # the other ops have no parameters to bind
             op._bind_params(op._cpp_op(key, ctx, dtype))
         routed, out, grad_input0 = self._route_op_kwargs(op_kwargs, key, ctx, dtype, x2.shape[0])
         needs_grad = torch.is_grad_enabled() and (
             x2.requires_grad or (probs is not None and probs.requires_grad) or
             any(p.requires_grad for p in params))
         if needs_grad:
-            meta = [(i, op.bias is not None, op._main_grad() is not None)
-                    for i, op in enumerate(self._ops) if isinstance(op, GroupedLinear)]
+            meta = [(i, op.bias is not None, op._main_grad() is not None) for i, op in linears]
             y = _SequentialFunction.apply(x2, probs, out, seq, splits, routed,
                                           (grad_input0, splits_keep, self), meta, *params)
         else:
@@ -459,3 +461,7 @@ class Sequential(torch.nn.Module):
         if x.dim() != 2:
             y = y.view(*x.shape[:-1], y.shape[-1])
         return y
+
+    # op_kwargs buffers, main_grad, frozen parameters under torch.compile: one graph break
+    # (SPEC §8: a buffer written in backward is a mutation AOTAutograd cannot take in 2.11)
+    _forward_eager = torch.compiler.disable(_run_eager)
