@@ -755,12 +755,11 @@ INSTANTIATE_TEST_SUITE_P(
                       FuzzParam{8, Routing::LastRankNothing}, FuzzParam{8, Routing::AllToRankZero}),
     [](const auto& info) { return str("W", info.param.W, "_", routing_name(info.param.routing)); });
 
-// A caller's group (caller_communicator over regions the caller allocated, its own barrier and
-// all_gather; exactly ExpertParallel::symmetric_bytes each) runs the same protocol: every result
-// of every rank bit for bit the dense reference's, as on CpuRanks.
-TEST(EpCallerGroup, CallerRegionsRunTheProtocolBitForBitAsCpuRanks) {
-  for (const auto& [W, routing] : {std::pair{1, Routing::Uniform}, std::pair{2, Routing::Skewed},
-                                   std::pair{4, Routing::EmptyExpert}, std::pair{8, Routing::Uniform}}) {
+// A caller group's ranks (`engine`: threads or processes) against the reference and CpuRanks, bit
+// for bit, on each (world size, routing).
+void expect_caller_group_matches_cpu_ranks(Engine engine,
+                                           std::initializer_list<std::pair<int, Routing>> cases) {
+  for (const auto& [W, routing] : cases) {
     SCOPED_TRACE(str("W=", W, " ", routing_name(routing)));
     Case c;
     c.W = W;
@@ -769,46 +768,34 @@ TEST(EpCallerGroup, CallerRegionsRunTheProtocolBitForBitAsCpuRanks) {
     c.k = std::min<int64_t>(3, c.L * c.W - 1);
     auto in = make_inputs(c, default_tokens(c));
     c.R = max_rows_needed(c, in) + 5;
-    const auto res = run_ep(c, in, Engine::Caller);
-    check_against_reference(c, in, res);
-    const auto cpu = run_ep(c, in);
-    for (int r = 0; r < W; ++r) {
-      EXPECT_EQ(res[static_cast<size_t>(r)].out, cpu[static_cast<size_t>(r)].out) << "rank " << r;
-      EXPECT_EQ(res[static_cast<size_t>(r)].grad_tokens, cpu[static_cast<size_t>(r)].grad_tokens)
-          << "rank " << r;
-    }
-    if (HasFatalFailure()) return;
-  }
-}
-
-// One process per rank (fork; each maps the shared region at addresses of its own and passes them
-// as the peer bases; host collectives over shared memory): bit for bit the reference and CpuRanks,
-// W = 2 and 4, uniform, skewed and an expert with no tokens — the one-process-per-GPU protocol of
-// caller_communicator with address spaces that differ.
-TEST(EpCallerGroup, RanksAsProcessesRunTheProtocolBitForBitAsCpuRanks) {
-  for (const auto& [W, routing] : {std::pair{2, Routing::Uniform}, std::pair{2, Routing::Skewed},
-                                   std::pair{4, Routing::EmptyExpert}}) {
-    SCOPED_TRACE(str("W=", W, " ", routing_name(routing)));
-    Case c;
-    c.W = W;
-    c.routing = routing;
-    c.L = 2;
-    c.k = std::min<int64_t>(3, c.L * c.W - 1);
-    auto in = make_inputs(c, default_tokens(c));
-    c.R = max_rows_needed(c, in) + 5;
-    const auto res = run_ep(c, in, Engine::Processes);
+    const auto res = run_ep(c, in, engine);
     ASSERT_EQ(res.size(), static_cast<size_t>(W));
     check_against_reference(c, in, res);
     const auto cpu = run_ep(c, in);
     for (int r = 0; r < W; ++r) {
-      EXPECT_EQ(res[static_cast<size_t>(r)].out, cpu[static_cast<size_t>(r)].out) << "rank " << r;
-      EXPECT_EQ(res[static_cast<size_t>(r)].grad_tokens, cpu[static_cast<size_t>(r)].grad_tokens)
-          << "rank " << r;
-      EXPECT_EQ(res[static_cast<size_t>(r)].dispatch_traffic.remote_bytes,
-                cpu[static_cast<size_t>(r)].dispatch_traffic.remote_bytes) << "rank " << r;
+      const RankResult &got = res[static_cast<size_t>(r)], &want = cpu[static_cast<size_t>(r)];
+      EXPECT_EQ(got.out, want.out) << "rank " << r;
+      EXPECT_EQ(got.grad_tokens, want.grad_tokens) << "rank " << r;
+      EXPECT_EQ(got.dispatch_traffic.remote_bytes, want.dispatch_traffic.remote_bytes) << "rank " << r;
     }
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// A caller's group (caller_communicator over regions the caller allocated, its own barrier and
+// all_gather; exactly ExpertParallel::symmetric_bytes each; ranks as threads) runs the same
+// protocol: every result of every rank bit for bit the dense reference's, as on CpuRanks.
+TEST(EpCallerGroup, CallerRegionsRunTheProtocolBitForBitAsCpuRanks) {
+  expect_caller_group_matches_cpu_ranks(Engine::Caller, {{1, Routing::Uniform}, {2, Routing::Skewed},
+                                                         {4, Routing::EmptyExpert}, {8, Routing::Uniform}});
+}
+
+// One process per rank (fork; each maps the shared region at addresses of its own and passes them
+// as the peer bases; host collectives over shared memory): the one-process-per-GPU protocol of
+// caller_communicator with address spaces that differ.
+TEST(EpCallerGroup, RanksAsProcessesRunTheProtocolBitForBitAsCpuRanks) {
+  expect_caller_group_matches_cpu_ranks(Engine::Processes, {{2, Routing::Uniform}, {2, Routing::Skewed},
+                                                            {4, Routing::EmptyExpert}});
 }
 
 // The group's checks name the field; a region one block's alignment short of symmetric_bytes fails the

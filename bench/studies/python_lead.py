@@ -3,7 +3,8 @@
 first kernel (issue 43: in a per-step-synced step that lead is GPU idle time; python_step_profile
 measures it on the GPU's timeline). Two views, on the device given (default cuda):
   - the Python lead: host time from step() to the moekit Sequential's forward call (the C++
-    enqueue), median over --steps steps of bench/python_step.py's step at a small problem;
+    enqueue), median over --steps steps of bench/python_step.py's step at a small problem (E 4,
+    1024 rows, 256 -> 128);
   - the pieces of moekit.torch's forward path, each timed alone (timeit, µs per call).
 
     PYTHONPATH=<build>/python python3 bench/studies/python_lead.py [--device cuda] [--steps 500]
@@ -13,10 +14,15 @@ import statistics
 import time
 import timeit
 
+import os
+import sys
+
 import torch
 
 from moekit.torch import _common as C
-from moekit.torch import ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from python_step import moekit_torch_step  # noqa: E402
 
 
 class _Timed:
@@ -41,22 +47,14 @@ def main():
     dev = torch.device(args.device)
     E, H, F, T = 4, 256, 128, 1024
     bf16 = torch.bfloat16
-    fc1 = ops.GroupedLinear(E, H, 2 * F, bias=False, dtype=bf16, device=dev)
-    fc2 = ops.GroupedLinear(E, F, H, bias=False, dtype=bf16, device=dev)
-    mlp = ops.Sequential(fc1, ops.ScaledSwiGLU(32), fc2)
+    # bench/python_step.py's step (the moekit.torch MLP with caller buffers) on a small problem
+    step, mlp = moekit_torch_step({"counts": [T // E] * E, "hidden": H, "ffn": F, "tail": 0}, dev)
+    fc1, fc2 = mlp[0], mlp[2]
     x = torch.randn(T, H, dtype=bf16, device=dev).requires_grad_()
     probs = torch.rand(T, device=dev).requires_grad_()
-    dy = torch.randn(T, H, dtype=bf16, device=dev)
     splits = torch.full((E,), T // E, dtype=torch.int32, device=dev)
     y_buf, dx_buf = torch.empty(T, H, dtype=bf16, device=dev), torch.empty(T, H, dtype=bf16, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-
-    def step():
-        for p in (x, probs, fc1.weight, fc2.weight):
-            p.grad = None
-        y = mlp(x, splits, probs, splits,
-                op_kwargs={fc2: {"output": y_buf.detach()}, fc1: {"grad_input": dx_buf.detach()}})
-        y.backward(dy)
 
     for _ in range(10):
         step()

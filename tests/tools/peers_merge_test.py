@@ -40,22 +40,26 @@ pe = {"tool": "bench/peers.py", "date": "2026-11-30T00:01:00Z", "warmup_ms": 500
 failures = []
 
 
+def merged_docs(mk_doc, pe_doc):
+    """peers.merge of the two documents: (its summary, what it printed, the merged JSON)."""
+    with tempfile.TemporaryDirectory() as d:
+        for name, doc in (("mk.json", mk_doc), ("pe.json", pe_doc)):
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
+        with open(os.path.join(d, "t.json")) as f:
+            return summary, out.getvalue(), json.load(f)
+
+
 def expect(name, cond, detail=""):
     print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
     if not cond:
         failures.append(name)
 
 
-with tempfile.TemporaryDirectory() as d:
-    for name, doc in (("mk.json", mk), ("pe.json", pe)):
-        with open(os.path.join(d, name), "w") as f:
-            json.dump(doc, f)
-    out = io.StringIO()
-    with redirect_stdout(out):
-        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
-    text = out.getvalue()
-    with open(os.path.join(d, "t.json")) as f:
-        merged = json.load(f)
+summary, text, merged = merged_docs(mk, pe)
 
 rows = {r["pass"]: r for r in merged["merged"]}
 expect("fprop best", rows["fprop"]["best_backend"] == "sm90", rows["fprop"]["best_backend"])
@@ -81,14 +85,7 @@ mk_auto = dict(mk, backends=["auto", "sm90", "cublas"])
 mk_auto["results"] = [dict(mk["results"][0], backends=dict(mk["results"][0]["backends"],
                                                             auto=dict(run(True, (540, 1400)), ran="sm90")))]
 pe_auto = dict(pe, results=[pe["results"][0]])
-with tempfile.TemporaryDirectory() as d:
-    for name, doc in (("mk.json", mk_auto), ("pe.json", pe_auto)):
-        with open(os.path.join(d, name), "w") as f:
-            json.dump(doc, f)
-    out = io.StringIO()
-    with redirect_stdout(out):
-        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
-    text = out.getvalue()
+summary, text, _ = merged_docs(mk_auto, pe_auto)
 expect("auto headline ratio", abs(summary["fprop"] - 540 / 500) < 1e-9, summary)
 expect("auto headline named", "median moekit auto (the automatic backend, device splits" in text, text)
 
@@ -97,16 +94,7 @@ expect("auto headline named", "median moekit auto (the automatic backend, device
 mk_fp8 = dict(mk_auto, backends=["auto", "sm90", "cublas", "fp8-block"])
 mk_fp8["results"] = [dict(mk_auto["results"][0], backends=dict(
     mk_auto["results"][0]["backends"], **{"fp8-block": dict(run(True, (1080, 1400)), ran="cuda-fp8")}))]
-with tempfile.TemporaryDirectory() as d:
-    for name, doc in (("mk.json", mk_fp8), ("pe.json", pe_auto)):
-        with open(os.path.join(d, name), "w") as f:
-            json.dump(doc, f)
-    out = io.StringIO()
-    with redirect_stdout(out):
-        summary = peers.merge(os.path.join(d, "mk.json"), os.path.join(d, "pe.json"), d, "t")
-    text = out.getvalue()
-    with open(os.path.join(d, "t.json")) as f:
-        merged = json.load(f)
+summary, text, merged = merged_docs(mk_fp8, pe_auto)
 expect("recipe column not best", merged["merged"][0]["best_backend"] == "sm90",
        merged["merged"][0]["best_backend"])
 expect("recipe headline unchanged", abs(summary["fprop"] - 540 / 500) < 1e-9, summary)
