@@ -21,6 +21,7 @@ from ._moekit import (  # noqa: F401
     cuda_device_count,
     quantize_dequantize,
     last_backend,
+    zero_tail,
 )
 
 __version__ = "0.1.0"

@@ -91,3 +91,26 @@ def test_sequential_plan_and_build_facts():
     assert moekit.Sequential([fc1, act, fc2]).plan() == "GroupedMLP(0-2)"
     assert act.kind == "ScaledSwiGLU"
     assert isinstance(moekit.built_with_cuda(), bool) and moekit.cuda_device_count() >= 0
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("form", ["host", "i32", "i64"])
+def test_zero_tail_zeroes_rows_past_s_and_nothing_else(device, form):
+    """moekit.zero_tail (what moekit.torch zeroes a gradient's tail with): rows [S, T) set to 0,
+    rows [0, S) untouched, for host counts and device counts of both dtypes; S > T refused."""
+    from conftest import built_for
+    from moekit.torch._common import context_for, dl
+    built_for(device)
+    _, ctx = context_for(torch.device(device))
+    t = torch.randn(T, 3, 5, device=device).to(torch.bfloat16)  # a row is 15 elements, 30 bytes
+    before = t.clone()
+    splits = SPLITS if form == "host" else moekit.Splits.device(dl(torch.tensor(
+        SPLITS, dtype=torch.int32 if form == "i32" else torch.int64, device=device)))
+    moekit.zero_tail(ctx, dl(t), splits)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    S = sum(SPLITS)
+    assert torch.equal(t[:S], before[:S])
+    assert torch.all(t[S:] == 0)
+    with pytest.raises(ValueError, match=r"'splits'.*S <= T = 11"):
+        moekit.zero_tail(ctx, dl(t), [12])
