@@ -183,12 +183,12 @@ def _same_splits(a, b) -> bool:
 
 
 class _SequentialFunction(torch.autograd.Function):
+    """The autograd node of a moekit Sequential call. Its forward takes moekit's forward already
+    enqueued (y, tape: the caller launched it just before apply, so the GPU starts without
+    waiting for autograd's bookkeeping) and returns y, the output buffer when one was given."""
+
     @staticmethod
-    def forward(ctx, x, probs, out, seq_cpp, splits, op_args, keep, params_meta, *params):
-        y, tape = seq_cpp.forward(dl(x), splits, probs=dl(probs), op_args=op_args,
-                                  input_requires_grad=ctx.needs_input_grad[0],
-                                  probs_requires_grad=probs is not None and ctx.needs_input_grad[1],
-                                  save=True)
+    def forward(ctx, x, probs, out, seq_cpp, y, tape, keep, params_meta, *params):
         if out is not None:
             ctx.mark_dirty(out)
             y = out
@@ -451,8 +451,13 @@ class Sequential(torch.nn.Module):
             x2.requires_grad or (probs is not None and probs.requires_grad) or
             any(p.requires_grad for p in params))
         if needs_grad:
+            # moekit's forward first (its kernels queue now), then autograd's node around it
+            y, tape = seq.forward(dl(x2), splits, probs=dl(probs), op_args=routed,
+                                  input_requires_grad=x2.requires_grad,
+                                  probs_requires_grad=probs is not None and probs.requires_grad,
+                                  save=True)
             meta = [(i, op.bias is not None, op._main_grad() is not None) for i, op in linears]
-            y = _SequentialFunction.apply(x2, probs, out, seq, splits, routed,
+            y = _SequentialFunction.apply(x2, probs, out, seq, y, tape,
                                           (grad_input0, splits_keep, self), meta, *params)
         else:
             y, _ = seq.forward(dl(x2), splits, probs=dl(probs), op_args=routed,
