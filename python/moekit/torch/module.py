@@ -23,14 +23,11 @@ class _GroupedLinearFunction(torch.autograd.Function):
     `dgrad_out` receives dx in backward and is returned as the input's gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, out, module, layer, splits, keep_splits, dgrad_out,
+    def forward(ctx, x, weight, bias, out, module, layer, y, saved, keep_splits, dgrad_out,
                 main_grad):
-        bind_weight(module._bound, layer, weight)
-        if bias is not None:
-            layer.set_bias(dl(bias))
+        # y, saved: moekit's forward, enqueued by the caller just before apply (the GPU starts
+        # without waiting for autograd's bookkeeping)
         input_grad = ctx.needs_input_grad[0]
-        y, saved = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=input_grad,
-                                 save=True)
         if out is not None:
             ctx.mark_dirty(out)
             y = out
@@ -72,7 +69,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         else:
             dw = from_moekit(dw) if ctx.needs_input_grad[1] else None
         db = from_moekit(db) if ctx.bias is not None and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 class GroupedLinear(torch.nn.Module):
@@ -142,6 +139,8 @@ class GroupedLinear(torch.nn.Module):
 
     def forward(self, inp: torch.Tensor, m_splits, out: torch.Tensor | None = None,
                 dgrad_out: torch.Tensor | None = None) -> torch.Tensor:
+        if not torch.compiler.is_compiling():  # eager: straight to the call (no compile wrapper)
+            return self._run_eager(inp, m_splits, out, dgrad_out)
         training = torch.is_grad_enabled() and (inp.requires_grad or self.weight.requires_grad or (
             self.bias is not None and self.bias.requires_grad))
         if torch.compiler.is_compiling() and dgrad_out is None and not (
@@ -156,9 +155,7 @@ class GroupedLinear(torch.nn.Module):
             return y.view(*inp.shape[:-1], self.out_features) if inp.dim() != 2 else y
         return self._forward_eager(inp, m_splits, out, dgrad_out)
 
-    # dgrad_out, main_grad and delayed wgrad under torch.compile: one graph break (SPEC §8)
-    @torch.compiler.disable
-    def _forward_eager(self, inp, m_splits, out, dgrad_out):
+    def _run_eager(self, inp, m_splits, out, dgrad_out):
         if not isinstance(inp, torch.Tensor):
             raise TypeError(f"moekit: inp must be a torch.Tensor, got {type(inp).__name__}")
         if inp.size(-1) != self.in_features:
@@ -182,20 +179,26 @@ class GroupedLinear(torch.nn.Module):
                 raise ValueError("moekit: fuse_wgrad_accumulation needs weight.main_grad "
                                  "(an fp32 [G, N, K] tensor the caller sets)")
         layer = self._layer()
+        bind_weight(self._bound, layer, self.weight)
+        if self.bias is not None:
+            layer.set_bias(dl(self.bias))
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or
                                         (self.bias is not None and self.bias.requires_grad)):
-            y = _GroupedLinearFunction.apply(x, self.weight, self.bias, out, self, layer, splits,
+            # moekit's forward first (its kernels queue now), then autograd's node around it
+            y, saved = layer.forward(dl(x), splits, output=dl(out),
+                                     input_requires_grad=x.requires_grad, save=True)
+            y = _GroupedLinearFunction.apply(x, self.weight, self.bias, out, self, layer, y, saved,
                                              keep, dgrad_out, main_grad)
         else:
-            bind_weight(self._bound, layer, self.weight)
-            if self.bias is not None:
-                layer.set_bias(dl(self.bias))
             y, _ = layer.forward(dl(x), splits, output=dl(out), input_requires_grad=False,
                                  save=False)
             y = out if out is not None else from_moekit(y)
         if inp.dim() != 2:
             y = y.view(*inp.shape[:-1], self.out_features)
         return y
+
+    # dgrad_out, main_grad and delayed wgrad under torch.compile: one graph break (SPEC §8)
+    _forward_eager = torch.compiler.disable(_run_eager)
 
     def backward_dw(self):
         """With delay_wgrad_compute: the weight gradients of every backward since the last call.
