@@ -289,7 +289,7 @@ TEST_P(Contract, ZeroTailZeroesTheTailRowsAndNothingElse) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Contract, ::testing::ValuesIn(test::device_names()));
+INSTANTIATE_TEST_SUITE_P(Devices, Contract, ::testing::ValuesIn(test::device_names()), test::device_name);
 
 // ---- GPU: device splits never synchronise silently.
 class DeviceSplitsRule : public test::DeviceTest {};
@@ -367,7 +367,7 @@ TEST_P(DeviceSplitsRule, ForcedCublasInsideAGraphCaptureIsAnError) {
 }
 
 // CUDA only: on the CPU the counts are always on the host.
-INSTANTIATE_TEST_SUITE_P(Devices, DeviceSplitsRule, ::testing::Values("cuda"));
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceSplitsRule, ::testing::Values("cuda"), test::device_name);
 
 }  // namespace
 }  // namespace moekit

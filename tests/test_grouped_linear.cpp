@@ -124,13 +124,9 @@ class OnDevice : public ::testing::TestWithParam<std::string> {
   std::optional<Context> ctx_;
 };
 
-std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
-}
-
 #define MOEKIT_ON_EVERY_DEVICE(Suite) \
   class Suite : public OnDevice {};   \
-  INSTANTIATE_TEST_SUITE_P(Device, Suite, ::testing::ValuesIn(test::device_names()), device_name)
+  INSTANTIATE_TEST_SUITE_P(Device, Suite, ::testing::ValuesIn(test::device_names()), test::device_name)
 
 MOEKIT_ON_EVERY_DEVICE(Forward);
 MOEKIT_ON_EVERY_DEVICE(Backward);

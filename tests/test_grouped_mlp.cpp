@@ -37,10 +37,6 @@ std::string label(DType dt, GluLayout layout) {
 
 using OnDevice = DeviceTest;
 
-std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
-}
-
 // ============================================================== SwiGLU primitive
 using SwiGLUPrimitive = OnDevice;
 
@@ -238,7 +234,7 @@ TEST_P(SwiGLUPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, SwiGLUPrimitive, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 // ============================================================== fc1 + SwiGLU primitive
 using GemmSwiGluPrimitive = OnDevice;
@@ -334,7 +330,7 @@ TEST_P(GemmSwiGluPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GemmSwiGluPrimitive, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 // ============================================================== fc2 dgrad + SwiGLU backward primitive
 using GemmDSwiGluPrimitive = OnDevice;
@@ -442,7 +438,7 @@ TEST_P(GemmDSwiGluPrimitive, RejectsBadArgumentsBeforeWritingNaming) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GemmDSwiGluPrimitive, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 // ============================================================== grouped bias primitive
 using GroupedBiasPrimitive = OnDevice;
@@ -522,7 +518,7 @@ TEST_P(GroupedBiasPrimitive, RejectsBadArguments) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GroupedBiasPrimitive, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 // ============================================================== GroupedMLP
 struct MlpRun {
@@ -1286,7 +1282,7 @@ TEST_P(GroupedMLPDevice, BackwardBuffersOverlappingWhatTheCallReadsOrWritesAreEr
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GroupedMLPDevice, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 }  // namespace
 }  // namespace moekit::test

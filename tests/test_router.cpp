@@ -26,10 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
-}
-
 struct Case {
   int64_t T = 5, E = 6, H = 7, k = 2;
   DType dt = DType::F32;
@@ -284,7 +280,7 @@ TEST_P(RouterPrimitive, ArgumentErrorsNameTheArgumentAndWriteNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, RouterPrimitive, ::testing::ValuesIn(device_names()),
-                         device_name);
+                         test::device_name);
 
 }  // namespace
 }  // namespace moekit::test

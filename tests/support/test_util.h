@@ -147,6 +147,12 @@ inline const std::vector<std::string>& device_names() {
   return names;
 }
 
+/// A device suite's test-name suffix: the device itself (.../cpu, .../cuda, not /0, /1), which
+/// tools/gpu-check's sanitizer filter (*cuda*) selects the GPU cases by.
+inline std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
+}
+
 // Overlap tests: a caller buffer and an input of the call carved out of one arena (pre-filled with
 // the sentinel, then the input's data copied in), so that a failed call can be shown to leave the
 // whole arena unchanged and a passing one could not write outside it.
