@@ -549,7 +549,7 @@ TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
 // contrast): whole 128x128 tiles, a group's rows ending mid-tile, N ending mid-tile, a single
 // k-block, an empty group between two, a wgrad group shorter than a k-block, persistent CTAs
 // taking several tiles each. Each case is its own test so a tool can be pointed at one
-// (compute-sanitizer --tool racecheck test_quant_ops --gtest_filter=Fp8GemmFeatures/Fp8Features.*/CASE).
+// (compute-sanitizer --tool racecheck test_quant_ops --gtest_filter=Fp8GemmCudaFeatures/Fp8Features.*/CASE).
 struct Fp8Feature {
   const char* name;
   Fp8Problem problem;
@@ -578,7 +578,7 @@ TEST_P(Fp8Features, MatchTheFp64ReferenceWithDeviceCounts) {
   check_fp8_gemms(poisoned(Context::cuda(0)), GetParam().problem);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp8GemmFeatures, Fp8Features, ::testing::ValuesIn(kFp8Features),
+INSTANTIATE_TEST_SUITE_P(Fp8GemmCudaFeatures, Fp8Features, ::testing::ValuesIn(kFp8Features),
                          [](const ::testing::TestParamInfo<Fp8Feature>& info) { return std::string(info.param.name); });
 
 // The group-K kernels' rows rule on the device (SPEC §6c): a count not a multiple of 16 writes
