@@ -4,7 +4,10 @@ moekit's native FP8 grouped GEMMs (cuda-fp8: fp8-current's per-expert scales, fp
 1x128 / 128x128 blocks) for fprop, dgrad and wgrad on the suite's shapes (uniform routing,
 device splits, bf16), beside
   - CUTLASS example 68 (block-scaled, the mainloop moekit's fp8-block uses) and example 57
-    (per-tensor FP8), stock, timing only, at each pass's per-group (m, n, k) — built by
+    (per-tensor FP8), stock (the issue's targets), timing only, at each pass's per-group (m, n,
+    k), and beside them the variant that computes as moekit's pass does (like for like: fprop the
+    stock ones — FastAccum, as moekit's forward; dgrad, wgrad: ex57p, promoted accumulation as
+    TE's split accumulator; wgrad: ex68r, B scaled per row as x's 128x1 blocks) — built by
     bench/studies/cutlass_fp8_peers.sh DIR, given as --cutlass DIR; each timed by its own loop
     (--iterations runs of initialize() + run() between two events), example 57 its best kernel;
   - torch._scaled_grouped_mm (rowwise scales, fast accumulation) for fprop.
@@ -115,9 +118,10 @@ def main():
              f"{torch.cuda.get_device_name()}", "",
              f"torch {torch.__version__}; uniform routing, device splits; ms per call (moekit: its GEMM "
              f"kernels, median of {args.reps} profiled calls); TFLOP/s = 2·T·N·K / time.", "",
-             "| shape | pass | fp8-block ms | ex68 ms | block / ex68 (target ≥ 1.0) | fp8-current ms | "
-             "ex57 ms | current / ex57 (≥ 1.0) | torch._scaled_grouped_mm ms | current / torch (≥ 1.1) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | pass | fp8-block ms | ex68 ms | block / ex68 (target ≥ 1.0) | like-for-like ms | "
+             "block / it | fp8-current ms | ex57 ms | current / ex57 (≥ 1.0) | like-for-like ms | current / it | "
+             "torch._scaled_grouped_mm ms | current / torch (≥ 1.1) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.shapes.split(","):
         E, T, K, N = SHAPES[name]
         flop = 2.0 * T * N * K
@@ -125,14 +129,20 @@ def main():
             blk = moekit_pass_ms("fp8-block", p, E, T, K, N, args.reps)
             cur = moekit_pass_ms("fp8-current", p, E, T, K, N, args.reps)
             m, n, k = pass_mnk(p, T, E, K, N)
-            ex68 = peer(lambda: cutlass_ms(f"{args.cutlass}/ex68", m, n, k, E)) if args.cutlass else None
-            ex57 = peer(lambda: cutlass_ms(f"{args.cutlass}/ex57", m, n, k, E)) if args.cutlass else None
+            # the stock examples (the targets) and, for the backward passes, the variants
+            # that accumulate / scale as moekit's do (like for like)
+            b_like, c_like = ("ex68r" if p == "wgrad" else "ex68"), ("ex57" if p == "fprop" else "ex57p")
+            run = lambda b: peer(lambda: cutlass_ms(f"{args.cutlass}/{b}", m, n, k, E)) if args.cutlass else None
+            ex68, ex57 = run("ex68"), run("ex57")
+            ex68l = ex68 if b_like == "ex68" else run(b_like)
+            ex57l = ex57 if c_like == "ex57" else run(c_like)
             tsg = scaled_grouped_mm_ms(E, T, K, N, args.reps) if p == "fprop" else None
             fmt = lambda v: "—" if v is None else f"{v:.3f}"
             ratio = lambda peer, ours: "—" if peer is None else f"{peer / ours:.2f}"
             lines.append(f"| {name} | {p} | {blk:.3f} ({flop / blk / 1e9:.0f} TF) | {fmt(ex68)} | "
-                         f"{ratio(ex68, blk)} | {cur:.3f} ({flop / cur / 1e9:.0f} TF) | {fmt(ex57)} | "
-                         f"{ratio(ex57, cur)} | {fmt(tsg)} | {ratio(tsg, cur)} |")
+                         f"{ratio(ex68, blk)} | {fmt(ex68l)} ({b_like}) | {ratio(ex68l, blk)} | "
+                         f"{cur:.3f} ({flop / cur / 1e9:.0f} TF) | {fmt(ex57)} | {ratio(ex57, cur)} | "
+                         f"{fmt(ex57l)} ({c_like}) | {ratio(ex57l, cur)} | {fmt(tsg)} | {ratio(tsg, cur)} |")
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
