@@ -69,6 +69,70 @@ def run_ranks(body, region_bytes):
     return run_group(W, region_bytes, body)
 
 
+def run_processes(world, region_bytes, body, timeout=60):
+    """body(rank, comm) on `world` forked processes: what a one-process-per-GPU program does. The
+    ranks' regions are one memfd that each process maps itself, so a process's peer bases are its
+    own addresses of the other ranks' blocks; barrier: a multiprocessing.Barrier; all_gather: a
+    slot per rank in an inherited shared mapping between two barriers. Each body's result comes
+    back pickled through a queue; a rank that fails, or does not finish in `timeout` s, fails."""
+    import mmap
+    import multiprocessing as mp
+    import os
+    import pickle
+    import struct
+    ctx = mp.get_context("fork")
+    block = (region_bytes + 4095) // 4096 * 4096
+    fd = os.memfd_create("moekit-ep-pytest")
+    os.ftruncate(fd, block * world)
+    slot = 4096
+    slots = mmap.mmap(-1, world * (slot + 8))  # shared with the children (MAP_SHARED anonymous)
+    barrier, results = ctx.Barrier(world), ctx.Queue()
+
+    def rank_main(rank):
+        try:
+            mine = mmap.mmap(fd, block * world)  # this process's own mapping of every block
+            arr = np.frombuffer(mine, dtype=np.uint8)
+            base = arr.__array_interface__["data"][0]
+            bases = [base + q * block for q in range(world)]
+
+            def all_gather(b):
+                barrier.wait()  # the previous gather's readers are done
+                b = bytes(b)
+                assert len(b) <= slot, "all_gather: more bytes than a slot holds"
+                slots[rank * (slot + 8):rank * (slot + 8) + 8] = struct.pack("q", len(b))
+                slots[rank * (slot + 8) + 8:rank * (slot + 8) + 8 + len(b)] = b
+                barrier.wait()
+                out = []
+                for q in range(world):
+                    n = struct.unpack("q", slots[q * (slot + 8):q * (slot + 8) + 8])[0]
+                    out.append(slots[q * (slot + 8) + 8:q * (slot + 8) + 8 + n])
+                return out
+            comm = moekit.caller_communicator(rank, world, moekit.Context.cpu(),
+                                              arr[rank * block:(rank + 1) * block], bases,
+                                              barrier.wait, all_gather)
+            results.put((rank, pickle.dumps(body(rank, comm)), None))
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            barrier.abort()
+            results.put((rank, None, repr(e)))
+
+    procs = [ctx.Process(target=rank_main, args=(r,)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(world):
+            rank, res, err = results.get(timeout=timeout)
+            assert err is None, f"rank {rank}: {err}"
+            got[rank] = pickle.loads(res)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        os.close(fd)
+    return [got[r] for r in range(world)]
+
+
 def config():
     return dict(experts_per_rank=L, hidden=H, dtype="f32", topk=K, max_tokens=T,
                 receive_capacity=W * T * K)
@@ -102,6 +166,34 @@ def test_identity_experts_give_k_times_the_tokens_forward_and_backward():
         total_rows += rows
         assert int(tpe.sum()) == rows
     assert total_rows == W * T * K  # every (token, expert) slot arrived once
+
+
+def test_ranks_as_processes_give_k_times_the_tokens_as_threads_do():
+    """The identity-experts check with each rank a process of its own (peer bases in each
+    process's own address space): the same k·x and k·dy, and bit for bit the threads' results."""
+    need = moekit.ExpertParallel.symmetric_bytes(**config(), world_size=W)
+
+    def body(rank, comm):
+        ep = moekit.ExpertParallel(comm, **config())
+        rng = np.random.default_rng(rank)
+        x = rng.standard_normal((T, H), dtype=np.float32)
+        dy = rng.standard_normal((T, H), dtype=np.float32)
+        idx, w = routing(rank)
+        recv, splits, tokens_per_expert, weights, rows, handle = ep.dispatch(x, idx, w)
+        np.from_dlpack(ep.combine_input)[:rows] = np.from_dlpack(recv)[:rows]
+        out = np.from_dlpack(ep.combine(handle, ep.combine_input)).copy()
+        grad_recv = np.from_dlpack(ep.combine_backward(handle, dy))
+        np.from_dlpack(ep.dispatch_backward_input)[:rows] = grad_recv[:rows]
+        dtok, _ = ep.dispatch_backward(handle, ep.dispatch_backward_input)
+        return x, dy, out, np.from_dlpack(dtok).copy()
+
+    procs = run_processes(W, need, body)
+    threads = run_ranks(body, need)
+    for (x, dy, out, dtok), (_, _, out_t, dtok_t) in zip(procs, threads):
+        np.testing.assert_array_equal(out, K * x)
+        np.testing.assert_array_equal(dtok, K * dy)
+        np.testing.assert_array_equal(out, out_t)
+        np.testing.assert_array_equal(dtok, dtok_t)
 
 
 def test_a_region_too_small_is_refused_on_every_rank_naming_bytes():
