@@ -138,27 +138,29 @@ def config():
                 receive_capacity=W * T * K)
 
 
+def identity_experts(rank, comm):
+    """One rank's dispatch → identity experts (recv copied into the combine's input) → combine,
+    and the backward likewise: (x, dy, out, d tokens, rows received, tokens per expert)."""
+    assert (comm.rank, comm.world_size, comm.engine) == (rank, W, "caller-symmetric")
+    ep = moekit.ExpertParallel(comm, **config())
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((T, H), dtype=np.float32)
+    dy = rng.standard_normal((T, H), dtype=np.float32)
+    idx, w = routing(rank)
+    recv, splits, tokens_per_expert, weights, rows, handle = ep.dispatch(x, idx, w)
+    y_exp = np.from_dlpack(ep.combine_input)
+    y_exp[:rows] = np.from_dlpack(recv)[:rows]  # identity experts, into the combine's input
+    out = np.from_dlpack(ep.combine(handle, ep.combine_input)).copy()
+    grad_recv = np.from_dlpack(ep.combine_backward(handle, dy))
+    dx_exp = np.from_dlpack(ep.dispatch_backward_input)
+    dx_exp[:rows] = grad_recv[:rows]
+    dtok, _ = ep.dispatch_backward(handle, ep.dispatch_backward_input)
+    return x, dy, out, np.from_dlpack(dtok).copy(), rows, np.from_dlpack(tokens_per_expert).copy()
+
+
 def test_identity_experts_give_k_times_the_tokens_forward_and_backward():
     need = moekit.ExpertParallel.symmetric_bytes(**config(), world_size=W)
-
-    def body(rank, comm):
-        assert (comm.rank, comm.world_size, comm.engine) == (rank, W, "caller-symmetric")
-        ep = moekit.ExpertParallel(comm, **config())
-        rng = np.random.default_rng(rank)
-        x = rng.standard_normal((T, H), dtype=np.float32)
-        dy = rng.standard_normal((T, H), dtype=np.float32)
-        idx, w = routing(rank)
-        recv, splits, tokens_per_expert, weights, rows, handle = ep.dispatch(x, idx, w)
-        y_exp = np.from_dlpack(ep.combine_input)
-        y_exp[:rows] = np.from_dlpack(recv)[:rows]  # identity experts, into the combine's input
-        out = np.from_dlpack(ep.combine(handle, ep.combine_input)).copy()
-        grad_recv = np.from_dlpack(ep.combine_backward(handle, dy))
-        dx_exp = np.from_dlpack(ep.dispatch_backward_input)
-        dx_exp[:rows] = grad_recv[:rows]
-        dtok, _ = ep.dispatch_backward(handle, ep.dispatch_backward_input)
-        return x, dy, out, np.from_dlpack(dtok).copy(), rows, np.from_dlpack(tokens_per_expert)
-
-    res = run_ranks(body, need)
+    res = run_ranks(identity_experts, need)
     total_rows = 0
     for x, dy, out, dtok, rows, tpe in res:
         np.testing.assert_array_equal(out, K * x)
@@ -172,28 +174,14 @@ def test_ranks_as_processes_give_k_times_the_tokens_as_threads_do():
     """The identity-experts check with each rank a process of its own (peer bases in each
     process's own address space): the same k·x and k·dy, and bit for bit the threads' results."""
     need = moekit.ExpertParallel.symmetric_bytes(**config(), world_size=W)
-
-    def body(rank, comm):
-        ep = moekit.ExpertParallel(comm, **config())
-        rng = np.random.default_rng(rank)
-        x = rng.standard_normal((T, H), dtype=np.float32)
-        dy = rng.standard_normal((T, H), dtype=np.float32)
-        idx, w = routing(rank)
-        recv, splits, tokens_per_expert, weights, rows, handle = ep.dispatch(x, idx, w)
-        np.from_dlpack(ep.combine_input)[:rows] = np.from_dlpack(recv)[:rows]
-        out = np.from_dlpack(ep.combine(handle, ep.combine_input)).copy()
-        grad_recv = np.from_dlpack(ep.combine_backward(handle, dy))
-        np.from_dlpack(ep.dispatch_backward_input)[:rows] = grad_recv[:rows]
-        dtok, _ = ep.dispatch_backward(handle, ep.dispatch_backward_input)
-        return x, dy, out, np.from_dlpack(dtok).copy()
-
-    procs = run_processes(W, need, body)
-    threads = run_ranks(body, need)
-    for (x, dy, out, dtok), (_, _, out_t, dtok_t) in zip(procs, threads):
+    procs = run_processes(W, need, identity_experts)
+    threads = run_ranks(identity_experts, need)
+    for (x, dy, out, dtok, rows, _), (_, _, out_t, dtok_t, rows_t, _) in zip(procs, threads):
         np.testing.assert_array_equal(out, K * x)
         np.testing.assert_array_equal(dtok, K * dy)
         np.testing.assert_array_equal(out, out_t)
         np.testing.assert_array_equal(dtok, dtok_t)
+        assert rows == rows_t
 
 
 def test_a_region_too_small_is_refused_on_every_rank_naming_bytes():
