@@ -456,34 +456,32 @@ __device__ __forceinline__ void with_format_and_nan(bool e4, bool fix_nan, F&& b
 
 // Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
 // (grid-strided), each element read once for both copies. A tile may span groups: each row's factor
-// is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). V columns a
-// thread; launched with V = 1, the path for any C, leading dimensions and pointers (the vector
-// path, 4 columns a thread, is per_group_vec_kernel below); a thread's loads of the whole tile
+// is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). One column
+// a thread: the path for any C, leading dimensions and pointers (the vector path, 4 columns a
+// thread, is per_group_vec_kernel below); a thread's loads of the whole tile
 // issue before any is used (the bytes in flight a memory-bound pass needs); the rowwise codes
 // stored along the rows, the columnwise ones staged transposed in shared memory and stored along
 // the copy's rows, four rows a 4-byte word.
 constexpr int kPgRows = 64, kPgCols = 128, kPgThreads = 256;
-template <class T, int V>
+template <class T>
 __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bool col_words) {
   const int64_t S = p.ws[0];
   if (S < 0) return;
   __shared__ float factor[kPgRows];
   __shared__ __align__(16) uint8_t codes[kPgCols][kPgRows + 4];  // [column][row]: the copy's layout
-  constexpr int kLanes = kPgCols / V, kRowsPerPass = kPgThreads / kLanes, kPasses = kPgRows / kRowsPerPass;
-  struct alignas(V * sizeof(T)) Vec { T v[V]; };
-  const int lane = static_cast<int>(threadIdx.x % kLanes), sub = static_cast<int>(threadIdx.x / kLanes);
+  constexpr int kRowsPerPass = kPgThreads / kPgCols, kPasses = kPgRows / kRowsPerPass;
+  const int c = static_cast<int>(threadIdx.x % kPgCols), sub = static_cast<int>(threadIdx.x / kPgCols);
   const int64_t strips = (p.C + kPgCols - 1) / kPgCols, tiles = (S + kPgRows - 1) / kPgRows * strips;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
     const int64_t t0 = tile / strips * kPgRows, c0 = tile % strips * kPgCols;
     const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
     const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
-    const int c = lane * V;  // this thread's first column in the strip (cols is a multiple of V)
-    const bool live = c < cols;
-    Vec x[kPasses];
+    const bool live = c < cols;  // this thread's column of the strip
+    T x[kPasses];
     const T* src = static_cast<const T*>(p.x) + (t0 + sub) * p.C + c0 + c;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      if (live && sub + i * kRowsPerPass < rows) x[i] = *reinterpret_cast<const Vec*>(src + i * kRowsPerPass * p.C);
+      if (live && sub + i * kRowsPerPass < rows) x[i] = src[i * kRowsPerPass * p.C];
     }
     if (threadIdx.x < rows) {
       const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
@@ -494,23 +492,9 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
     for (int i = 0; i < kPasses; ++i) {
       const int r = sub + i * kRowsPerPass;
       if (!live || r >= rows) continue;
-      const float f = factor[r];
-      uint8_t q[V];
-#pragma unroll
-      for (int j = 0; j + 1 < V; j += 2) {
-        const uint16_t two = encode_fp8_pair(p, to_float(x[i].v[j]) * f, to_float(x[i].v[j + 1]) * f);
-        q[j] = static_cast<uint8_t>(two & 0xFF);
-        q[j + 1] = static_cast<uint8_t>(two >> 8);
-      }
-      if constexpr (V % 2 == 1) q[V - 1] = static_cast<uint8_t>(encode_fp8_pair(p, to_float(x[i].v[V - 1]) * f, 0.0f));
-      uint8_t* row = p.row ? p.row + (t0 + r) * p.row_ld + c0 + c : nullptr;
-      if constexpr (V == 4) {
-        if (row) *reinterpret_cast<uint32_t*>(row) = q[0] | (uint32_t{q[1]} << 8) | (uint32_t{q[2]} << 16) | (uint32_t{q[3]} << 24);
-      } else {
-        if (row) *row = q[0];
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) codes[c + j][r] = q[j];
+      const uint8_t q = static_cast<uint8_t>(encode_fp8_pair(p, to_float(x[i]) * factor[r], 0.0f));
+      if (p.row) p.row[(t0 + r) * p.row_ld + c0 + c] = q;
+      codes[c][r] = q;
     }
     __syncthreads();
     if (p.col) store_columnwise<kPgRows, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
@@ -518,7 +502,7 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
   }
 }
 
-// per_group_kernel's vector path (V = 4), as the block kernel below: warp w owns rows 8w .. 8w + 7
+// per_group_kernel's vector path (4 columns a thread), as the block kernel below: warp w owns rows 8w .. 8w + 7
 // of the tile (a row's 128 columns a warp per load), the format a constant of the encode loop and
 // NaN fix-ups only in warps that hold a NaN; the columnwise codes transposed four rows at a time by
 // byte permutes and staged one word a column (rotated by lane group: no bank conflicts).
@@ -846,7 +830,7 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     if (vec) {
       per_group_vec_kernel<T><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     } else {
-      per_group_kernel<T, 1><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+      per_group_kernel<T><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     }
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
