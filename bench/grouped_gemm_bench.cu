@@ -435,7 +435,11 @@ std::string shell_line(const char* cmd) {
 // operands quantized once beforehand (not timed; a training step quantizes each operand once for
 // all the GEMMs that read it: bench/studies/recipe_profile.py times the quantize kernels).
 bool is_recipe(const std::string& name) {
-  return name == "fp8-current" || name == "fp8-block" || name == "mxfp8" || name == "nvfp4";
+  try {
+    return moekit::Recipe::parse(name).enabled();  // "none" / "bf16": the plain computation
+  } catch (const moekit::Error&) {
+    return false;  // a backend's name
+  }
 }
 
 // The FP8 tensor cores' accumulation, as the tests take it (tests/support/reference.h).
