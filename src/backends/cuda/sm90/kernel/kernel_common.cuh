@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backends/cuda/sm90/device/grouped_gemm_sm90.h"
+#include "backends/cuda/sm90/collective/blockwise_consumer.cuh"
 #include "backends/cuda/sm90/collective/k_order.cuh"
 #include "backends/cuda/sm90/device/launch.cuh"
 #include "backends/cuda/sm90/collective/prebuilt_tensormaps.cuh"
@@ -200,7 +201,9 @@ struct GroupedGemm : P {
       typename P::Config::Tile, typename P::Config::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmemBytes>,
       typename P::Config::Schedule>::CollectiveOp;
-  using CollectiveMainloop = KOrderMainloop<PrebuiltMainloop<CutlassMainloop>>;
+  // The block-scaled FP8 mainloop's consumer loop is moekit's (collective/blockwise_consumer.cuh).
+  using CollectiveMainloop =
+      KOrderMainloop<PrebuiltMainloop<typename WithBlockwiseConsumer<CutlassMainloop>::type>>;
   using CollectiveEpilogue = PrebuiltEpilogue<typename P::CollectiveEpilogue>;
   using CutlassKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Kernel =
