@@ -2,7 +2,9 @@
 // every EpCuda case runs once per engine — EpCuda.<case>/cuda_ranks (CudaRanks) and, where moekit
 // was built with NCCL, EpCuda.<case>/nccl_symmetric (NcclRanks) and EpCuda.<case>/nccl_communicator
 // (nccl_communicator over ncclCommInitRank communicators, one host thread per rank standing in for
-// one process per GPU; its capture case checks the refusal) — against CpuRanks on the same
+// one process per GPU), and EpCuda.<case>/caller_group (caller_communicator over regions and
+// collectives the test brings, as torch symmetric memory does) — the last two agree in band
+// (Communicator::Agreement::InBand), so their steps capture too — against CpuRanks on the same
 // data, bit for bit — dispatch (recv, weights, splits,
 // tokens per expert), combine, combine_backward, dispatch_backward — with fuzzed routing,
 // zero-token experts, int32 indices, capacity overflow both ways, malformed topk_idx (the device
@@ -11,6 +13,9 @@
 // the MoE layer (router on the device) on CudaRanks against CpuRanks (W = 1, and W = 2 on two
 // GPUs); the router primitives captured in a CUDA graph; each engine's symmetric allocation
 // (this rank's base is its block, sizes checked across ranks, a block outliving its ranks).
+// EpCudaInBand.*: a caller group of two ranks on ONE GPU (a stream each) — W = 2's cross-rank
+// kernels without a second GPU — bit for bit as CpuRanks, and a rank refusing its arguments in
+// each call: it throws, the other stores nothing and gets Context::kEpPeerRefused.
 // NcclRanksArguments.* need no GPU.
 //
 // Every EpCuda test needs a GPU: it skips only when moekit has no CUDA backend or no device exists; on a
@@ -49,7 +54,7 @@ namespace {
 // (nccl_communicator over communicators the test makes, as a program with one process per GPU
 // does).
 std::vector<std::string> gpu_engines() {
-  std::vector<std::string> e = {"cuda-ranks"};
+  std::vector<std::string> e = {"cuda-ranks", "caller-group"};
   if (NcclRanks::built()) {
     e.push_back("nccl-symmetric");
     e.push_back("nccl-communicator");
@@ -57,8 +62,10 @@ std::vector<std::string> gpu_engines() {
   return e;
 }
 
-// What Communicator::engine() says for a test engine (nccl_communicator is the NCCL engine too).
+// What Communicator::engine() says for a test engine (nccl_communicator is the NCCL engine too;
+// a caller group is CallerGroup::engine's default).
 std::string engine_name(const std::string& engine) {
+  if (engine == "caller-group") return "caller-symmetric";
   return engine == "nccl-communicator" ? "nccl-symmetric" : engine;
 }
 
@@ -88,7 +95,82 @@ void on_rank_threads(int W, const std::function<void(int)>& fn) {
   CpuRanks(W).run([&](Communicator& host) { fn(host.rank()); });
 }
 
-// CudaRanks, NcclRanks, or W nccl_communicator ranks over the test's own NCCL communicators
+// W caller_communicator ranks — a group the caller runs (one process per GPU; here a host thread
+// per rank) — over regions the test allocates (a tensor on each rank's context, every rank's base
+// of it exchanged), with the caller's collectives: all_gather among the host threads, and a
+// stream-ordered barrier (each rank records an event on its stream, the threads meet, each stream
+// waits for every other rank's event, the threads meet again; nothing at W = 1, so a step
+// captures), as torch symmetric memory brings them. The host meetings are a CpuRanks group's, so a
+// rank that throws aborts the others instead of hanging them. Ranks may share a GPU, each on its
+// own stream (W = 2 on one GPU); ranks on distinct GPUs get peer access to each other's memory
+// pools from a CudaRanks over the same contexts (what a torch program's symmetric memory has).
+class CallerGroupRanks {
+ public:
+  static constexpr int64_t kRegionBytes = int64_t{64} << 20;  // every test's ExpertParallels fit
+
+  explicit CallerGroupRanks(const std::vector<Context>& contexts)
+      : W_(static_cast<int>(contexts.size())), host_(W_) {
+    const CudaGraphApi& api = CudaGraphApi::get();
+    if (!api.ok) throw std::runtime_error("libcudart entry points not found through dlopen");
+    bool distinct = true;
+    for (size_t a = 0; a < contexts.size(); ++a)
+      for (size_t b = 0; b < a; ++b) distinct &= contexts[a].device() != contexts[b].device();
+    if (W_ > 1 && distinct) CudaRanks{contexts};  // enables peer access (devices and pools)
+    std::vector<void*> bases;
+    for (const Context& ctx : contexts) {
+      regions_.push_back(Tensor::empty({kRegionBytes}, DType::U8, ctx));
+      bases.push_back(regions_.back().data());
+      void* ev = nullptr;
+      if (api.set_device(ctx.device().index) != 0 ||
+          api.event_create(&ev, CudaGraphApi::kDisableTiming) != 0) {
+        throw std::runtime_error("cudaEventCreateWithFlags failed");
+      }
+      events_.push_back(ev);
+    }
+    for (int r = 0; r < W_; ++r) {
+      const Context& ctx = contexts[static_cast<size_t>(r)];
+      Communicator& host = host_.communicator(r);
+      auto barrier = [this, &api, &host, ctx, r] {
+        if (W_ == 1) return;  // stream order
+        if (api.event_record(events_[static_cast<size_t>(r)], ctx.stream()) != 0)
+          throw std::runtime_error("cudaEventRecord failed");
+        host.barrier();
+        for (int q = 0; q < W_; ++q) {
+          if (q != r && api.stream_wait_event(ctx.stream(), events_[static_cast<size_t>(q)], 0) != 0)
+            throw std::runtime_error("cudaStreamWaitEvent failed");
+        }
+        host.barrier();  // no event is recorded again before every wait on it was queued
+      };
+      comms_.push_back(caller_communicator(
+          CallerGroup{.rank = r,
+                      .world_size = W_,
+                      .context = ctx,
+                      .region = regions_[static_cast<size_t>(r)],
+                      .peer_bases = bases,
+                      .barrier = barrier,
+                      .all_gather = [&host](std::string_view b) { return host.all_gather(b); }}));
+    }
+  }
+  ~CallerGroupRanks() {
+    comms_.clear();
+    for (void* ev : events_) CudaGraphApi::get().event_destroy(ev);
+  }
+  CallerGroupRanks(const CallerGroupRanks&) = delete;
+  CallerGroupRanks& operator=(const CallerGroupRanks&) = delete;
+  int world_size() const { return W_; }
+  void run(const std::function<void(Communicator&)>& fn) {
+    host_.run([&](Communicator& host) { fn(*comms_[static_cast<size_t>(host.rank())]); });
+  }
+
+ private:
+  int W_;
+  CpuRanks host_;
+  std::vector<Tensor> regions_;
+  std::vector<void*> events_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+// CudaRanks, NcclRanks, a caller group, or W nccl_communicator ranks over the test's own NCCL communicators
 // (ncclGetUniqueId, then ncclCommInitRank on one host thread per rank, each on its GPU — one
 // process standing in for W; the communicators are kept until the ranks are gone), by engine name.
 class GpuRanks {
@@ -96,6 +178,8 @@ class GpuRanks {
   GpuRanks(const std::string& engine, const std::vector<Context>& contexts) {
     if (engine == "nccl-symmetric") {
       nccl_ = std::make_unique<NcclRanks>(contexts);
+    } else if (engine == "caller-group") {
+      caller_ = std::make_unique<CallerGroupRanks>(contexts);
     } else if (engine == "nccl-communicator") {
       const NcclApi api;
       if (!api.ok()) throw std::runtime_error("NCCL / CUDA runtime entry points not found through dlsym");
@@ -129,17 +213,20 @@ class GpuRanks {
   GpuRanks(const GpuRanks&) = delete;
   GpuRanks& operator=(const GpuRanks&) = delete;
   int world_size() const {
+    if (caller_) return caller_->world_size();
     return nccl_ ? nccl_->world_size() : cuda_ ? cuda_->world_size() : static_cast<int>(ranks_.size());
   }
   void run(const std::function<void(Communicator&)>& fn) {
     if (nccl_) return nccl_->run(fn);
     if (cuda_) return cuda_->run(fn);
+    if (caller_) return caller_->run(fn);
     on_rank_threads(world_size(), [&](int r) { fn(*ranks_[static_cast<size_t>(r)]); });
   }
 
  private:
   std::unique_ptr<CudaRanks> cuda_;
   std::unique_ptr<NcclRanks> nccl_;
+  std::unique_ptr<CallerGroupRanks> caller_;
   std::vector<void*> raw_;
   std::vector<std::unique_ptr<Communicator>> ranks_;
   int (*destroy_)(void*) = nullptr;
@@ -225,14 +312,21 @@ Data make_data(const Cfg& c, int W, int64_t T, uint64_t seed) {
   return d;
 }
 
-// What one rank's chain wrote: every output a sentinel-filled caller buffer (byte images).
+// What one rank's chain wrote: every output a sentinel-filled caller buffer (byte images), and
+// each call's error ("" when it returned).
 struct Result {
   std::vector<uint8_t> recv, weights, splits, tpe, y, cb, dtok, dgw;
   uint32_t bits = 0;
-  std::string error;
+  std::string error;  // the first call's error that threw
+  std::string errors[4];  // dispatch, combine, combine_backward, dispatch_backward
 };
 
-Result run_chain(Communicator& comm, const Cfg& c, const Data& d) {
+// The chain dispatch → combine → combine_backward → dispatch_backward, each call made whatever the
+// earlier ones did (every call is collective; a refused dispatch leaves the handle undefined, so the
+// later calls refuse too). `wrong_call` (0..3) on rank `wrong_rank`: that call's output buffer is
+// one of the wrong shape, which the rank refuses on the host.
+Result run_chain(Communicator& comm, const Cfg& c, const Data& d, int wrong_call = -1,
+                 int wrong_rank = -1) {
   const Context& ctx = comm.context();
   const ExpertParallelConfig cfg = config_of(c, comm.world_size());
   const int64_t R = cfg.receive_capacity, T = d.T;
@@ -246,16 +340,27 @@ Result run_chain(Communicator& comm, const Cfg& c, const Data& d) {
   const Tensor cb = filled(ctx, {R, c.H}, c.dt, kSentinel);
   const Tensor dtok = filled(ctx, {T, c.H}, c.dt, kSentinel);
   const Tensor dgw = filled(ctx, {T, c.k}, DType::F32, kSentinel);
+  const Tensor wrong = filled(ctx, {1, c.H}, c.dt, kSentinel);
+  auto buffer = [&](int call, const Tensor& t) {
+    return call == wrong_call && comm.rank() == wrong_rank ? wrong : t;
+  };
   Result r;
-  try {
-    const ExpertParallel::Dispatched D = ep.dispatch(x, idx, w, {recv, wts});
-    ep.combine(D.handle, y, out);
-    ep.combine_backward(D.handle, dy, cb);
-    ep.dispatch_backward(D.handle, dX, dp, {dtok, dgw});
+  auto attempt = [&](int call, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      r.errors[call] = e.what();
+      if (r.error.empty()) r.error = e.what();
+    }
+  };
+  ExpertParallel::Dispatched D;
+  attempt(0, [&] { D = ep.dispatch(x, idx, w, {buffer(0, recv), wts}); });
+  attempt(1, [&] { ep.combine(D.handle, y, buffer(1, out)); });
+  attempt(2, [&] { ep.combine_backward(D.handle, dy, buffer(2, cb)); });
+  attempt(3, [&] { ep.dispatch_backward(D.handle, dX, dp, {buffer(3, dtok), dgw}); });
+  if (r.errors[0].empty()) {
     r.splits = bytes_of(ctx, D.splits.device_counts());
     r.tpe = bytes_of(ctx, D.tokens_per_expert);
-  } catch (const Error& e) {
-    r.error = e.what();
   }
   r.recv = bytes_of(ctx, recv);
   r.weights = bytes_of(ctx, wts);
@@ -267,25 +372,32 @@ Result run_chain(Communicator& comm, const Cfg& c, const Data& d) {
   return r;
 }
 
-std::vector<Result> run_cpu(const Cfg& c, const std::vector<Data>& data) {
+std::vector<Result> run_cpu(const Cfg& c, const std::vector<Data>& data, int wrong_call = -1,
+                            int wrong_rank = -1) {
   const int W = static_cast<int>(data.size());
   std::vector<Result> out(static_cast<size_t>(W));
   CpuRanks ranks(W);
   ranks.run([&](Communicator& comm) {
-    out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
+    out[static_cast<size_t>(comm.rank())] =
+        run_chain(comm, c, data[static_cast<size_t>(comm.rank())], wrong_call, wrong_rank);
   });
   return out;
 }
 
-std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data) {
-  const int W = static_cast<int>(data.size());
-  std::vector<Result> out(static_cast<size_t>(W));
-  GpuRanks ranks(engine, gpu_contexts(W));  // a GPU machine whose engine cannot run fails here (no skip)
+std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data,
+                            const std::vector<Context>& contexts, int wrong_call = -1,
+                            int wrong_rank = -1) {
+  std::vector<Result> out(data.size());
+  GpuRanks ranks(engine, contexts);  // a GPU machine whose engine cannot run fails here (no skip)
   ranks.run([&](Communicator& comm) {
     EXPECT_EQ(comm.engine(), engine_name(engine));
-    out[static_cast<size_t>(comm.rank())] = run_chain(comm, c, data[static_cast<size_t>(comm.rank())]);
+    out[static_cast<size_t>(comm.rank())] =
+        run_chain(comm, c, data[static_cast<size_t>(comm.rank())], wrong_call, wrong_rank);
   });
   return out;
+}
+std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data) {
+  return run_gpu(engine, c, data, gpu_contexts(static_cast<int>(data.size())));
 }
 
 void expect_same(const Result& gpu, const Result& cpu, DType dt, bool compare_counts) {
@@ -415,6 +527,95 @@ TEST_P(EpCuda, WorldSizeTwoOnTwoGpusIsBitIdenticalToCpuRanks) {
   expect_gpu_matches_cpu(engine(), drop, {48, 48}, 23);
 }
 
+// ---------------------------------------------------------------- in-band agreement at W = 2
+//
+// A caller group of two ranks on ONE GPU, each on its own stream (the caller's stream-ordered
+// barrier between them): the W = 2 protocol — peer loads of counts and verdicts, stores into the
+// other rank's staging and returns — runs without a second GPU.
+std::vector<Context> two_ranks_on_gpu0(const CudaGraphApi& api, std::vector<std::unique_ptr<OwnedStream>>& streams) {
+  std::vector<Context> out;
+  for (int r = 0; r < 2; ++r) {
+    streams.push_back(std::make_unique<OwnedStream>(api));
+    out.push_back(Context::cuda(0, streams.back()->get()));
+  }
+  return out;
+}
+
+TEST(EpCudaInBand, TwoRanksOnOneGpuAreBitIdenticalToCpuRanks) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const CudaGraphApi& api = CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  std::vector<std::unique_ptr<OwnedStream>> streams;
+  const std::vector<Context> contexts = two_ranks_on_gpu0(api, streams);
+  uint64_t seed = 61;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (const auto& [tokens, overflow] :
+         {std::pair{std::vector<int64_t>{48, 17}, OverflowPolicy::Error},
+          std::pair{std::vector<int64_t>{0, 30}, OverflowPolicy::Error},  // a rank with no tokens
+          std::pair{std::vector<int64_t>{48, 48}, OverflowPolicy::Drop}}) {
+      Cfg c;
+      c.dt = dt;
+      c.A = 4;
+      c.skip_expert = 5;
+      c.overflow = overflow;
+      if (overflow == OverflowPolicy::Drop) c.R = 40;
+      SCOPED_TRACE(str(name(dt), " T=", tokens[0], ",", tokens[1], overflow == OverflowPolicy::Drop ? " drop" : ""));
+      std::vector<Data> data;
+      for (size_t r = 0; r < 2; ++r) data.push_back(make_data(c, 2, tokens[r], seed + 100 * r));
+      ++seed;
+      const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu("caller-group", c, data, contexts);
+      for (size_t r = 0; r < 2; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        ASSERT_EQ(cpu[r].error, "");
+        EXPECT_EQ(gpu[r].error, "");
+        EXPECT_EQ(gpu[r].bits, 0u);
+        expect_same(gpu[r], cpu[r], c.dt, true);
+      }
+    }
+  }
+}
+
+// Rank 1 gives a wrong-shaped output buffer to one call (each call in turn): it throws that call's
+// InvalidArgument naming the buffer; rank 0 returns (no host agreement) and stores nothing for
+// that call — nor for the calls after a refused dispatch (its handle's plan refuses them) — and
+// its context reports kEpPeerRefused; every buffer equals the CPU engine's, where both ranks threw
+// at the call (host agreement); the calls after a refused combine / combine_backward run as usual.
+TEST(EpCudaInBand, ARankRefusingItsArgumentsStoresNothingOnAnyRank) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const CudaGraphApi& api = CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  std::vector<std::unique_ptr<OwnedStream>> streams;
+  const std::vector<Context> contexts = two_ranks_on_gpu0(api, streams);
+  const char* buffers[] = {"'recv'", "'output'", "'output'", "'tokens'"};
+  for (int call = 0; call < 4; ++call) {
+    SCOPED_TRACE("refused call " + std::to_string(call));
+    Cfg c;
+    c.A = 4;
+    const std::vector<Data> data = {make_data(c, 2, 40, 71), make_data(c, 2, 33, 72)};
+    const std::vector<Result> cpu = run_cpu(c, data, call, 1),
+                              gpu = run_gpu("caller-group", c, data, contexts, call, 1);
+    EXPECT_THAT(gpu[1].errors[call], ::testing::HasSubstr(buffers[call]));
+    EXPECT_EQ(gpu[1].errors[call], cpu[1].errors[call]);
+    EXPECT_THAT(cpu[0].errors[call], ::testing::HasSubstr("rank 1 refused its arguments"));
+    EXPECT_EQ(gpu[0].errors[call], "") << "in band, only the rank at fault throws";
+    EXPECT_EQ(gpu[0].bits, Context::kEpPeerRefused);
+    for (size_t r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      expect_same(gpu[r], cpu[r], c.dt, false);
+    }
+  }
+  // The group is usable afterwards: the same contexts, a clean chain.
+  for (const Context& ctx : contexts) EXPECT_EQ(ctx.device_error_bits(), 0u);
+  Cfg c;
+  const std::vector<Data> data = {make_data(c, 2, 20, 81), make_data(c, 2, 25, 82)};
+  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu("caller-group", c, data, contexts);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(gpu[r].error, "");
+    EXPECT_EQ(gpu[r].bits, 0u);
+    expect_same(gpu[r], cpu[r], c.dt, true);
+  }
+}
+
 // The layer step — dispatch, an expert kernel reading the device splits (grouped_bias_add: rows
 // of each local expert + its bias, scaled by the routing weights), combine, combine_backward,
 // dispatch_backward — captured once in a CUDA graph on one GPU, then replayed after only the
@@ -467,22 +668,6 @@ TEST_P(EpCuda, LayerStepCapturedInACudaGraphReplaysWithNewRoutingBitIdenticalToE
     ctx.synchronize();
     void* graph = nullptr;
     void* exec = nullptr;
-    if (engine() == "nccl-communicator") {
-      // Its all_gather (every call's agreement) synchronises: refused while capturing, before any
-      // work (ARCHITECTURE.md, "Expert parallelism"), and the step runs eagerly afterwards.
-      const std::string why = api.capture(stream, [&] { step(graphed, g); }, &graph);
-      EXPECT_THAT(why, ::testing::HasSubstr("all_gather"));
-      EXPECT_THAT(why, ::testing::HasSubstr("cannot run while a CUDA graph is captured"));
-      if (graph) api.graph_destroy(graph);
-      for (const Tensor* t : {&g.recv, &g.out, &g.dtok}) {
-        EXPECT_TRUE(bit_identical(bytes_of(ctx, *t), bytes_of(ctx, filled(ctx, t->shape(), c.dt, kSentinel)), c.dt))
-            << "the refused capture wrote something";
-      }
-      step(eager, e);
-      ctx.synchronize();
-      EXPECT_EQ(ctx.device_error_bits(), 0u);
-      return;
-    }
     ASSERT_EQ(api.capture(stream, [&] { step(graphed, g); }, &graph), "");
     ASSERT_EQ(api.instantiate(&exec, graph, 0), 0);
     for (int round = 0; round < 4; ++round) {

@@ -123,7 +123,8 @@ uint32_t Context::device_error_bits() const {
 void Context::check_device_errors() const {
   const uint32_t bits = device_error_bits();
   if (bits == 0) return;
-  if (bits & (kEpInvalidRouting | kEpCapacityExceeded)) {
+  constexpr uint32_t kEp = kEpInvalidRouting | kEpCapacityExceeded | kEpPeerRefused;
+  if (bits & kEp) {
     std::string what;
     if (bits & kEpInvalidRouting) {
       what += " a rank's topk_idx had an expert out of [0, E) or the same expert twice;";
@@ -131,13 +132,16 @@ void Context::check_device_errors() const {
     if (bits & kEpCapacityExceeded) {
       what += " a rank needed more padded rows than receive_capacity (OverflowPolicy::Error);";
     }
+    if (bits & kEpPeerRefused) {
+      what += " another rank refused its arguments (it threw at the call; in-band agreement);";
+    }
     what.pop_back();
-    throw_invalid(bits & kEpInvalidRouting ? "topk_idx" : "receive_capacity",
-                  "a dispatch every rank accepts (SPEC §7; nothing was stored)",
-                  str("the device checks of an expert-parallel dispatch refused it:", what,
-                      (bits & ~(kEpInvalidRouting | kEpCapacityExceeded))
-                          ? str(" (other error bits ", bits, ")")
-                          : std::string()));
+    throw_invalid(bits & kEpInvalidRouting    ? "topk_idx"
+                  : bits & kEpCapacityExceeded ? "receive_capacity"
+                                               : "arguments",
+                  "an expert-parallel call every rank accepts (SPEC §7; nothing was stored)",
+                  str("the device checks of an expert-parallel call refused it:", what,
+                      (bits & ~kEp) ? str(" (other error bits ", bits, ")") : std::string()));
   }
   std::string seen = "device counts that the kernel found invalid (nothing was written):";
   if (bits & kNegativeCount) seen += " a negative count;";

@@ -90,6 +90,12 @@ class CallerCommunicator final : public Communicator {
 
   void barrier() override { g_.barrier(); }
 
+  // On a GPU the caller's all_gather is a host round trip (a capture could not contain it): the
+  // calls agree in band. The CPU engine's loops read host metadata, so CPU groups keep the host's.
+  Agreement agreement() const override {
+    return g_.context.device().is_cuda() ? Agreement::InBand : Agreement::Host;
+  }
+
  private:
   CallerGroup g_;
   size_t used_ = 0;  // bytes of the region handed out (rounded up to the alignment)

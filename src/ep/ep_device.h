@@ -13,7 +13,11 @@
 //   counts [W dst][L + 1] i64 — PULL style: a source writes its counts for every destination into
 //            its OWN block and every rank reads every source's block (peer loads) after the
 //            barrier; so a refused call stores nothing into any peer.
-//   status [16] u32 — word 0: this rank's verdict on its topk_idx (0 or kEpInvalidRouting).
+//   status [16] u32 — word 0: this rank's verdict on its topk_idx (0 or kEpInvalidRouting);
+//            words 1, 2 (in-band agreement, Communicator::Agreement::InBand): this rank's verdict
+//            on its host-checked arguments of a call (0: accepted), the call's slot alternating
+//            call by call (a rank rewrites a slot only after every rank passed the first barrier
+//            of the call in between, so no rank still reads it).
 //   meta_q [W src][Tm][k] i32 — the entry's rank among its source's entries of that expert
 //            (token order), from which the destination computes its row without atomics.
 #pragma once
@@ -31,6 +35,7 @@ inline constexpr int kEpMaxRanks = 8;   // one NVLink domain of a node (CUDA eng
 inline constexpr int kEpMaxTopk = 32;   // per-token entries kept in registers by the kernels
 inline constexpr uint32_t kEpInvalidRoutingBit = Context::kEpInvalidRouting;
 inline constexpr uint32_t kEpCapacityExceededBit = Context::kEpCapacityExceeded;
+inline constexpr uint32_t kEpPeerRefusedBit = Context::kEpPeerRefused;
 
 struct EpPeers {
   void* p[kEpMaxRanks] = {};  // base of each rank's block of one symmetric allocation
@@ -41,6 +46,8 @@ struct EpDeviceArgs {
   int64_t L = 0, H = 0, k = 0, Tm = 0, R = 0, A = 1;
   int dtype = 0;      // DType as int (F32, F16, BF16)
   bool drop = false;  // OverflowPolicy::Drop
+  int verdict = -1;   // in-band agreement: the call's verdict word of every status block (1, 2);
+                      // -1: agreed on the host (nothing to read)
   EpPeers stage_x, meta_e, meta_j, meta_w, meta_q, counts, status, ret, ret_flag, ret_w;
   uint32_t* error_word = nullptr;  // the context's device error word
 };
@@ -54,9 +61,16 @@ struct EpDeviceRouting {
   Tensor plan, src_pos, src_topk, src_q, dst_e, dst_j, dst_row;
 };
 inline int64_t ep_plan_words(int64_t W, int64_t L) { return 2 * L + 2 + W * L + W; }
+inline constexpr int kEpVerdictWords[2] = {1, 2};  // status words of the in-band verdicts
 
 EpDeviceArgs ep_device_args(const Context& ctx);  // fills error_word (the rest: the caller)
 
+/// ep_runtime.cpp: in-band agreement — this rank's verdict (0: accepted, 1: refused) into word
+/// `word` of its own status block (a 4-byte memset on ctx's stream: capturable).
+void ep_store_verdict(const Context& ctx, void* status_local, int word, bool refused);
+/// Every kernel below first reads the call's verdicts (EpDeviceArgs::verdict, every rank's status
+/// block) and, if a rank refused, stores nothing and ORs Context::kEpPeerRefused into the error
+/// word (ep_plan also refuses the dispatch: plan[0] = 0, zero splits).
 /// ep_count.cu: validates topk_idx [T, k] (i32|i64) on the device (range, duplicates: status and
 /// nothing else written when bad); per token its destination ranks, its slot at each (a scan in
 /// token order) and each entry's rank within its expert; this rank's counts block.

@@ -15,6 +15,7 @@ namespace {
 struct EpStreamEvent {};
 
 EpDeviceArgs ep_device_args(const Context&) { no_cuda(); }
+void ep_store_verdict(const Context&, void*, int, bool) { no_cuda(); }
 void ep_count(const Context&, const EpDeviceArgs&, const Tensor&, int64_t, const EpDeviceRouting&) {
   no_cuda();
 }

@@ -2,11 +2,12 @@
 //
 // Every call runs the same protocol: (1) validate locally (host metadata; on CPU ranks the index
 // values too) and agree — an all_gather of every rank's verdict, which also orders this call after
-// every rank finished the previous one, so staging memory is free to reuse; (2) stores into peers'
-// staging (once per (token, destination rank)); barrier; (3) local expansion / reduction from the
-// own staging. The loops below are the CPU engine's "kernels": on GPUs each phase becomes a kernel
-// storing into the same layout through peer pointers (design/ARCHITECTURE.md, "Expert
-// parallelism").
+// every rank finished the previous one, so staging memory is free to reuse (GPU engines whose
+// all_gather would synchronise agree in band instead: each rank's verdict in its status block, read
+// by the call's kernels after its first barrier; begin_call); (2) stores into peers' staging (once
+// per (token, destination rank)); barrier; (3) local expansion / reduction from the own staging.
+// The loops below are the CPU engine's "kernels": on GPUs each phase becomes a kernel storing
+// into the same layout through peer pointers (design/ARCHITECTURE.md, "Expert parallelism").
 //
 // Symmetric layout on every rank (W ranks, Tm = max_tokens, k = topk, L experts per rank):
 //   stage_x  [W src][Tm][H] dtype   rows a source sent here (dispatch: tokens; combine_backward:
@@ -67,6 +68,11 @@ struct ExpertParallel::State {
   detail::EpDeviceRouting dev_rt;
   Tensor dev_splits, dev_tokens_per_expert;  // [L] i64 each
   int64_t dispatches = 0;
+  // In-band agreement (Communicator::Agreement::InBand, GPU engines only): the calls so far (the
+  // same on every rank: every call is collective) and the current call's verdict word.
+  bool in_band = false;
+  int64_t calls = 0;
+  int verdict = -1;
   Tensor combine_input, dbw_input;  // [R, H] views of combine_mem / dbw_mem
   EpTraffic traffic;
 
@@ -345,16 +351,35 @@ std::optional<Error> check_rows_call(const ExpertParallel::State& s,
   });
 }
 
-// Step (1)'s end for combine, combine_backward and dispatch_backward: every rank's verdict
-// (`bad`: this rank's), the traffic counters started over; returns the call's routing. A GPU
-// engine's kernels run on streams, so it meets the other ranks once more before its stores (every
-// rank is done with the previous call's buffers); on the CPU the agreement's all_gather did that.
-const EpRouting& agreed(ExpertParallel::State& s, Call call, const ExpertParallel::Handle& handle,
-                        const std::optional<Error>& bad) {
-  agree(*s.comm, call, bad);
+// Step (1)'s end of every call: the ranks agree on its arguments (`bad`: this rank's verdict) and
+// the traffic counters start over. Host agreement: the all_gather above, every rank throws when
+// one refused. In band (SPEC §7): this rank's verdict into its own status block, which the call's
+// kernels read on every rank after the first barrier; returns false when this rank refused (it
+// then meets the call's other barriers and throws: refuse_in_band). A GPU engine's kernels run on
+// streams, so with W > 1 it meets the other ranks once more before its stores (every rank is done
+// with the previous call's buffers, and in band every verdict is visible after it); on the CPU the
+// agreement's all_gather did that.
+bool begin_call(ExpertParallel::State& s, Call call, const std::optional<Error>& bad) {
+  if (s.in_band) {
+    s.verdict = detail::kEpVerdictWords[s.calls++ & 1];
+    detail::ep_store_verdict(s.comm->context(), s.status.local.data(), s.verdict, bad.has_value());
+  } else {
+    agree(*s.comm, call, bad);
+  }
   s.traffic = {};
   if (s.gpu && s.W > 1) s.comm->barrier();
-  return *handle.routing;
+  return !bad;
+}
+
+// The barriers of a call after begin_call's: dispatch's two (after ep_count, after ep_send), one
+// for the others (stores_done).
+constexpr int kBarriersAfterBegin[] = {2, 1, 1, 1};
+
+// In band, a rank that refused its arguments: the other ranks' kernels store nothing (they read
+// its verdict); it meets the rest of the call's barriers so that no rank waits for it, then throws.
+[[noreturn]] void refuse_in_band(ExpertParallel::State& s, Call call, const Error& e) {
+  for (int i = 0; i < kBarriersAfterBegin[call]; ++i) s.comm->barrier();
+  throw e;
 }
 
 // Between step (2) and (3): this rank's stores are done (the CPU engine counts their per-slot
@@ -379,6 +404,7 @@ detail::EpDeviceArgs device_args(const ExpertParallel::State& s) {
   a.A = s.c.alignment;
   a.dtype = static_cast<int>(s.c.dtype);
   a.drop = s.c.overflow == OverflowPolicy::Drop;
+  a.verdict = s.in_band ? s.verdict : -1;
   auto peers = [&](const SymmetricMemory& m) {
     detail::EpPeers p;
     for (int r = 0; r < s.W; ++r) p.p[r] = m.peers[static_cast<size_t>(r)];
@@ -412,7 +438,6 @@ ExpertParallel::Dispatched dispatch_on_device(ExpertParallel::State& s,
   out.recv = given_or_new(buffers.recv, {c.receive_capacity, c.hidden}, c.dtype, ctx);
   out.weights = given_or_new(buffers.weights, {c.receive_capacity}, DType::F32, ctx);  // [R]
   const detail::EpDeviceArgs a = device_args(s);
-  if (s.W > 1) s.comm->barrier();  // every rank is done with the previous call's buffers
   detail::ep_count(ctx, a, topk_idx, rt->T, d);  // own status + counts block
   s.comm->barrier();
   detail::ep_plan(ctx, a, d, splits, out.tokens_per_expert);  // the verdict, on every rank
@@ -510,6 +535,7 @@ ExpertParallel::ExpertParallel(Communicator& comm, const ExpertParallelConfig& c
     }
   }
   s.gpu = comm.context().device().is_cuda();
+  s.in_band = s.gpu && comm.agreement() == Communicator::Agreement::InBand;
   SymmetricMemory* const blocks[] = {&s.stage_x, &s.meta_e,  &s.meta_j,      &s.meta_w,
                                      &s.counts,  &s.ret,     &s.ret_flag,    &s.ret_w,
                                      &s.combine_mem, &s.dbw_mem, &s.meta_q,  &s.status};
@@ -625,8 +651,10 @@ ExpertParallel::Dispatched ExpertParallel::dispatch(const Tensor& tokens, const 
       }
     }
   });
-  agree(comm, kDispatch, bad);
-  s.traffic = {};
+  if (!begin_call(s, kDispatch, bad)) {
+    ++s.dispatches;  // its earlier handles die too, as on the ranks whose dispatch was refused
+    refuse_in_band(s, kDispatch, *bad);
+  }
   if (s.gpu) return dispatch_on_device(s, std::move(rt), tokens, topk_idx, topk_weights, buffers);
   const int64_t T = rt->T;
   const float* w = topk_weights.data_as<float>();
@@ -787,7 +815,8 @@ Tensor ExpertParallel::combine(const Handle& handle, const Tensor& expert_out,
   State& s = *s_;
   const std::optional<Error> bad =
       check_rows_call(s, handle, "expert_out", expert_out, false, output);
-  const EpRouting& rt = agreed(s, kCombine, handle, bad);
+  if (!begin_call(s, kCombine, bad)) refuse_in_band(s, kCombine, *bad);
+  const EpRouting& rt = *handle.routing;
   if (s.gpu) {
     detail::ep_reduce(context(), device_args(s), rt.dev, expert_out, {});
   } else {
@@ -808,7 +837,8 @@ Tensor ExpertParallel::combine_backward(const Handle& handle, const Tensor& grad
   State& s = *s_;
   const std::optional<Error> bad =
       check_rows_call(s, handle, "grad_output", grad_output, true, output);
-  const EpRouting& rt = agreed(s, kCombineBackward, handle, bad);
+  if (!begin_call(s, kCombineBackward, bad)) refuse_in_band(s, kCombineBackward, *bad);
+  const EpRouting& rt = *handle.routing;
   if (s.gpu) {
     detail::ep_send(context(), device_args(s), rt.dev, grad_output, rt.T, {});
   } else {
@@ -852,7 +882,8 @@ ExpertParallel::DispatchGrads ExpertParallel::dispatch_backward(
                           {{"grad_recv", grad_recv}, {"grad_weights", grad_weights}});
     }
   });
-  const EpRouting& rt = agreed(s, kDispatchBackward, handle, bad);
+  if (!begin_call(s, kDispatchBackward, bad)) refuse_in_band(s, kDispatchBackward, *bad);
+  const EpRouting& rt = *handle.routing;
   if (s.gpu) {
     detail::ep_reduce(context(), device_args(s), rt.dev, grad_recv, grad_weights);
   } else {

@@ -42,6 +42,10 @@ class NcclCommunicator final : public Communicator {
     detail::nccl_barrier(*rank_);
   }
 
+  // nccl_communicator's all_gather synchronises the stream (an ncclAllGather read back): its
+  // calls agree in band. NcclRanks' host threads share one process: its all_gather is host memory.
+  Agreement agreement() const override { return host_ ? Agreement::Host : Agreement::InBand; }
+
  private:
   std::shared_ptr<detail::NcclRank> rank_;
   Communicator* host_ = nullptr;

@@ -45,6 +45,13 @@ struct CudaGraphApi {
   int (*kernel_params)(void*, KernelParams*) = nullptr;  // cudaGraphKernelNodeGetParams
   int (*device_attribute)(int*, int, int) = nullptr;     // cudaDeviceGetAttribute
   static constexpr int kSmCountAttribute = 16;           // cudaDevAttrMultiProcessorCount
+  // Events (a caller's stream-ordered barrier across streams, tests/test_ep_cuda.cpp).
+  static constexpr unsigned kDisableTiming = 2;            // cudaEventDisableTiming
+  int (*event_create)(void**, unsigned) = nullptr;         // cudaEventCreateWithFlags
+  int (*event_destroy)(void*) = nullptr;                   // cudaEventDestroy
+  int (*event_record)(void*, Stream) = nullptr;            // cudaEventRecord
+  int (*stream_wait_event)(Stream, void*, unsigned) = nullptr;  // cudaStreamWaitEvent
+  int (*set_device)(int) = nullptr;                        // cudaSetDevice
   bool ok = false;
 
   CudaGraphApi() {
@@ -64,7 +71,9 @@ struct CudaGraphApi {
          get(exec_destroy, "cudaGraphExecDestroy") && get(graph_destroy, "cudaGraphDestroy") &&
          get(get_nodes, "cudaGraphGetNodes") && get(node_type, "cudaGraphNodeGetType") &&
          get(kernel_params, "cudaGraphKernelNodeGetParams") &&
-         get(device_attribute, "cudaDeviceGetAttribute");
+         get(device_attribute, "cudaDeviceGetAttribute") &&
+         get(event_create, "cudaEventCreateWithFlags") && get(event_destroy, "cudaEventDestroy") &&
+         get(event_record, "cudaEventRecord") && get(stream_wait_event, "cudaStreamWaitEvent") && get(set_device, "cudaSetDevice");
   }
 
   /// Each kernel node's launch of a captured graph, in the graph's node order (empty on error).

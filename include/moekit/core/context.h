@@ -72,6 +72,9 @@ class Context {
                                                        // of [0, E) or the same expert twice
   static constexpr uint32_t kEpCapacityExceeded = 16;  // OverflowPolicy::Error and some rank
                                                        // needed more than receive_capacity rows
+  static constexpr uint32_t kEpPeerRefused = 32;       // in-band agreement (Communicator::
+                                                       // Agreement::InBand): another rank refused
+                                                       // its arguments; this rank stored nothing
   uint32_t device_error_bits() const;
   void check_device_errors() const;
 

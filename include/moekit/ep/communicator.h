@@ -63,6 +63,19 @@ class Communicator {
   virtual void barrier() = 0;
   /// Collective: every rank's `bytes`, in rank order.
   virtual std::vector<std::string> all_gather(std::string_view bytes) = 0;
+
+  /// How ExpertParallel's calls agree on every rank's arguments before anything is sent (SPEC §7):
+  ///  - Host: an all_gather per call; when a rank refuses its arguments, every rank throws at the
+  ///    call (the engines whose all_gather is host memory of one process: CpuRanks, CudaRanks,
+  ///    NcclRanks, and caller groups on the CPU);
+  ///  - InBand: no host collective per call (so a step of one process per GPU captures in a CUDA
+  ///    graph): each rank writes its verdict into its own symmetric status block and the call's
+  ///    kernels read every rank's after the call's first barrier; a refused call stores nothing on
+  ///    any rank, the rank at fault throws its error at the call, every other rank's context gets
+  ///    Context::kEpPeerRefused (check_device_errors()). nccl_communicator and caller groups on a
+  ///    GPU, whose all_gather would synchronise with the host.
+  enum class Agreement { Host, InBand };
+  virtual Agreement agreement() const { return Agreement::Host; }
 };
 
 /// The offset alignment of every block a collective allocate() carves from a caller's region.
@@ -77,6 +90,9 @@ inline constexpr size_t kSymmetricAlignment = 256;
 ///    after it, in the order of each rank's context (GPUs: a stream-ordered barrier on the
 ///    context's stream, such as torch symmetric memory's barrier; CPU ranks: a host barrier);
 ///  - all_gather(bytes): every rank's bytes in rank order (small host metadata).
+/// On a GPU context the group agrees in band (Communicator::Agreement::InBand): its all_gather runs
+/// at construction and allocation only, never during an ExpertParallel call, so a step captures
+/// in a CUDA graph when the caller's barrier is stream-ordered; on the CPU, per call (Host).
 /// allocate(bytes) carves the region: collective (sizes checked over all_gather), the same offset
 /// on every rank, offsets multiples of kSymmetricAlignment, held until the communicator is destroyed (blocks
 /// are not reused); running out is an InvalidArgument naming 'bytes' with what is left.

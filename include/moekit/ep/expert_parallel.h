@@ -42,7 +42,10 @@
 // (Dispatched::dropped). Validation (host metadata and, on CPU ranks, the index values) happens
 // before anything is sent; every rank agrees on it: the rank at fault throws InvalidArgument naming
 // the argument, expected and seen values, the others InvalidArgument naming that rank. Nothing is
-// written then.
+// written then. Under in-band agreement (Communicator::Agreement::InBand: nccl_communicator, caller
+// groups on GPUs — no host collective per call, so a step captures in a CUDA graph) only the rank
+// at fault throws; the others return, store nothing for the call (nor, after a refused dispatch,
+// for its handle's calls) and find Context::kEpPeerRefused in their error word.
 //
 // Zero copy: combine_input() [R, H] and dispatch_backward_input() [R, H] are buffers of the
 // engine's memory (symmetric) that the EP object owns; give them to the grouped MLP as fc2's

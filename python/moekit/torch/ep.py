@@ -15,7 +15,10 @@ The combine sums a token's rows (the routing weights are applied in the MLP, as 
 step in flight per ExpertParallel: the next dispatch's MLP reuses the two buffers.
 `barrier` must order every rank's stores before it against every rank's work after it on the
 rank's stream (GPUs: a stream-ordered barrier, e.g. the symmetric memory handle's barrier);
-`all_gather(bytes)` returns every rank's bytes in rank order.
+`all_gather(bytes)` returns every rank's bytes in rank order. On a GPU the calls agree in band
+(all_gather runs at construction only, so a step captures in a CUDA graph): a rank whose arguments
+are refused raises ValueError, the others store nothing for that call and find the refusal with
+`Context.check_device_errors()` (SPEC §7, "In-band agreement").
 """
 from __future__ import annotations
 

@@ -32,6 +32,27 @@ __device__ inline P* peer(const detail::EpPeers& p, int rank) {
   return static_cast<P*>(p.p[rank]);
 }
 
+// In-band agreement (EpDeviceArgs::verdict >= 0): whether some rank refused this call's arguments
+// — its verdict word, read from every rank's status block after the call's first barrier.
+__device__ inline bool refused_by_a_rank(const EpDeviceArgs& a) {
+  if (a.verdict < 0) return false;
+  for (int q = 0; q < a.W; ++q) {
+    if (peer<const uint32_t>(a.status, q)[a.verdict] != 0) return true;
+  }
+  return false;
+}
+// Whether a kernel of the call may store: the dispatch was accepted (plan[0]) and no rank refused
+// this call. A refusal is ORed into the error word (kEpPeerRefused) by the grid's first thread.
+__device__ inline bool may_store(const EpDeviceArgs& a, const int64_t* plan) {
+  if (refused_by_a_rank(a)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && a.error_word) {
+      atomicOr(a.error_word, detail::kEpPeerRefusedBit);
+    }
+    return false;
+  }
+  return plan == nullptr || plan[0] != 0;
+}
+
 // Copies `bytes` (a multiple of 4) from src to dst, 16 bytes a store when both are 16-byte
 // aligned and bytes % 16 == 0, by the threads [tid, tid + n).
 __device__ inline void copy_row(void* dst, const void* src, int64_t bytes, int tid, int n) {

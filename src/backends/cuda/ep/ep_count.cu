@@ -17,6 +17,7 @@ namespace {
 template <class I>
 __global__ void ep_count_kernel(EpDeviceArgs a, const I* __restrict__ topk, int64_t T,
                                 int32_t* src_topk, int32_t* src_pos, int32_t* src_q) {
+  if (!may_store(a, nullptr)) return;  // a rank refused the call (ep_plan refuses it everywhere)
   const int64_t k = a.k, L = a.L, E = a.W * L;
   int bad = 0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {

@@ -15,7 +15,7 @@ namespace {
 __global__ void ep_expand_kernel(EpDeviceArgs a, const int64_t* plan, char* recv, float* weights,
                                  int32_t* dst_e, int32_t* dst_j, int32_t* dst_row, bool first,
                                  int64_t row_bytes) {
-  if (plan[0] == 0) return;
+  if (!may_store(a, plan)) return;
   const int64_t k = a.k, L = a.L, Tm = a.Tm;
   const int src = static_cast<int>(blockIdx.y);
   const int64_t sent = plan[plan_sent(a.W, L, src)];
@@ -51,7 +51,7 @@ __global__ void ep_expand_kernel(EpDeviceArgs a, const int64_t* plan, char* recv
 
 __global__ void ep_pad_kernel(EpDeviceArgs a, const int64_t* plan, char* recv, float* weights,
                               int64_t row_bytes) {
-  if (plan[0] == 0) return;
+  if (!may_store(a, plan)) return;
   const int64_t e = blockIdx.y;
   const int64_t begin = plan[plan_off(e)] + plan[plan_kept(a.L, e)], end = plan[plan_off(e + 1)];
   for (int64_t p = begin + blockIdx.x; p < end; p += gridDim.x) {

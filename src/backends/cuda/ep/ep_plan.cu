@@ -3,7 +3,8 @@
 //
 // Every rank reads every rank's status word and counts block (peer loads, after the barrier that
 // follows ep_count), so every rank reaches the same verdict without another round: a rank's bad
-// index, or (OverflowPolicy::Error) any rank needing more than R padded rows, refuses the call on
+// index, or (OverflowPolicy::Error) any rank needing more than R padded rows, or (in-band
+// agreement) a rank that refused its arguments on the host, refuses the call on
 // every rank — plan[0] = 0, the bits ORed into the error word, zero splits — and no later kernel
 // of the call (or of the handle's combine / backward) stores anything. One thread: W·W·(L+1)
 // loads.
@@ -20,8 +21,10 @@ __global__ void ep_plan_kernel(EpDeviceArgs a, int64_t* plan, int64_t* splits, i
   auto cnt = [&](int64_t src, int64_t dst, int64_t e) {
     return peer<const int64_t>(a.counts, static_cast<int>(src))[dst * (L + 1) + e];
   };
-  uint32_t bits = 0;
-  for (int s = 0; s < W; ++s) bits |= peer<const uint32_t>(a.status, s)[0];
+  // A rank that refused its arguments (in-band agreement) ran no ep_count: its status and counts
+  // are stale, so the verdict is that refusal alone.
+  uint32_t bits = refused_by_a_rank(a) ? detail::kEpPeerRefusedBit : 0u;
+  for (int s = 0; s < W && bits == 0; ++s) bits |= peer<const uint32_t>(a.status, s)[0];
   if (bits == 0 && !a.drop) {
     for (int64_t d = 0; d < W; ++d) {
       int64_t need = 0;

@@ -19,7 +19,7 @@ template <class T>
 __global__ void ep_reduce_kernel(EpDeviceArgs a, const int64_t* plan, const int32_t* dst_e,
                                  const int32_t* dst_j, const int32_t* dst_row, const T* in,
                                  const float* dw) {
-  if (plan[0] == 0) return;
+  if (!may_store(a, plan)) return;
   const int64_t k = a.k, L = a.L, Tm = a.Tm, H = a.H;
   const int src = static_cast<int>(blockIdx.y);
   const int64_t sent = plan[plan_sent(a.W, L, src)];

@@ -16,6 +16,13 @@ EpDeviceArgs ep_device_args(const Context& ctx) {
   return a;
 }
 
+void ep_store_verdict(const Context& ctx, void* status_local, int word, bool refused) {
+  cuda::DeviceGuard guard(ctx.device().index);
+  // 0x01010101 or 0: a word the kernels read as non-zero or zero.
+  MOEKIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint32_t*>(status_local) + word, refused ? 1 : 0,
+                                    sizeof(uint32_t), static_cast<cudaStream_t>(ctx.stream())));
+}
+
 void ep_enable_peer_access(const std::vector<Context>& ranks) {
   for (const Context& a : ranks) {
     for (const Context& b : ranks) {

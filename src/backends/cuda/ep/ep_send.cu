@@ -14,7 +14,7 @@ namespace {
 __global__ void ep_send_kernel(EpDeviceArgs a, const int64_t* plan, const char* rows, int64_t T,
                                const int32_t* pos, const int32_t* topk, const int32_t* q,
                                const float* w, int64_t row_bytes) {
-  if (plan[0] == 0) return;
+  if (!may_store(a, plan)) return;
   const int64_t k = a.k, L = a.L, Tm = a.Tm;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     for (int d = 0; d < a.W; ++d) {

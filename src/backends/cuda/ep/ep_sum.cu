@@ -14,7 +14,7 @@ namespace {
 template <class T>
 __global__ void ep_sum_kernel(EpDeviceArgs a, const int64_t* plan, const int32_t* pos,
                               const int32_t* topk, int64_t Tn, T* out, float* gw) {
-  if (plan[0] == 0) return;
+  if (!may_store(a, plan)) return;
   const int64_t k = a.k, L = a.L, Tm = a.Tm, H = a.H;
   const int32_t* flags = peer<const int32_t>(a.ret_flag, a.r);  // [W dst][Tm]
   const float* ret = peer<const float>(a.ret, a.r);             // [W dst][Tm][H]
