@@ -61,15 +61,41 @@ def main():
     sync()
     for k in list(mlp._cpp):
         mlp._cpp[k] = timed = _Timed(mlp._cpp[k])
-    leads, totals = [], []
+    # Checkpoints on the way to the C++ forward: the Sequential's methods wrapped on the instance
+    # (each notes when it is entered or left), in the order _run_eager calls them.
+    marks = {}
+
+    def mark(name, fn, at_exit=False):
+        def wrapped(*a, **k):
+            if not at_exit:
+                marks[name] = time.perf_counter()
+            out = fn(*a, **k)
+            if at_exit:
+                marks[name] = time.perf_counter()
+            return out
+        return wrapped
+    mlp.forward = mark("Module.__call__ to forward", mlp.forward)
+    mlp._run_eager = mark("forward to _run_eager", mlp._run_eager)
+    mlp._route_extra_inputs = mark("_route_extra_inputs", mlp._route_extra_inputs, at_exit=True)
+    mlp._seq = mark("x2, splits_for, probs", mlp._seq)
+    mlp._route_op_kwargs = mark("_seq, _bind_params", mlp._route_op_kwargs)
+    mlp._route_op_kwargs = mark("_route_op_kwargs", mlp._route_op_kwargs, at_exit=True)
+    leads, totals, segments = [], [], {}
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
         totals.append((time.perf_counter() - t0) * 1e6)
         leads.append((timed.calls[-1] - t0) * 1e6)
+        last = t0
+        for name, t in list(marks.items()) + [("needs_grad, dl, the C++ call", timed.calls[-1])]:
+            segments.setdefault(name, []).append((t - last) * 1e6)
+            last = t
         sync()
     print(f"{torch.__version__}, {args.device}: Python lead (step() to the C++ forward) "
           f"{statistics.median(leads):.1f} us; whole step's host enqueue {statistics.median(totals):.1f} us")
+    print("  the lead by segment (median us; the first from step(): its grads cleared, the call):")
+    for name, v in segments.items():
+        print(f"    {name:34s} {statistics.median(v):7.2f}")
 
     key, ctx = C.context_for(dev)
     rkey, recipe = C.recipe_for(dev)
