@@ -250,6 +250,18 @@ class Sequential(torch.nn.Module):
         self._ops = torch.nn.ModuleList(ops)
         # (position, op) of the ops with parameters, fixed at construction: what each call binds
         self._linears = [(i, op) for i, op in enumerate(ops) if isinstance(op, GroupedLinear)]
+        # fixed at construction too: each extra input's (position, kind) in TE's order — a
+        # GroupedLinear's splits (and with scale_bias its per-row scales), a ScaledSwiGLU's probs —
+        # and each op's position by identity (op_kwargs keyed by module)
+        self._extra_slots = []
+        for i, op in enumerate(ops):
+            if isinstance(op, GroupedLinear):
+                self._extra_slots.append((i, "splits"))
+                if op.scale_bias:
+                    self._extra_slots.append((i, "probs"))
+            elif isinstance(op, ScaledSwiGLU):
+                self._extra_slots.append((i, "probs"))
+        self._positions = {id(op): i for i, op in enumerate(ops)}
         self._fuse = fuse
         self._cpp: dict = {}
         _compile.register(self)  # the name the compiled path's custom ops know it by
@@ -299,31 +311,24 @@ class Sequential(torch.nn.Module):
         return self._seq((key, recipe_key), ctx, dtype, recipe).plan()
 
     def _route_extra_inputs(self, extra_inputs):
-        expected = sum(op.num_extra_inputs for op in self._ops)
-        if len(extra_inputs) != expected:
-            raise ValueError(f"moekit: Expected {expected} extra inputs but got {len(extra_inputs)}")
+        slots = self._extra_slots
+        if len(extra_inputs) != len(slots):
+            raise ValueError(f"moekit: Expected {len(slots)} extra inputs but got {len(extra_inputs)}")
         splits = probs = None
         splits_op = probs_op = None
-        it = iter(extra_inputs)
-        for i, op in enumerate(self._ops):
-            taken = []
-            if isinstance(op, GroupedLinear):
-                s = next(it)
-                if splits_op is not None and not _same_splits(splits, s):
+        for (i, kind), v in zip(slots, extra_inputs):
+            if kind == "splits":
+                if splits_op is not None and not _same_splits(splits, v):
                     raise ValueError(f"moekit: Sequential runs one splits per call: got different "
                                      f"split sizes for op {splits_op} and op {i}")
-                splits, splits_op = s, i
-                if op.scale_bias:
-                    taken.append(next(it))
-            elif isinstance(op, ScaledSwiGLU):
-                taken.append(next(it))
-            for p in taken:
-                if probs_op is not None and p is not probs and not (
-                        isinstance(p, torch.Tensor) and p.data_ptr() == probs.data_ptr() and
-                        p.shape == probs.shape and p.dtype == probs.dtype):
+                splits, splits_op = v, i
+            else:
+                if probs_op is not None and v is not probs and not (
+                        isinstance(v, torch.Tensor) and v.data_ptr() == probs.data_ptr() and
+                        v.shape == probs.shape and v.dtype == probs.dtype):
                     raise ValueError(f"moekit: Sequential runs one probs per call: got different "
                                      f"probs for op {probs_op} and op {i}")
-                probs, probs_op = p, i
+                probs, probs_op = v, i
         return splits, probs
 
     def _route_op_kwargs(self, op_kwargs, key, ctx, dtype, x_rows):
@@ -354,8 +359,7 @@ class Sequential(torch.nn.Module):
                                      "(reusing an earlier output as a buffer? pass buffer.detach())")
             cpp_key = k if isinstance(k, int) else k._cpp_op(key, ctx, dtype)
             routed.append((cpp_key, dl(kw.get("output")), dl(kw.get("grad_input"))))
-            position = k if isinstance(k, int) else next(
-                (i for i, op in enumerate(self._ops) if op is k), None)
+            position = k if isinstance(k, int) else self._positions.get(id(k))
             if position is not None and position < 0:
                 position += n
             if position == n - 1 and kw.get("output") is not None:
@@ -427,10 +431,13 @@ class Sequential(torch.nn.Module):
         device = linears[0][1].weight.device if linears else x.device
         dtype = params[0].dtype if params else x.dtype
         width = x.shape[-1]
-        x2 = x.reshape(-1, width)
+        # [T, H] as given when it is one: a reshape of a tensor that requires grad is an autograd
+        # view node (µs of host time before moekit's first kernel)
+        x2 = x if x.dim() == 2 else x.reshape(-1, width)
         if x2.dtype != dtype:
             x2 = x2.to(dtype)
-        x2 = x2.contiguous()
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
         key, ctx = context_for(device)
         recipe_key, recipe = recipe_for(device)  # the active autocast recipe, read at forward
         key = (key, recipe_key)
@@ -439,10 +446,12 @@ class Sequential(torch.nn.Module):
             splits_in = [x2.shape[0]]  # ops without groups take S = T
         splits, splits_keep = splits_for(splits_in, device, groups)
         if probs is not None:
-            probs = probs.reshape(-1)
+            if probs.dim() != 1:
+                probs = probs.reshape(-1)
             if probs.dtype != torch.float32:
                 probs = probs.float()  # moekit's probs are fp32; autograd casts the gradient back
-            probs = probs.contiguous()
+            if not probs.is_contiguous():
+                probs = probs.contiguous()
         seq = self._seq(key, ctx, dtype, recipe)
         for _, op in linears:  # the other ops have no parameters to bind
             op._bind_params(op._cpp_op(key, ctx, dtype))
