@@ -384,17 +384,21 @@ std::vector<Result> run_cpu(const Cfg& c, const std::vector<Data>& data, int wro
   return out;
 }
 
-std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data,
-                            const std::vector<Context>& contexts, int wrong_call = -1,
-                            int wrong_rank = -1) {
+std::vector<Result> run_gpu(GpuRanks& ranks, const std::string& engine, const Cfg& c,
+                            const std::vector<Data>& data, int wrong_call = -1, int wrong_rank = -1) {
   std::vector<Result> out(data.size());
-  GpuRanks ranks(engine, contexts);  // a GPU machine whose engine cannot run fails here (no skip)
   ranks.run([&](Communicator& comm) {
     EXPECT_EQ(comm.engine(), engine_name(engine));
     out[static_cast<size_t>(comm.rank())] =
         run_chain(comm, c, data[static_cast<size_t>(comm.rank())], wrong_call, wrong_rank);
   });
   return out;
+}
+std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data,
+                            const std::vector<Context>& contexts, int wrong_call = -1,
+                            int wrong_rank = -1) {
+  GpuRanks ranks(engine, contexts);  // a GPU machine whose engine cannot run fails here (no skip)
+  return run_gpu(ranks, engine, c, data, wrong_call, wrong_rank);
 }
 std::vector<Result> run_gpu(const std::string& engine, const Cfg& c, const std::vector<Data>& data) {
   return run_gpu(engine, c, data, gpu_contexts(static_cast<int>(data.size())));
@@ -413,13 +417,17 @@ void expect_same(const Result& gpu, const Result& cpu, DType dt, bool compare_co
   EXPECT_TRUE(bit_identical(gpu.dgw, cpu.dgw, DType::F32)) << "dispatch_backward topk_weights";
 }
 
+// `ranks`: a group to reuse (a fuzz's many cases on one group: an NCCL communicator per case
+// cost ~2 s each), else one made for the call on GPUs 0..W-1.
 void expect_gpu_matches_cpu(const std::string& engine, const Cfg& c,
-                            const std::vector<int64_t>& tokens, uint64_t seed) {
+                            const std::vector<int64_t>& tokens, uint64_t seed,
+                            GpuRanks* ranks = nullptr) {
   std::vector<Data> data;
   for (size_t r = 0; r < tokens.size(); ++r) {
     data.push_back(make_data(c, static_cast<int>(tokens.size()), tokens[r], seed + 100 * r));
   }
-  const std::vector<Result> cpu = run_cpu(c, data), gpu = run_gpu(engine, c, data);
+  const std::vector<Result> cpu = run_cpu(c, data),
+                            gpu = ranks ? run_gpu(*ranks, engine, c, data) : run_gpu(engine, c, data);
   for (size_t r = 0; r < tokens.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(cpu[r].error, "") << "the CPU engine refused a valid case";
@@ -431,6 +439,7 @@ void expect_gpu_matches_cpu(const std::string& engine, const Cfg& c,
 
 TEST_P(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
   MOEKIT_EP_REQUIRE_GPUS(1);
+  GpuRanks ranks(engine(), gpu_contexts(1));  // one group, a new ExpertParallel per case
   const DType dtypes[] = {DType::BF16, DType::F16, DType::F32};
   uint64_t seed = 1;
   for (DType dt : dtypes) {
@@ -447,7 +456,7 @@ TEST_P(EpCuda, WorldSizeOneIsBitIdenticalToCpuRanksOnFuzzedRouting) {
         SCOPED_TRACE(str(name(dt), " A=", A, " k=", k, " i32=", c.i32));
         for (int64_t T : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{48}}) {
           SCOPED_TRACE("T=" + std::to_string(T));
-          expect_gpu_matches_cpu(engine(), c, {T}, seed++);
+          expect_gpu_matches_cpu(engine(), c, {T}, seed++, &ranks);
         }
       }
     }
