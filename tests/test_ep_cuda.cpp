@@ -589,12 +589,7 @@ TEST(EpCudaInBand, TwoRanksOnOneGpuAreBitIdenticalToCpuRanks) {
 // that call — nor for the calls after a refused dispatch (its handle's plan refuses them) — and
 // its context reports kEpPeerRefused; every buffer equals the CPU engine's, where both ranks threw
 // at the call (host agreement); the calls after a refused combine / combine_backward run as usual.
-TEST(EpCudaInBand, ARankRefusingItsArgumentsStoresNothingOnAnyRank) {
-  MOEKIT_EP_REQUIRE_GPUS(1);
-  const CudaGraphApi& api = CudaGraphApi::get();
-  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
-  std::vector<std::unique_ptr<OwnedStream>> streams;
-  const std::vector<Context> contexts = two_ranks_on_gpu0(api, streams);
+void expect_refusals_store_nothing(const std::vector<Context>& contexts) {
   const char* buffers[] = {"'recv'", "'output'", "'output'", "'tokens'"};
   for (int call = 0; call < 4; ++call) {
     SCOPED_TRACE("refused call " + std::to_string(call));
@@ -623,6 +618,20 @@ TEST(EpCudaInBand, ARankRefusingItsArgumentsStoresNothingOnAnyRank) {
     EXPECT_EQ(gpu[r].bits, 0u);
     expect_same(gpu[r], cpu[r], c.dt, true);
   }
+}
+
+TEST(EpCudaInBand, ARankRefusingItsArgumentsStoresNothingOnAnyRank) {
+  MOEKIT_EP_REQUIRE_GPUS(1);
+  const CudaGraphApi& api = CudaGraphApi::get();
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen";
+  std::vector<std::unique_ptr<OwnedStream>> streams;
+  expect_refusals_store_nothing(two_ranks_on_gpu0(api, streams));
+}
+
+// The same across two GPUs (the caller group's peers over NVLink; issue 42's run).
+TEST(EpCudaInBand, WorldSizeTwoOnTwoGpusARankRefusingItsArgumentsStoresNothingOnAnyRank) {
+  MOEKIT_EP_REQUIRE_GPUS(2);
+  expect_refusals_store_nothing(gpu_contexts(2));
 }
 
 // The layer step — dispatch, an expert kernel reading the device splits (grouped_bias_add: rows
