@@ -155,8 +155,10 @@ def bind_weight(records: dict, layer, weight: torch.Tensor):
     module, keyed by the layer) holds a detached alias of the bound weight: its storage cannot be
     freed and reused at the same address while moekit views it."""
     rec = records.get(id(layer))
+    # An address names one memory of one device (CUDA's unified addressing), and the bound alias
+    # keeps its storage alive: the same address, shape and dtype are the same weight.
     if rec is None or rec[0].data_ptr() != weight.data_ptr() or rec[0].shape != weight.shape \
-            or rec[0].dtype != weight.dtype or rec[0].device != weight.device:
+            or rec[0].dtype != weight.dtype:
         layer.set_weight(dl(weight))
         records[id(layer)] = [weight.detach(), weight._version]
     elif rec[1] != weight._version:

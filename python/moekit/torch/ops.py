@@ -114,13 +114,27 @@ class GroupedLinear(FusibleOperation):
             op.notify_weight_changed()
 
     def _bind_params(self, op):
-        bind_weight(self.__dict__.setdefault("_bound", {}), op, self.weight)
-        if self.bias is not None:
-            op.set_bias(dl(self.bias))
+        bound = self.__dict__.setdefault("_bound", {})
+        params = self._parameters  # the dict itself: Module.__getattr__ costs ~0.7 µs a read
+        weight, bias = params["weight"], params["bias"]
+        bind_weight(bound, op, weight)
         main_grad = self._main_grad()
-        op.weight_requires_grad = main_grad is not None or self.weight.requires_grad or (
-            self.bias is not None and self.bias.requires_grad)
-        op.set_main_grad(dl(main_grad))
+        requires = main_grad is not None or weight.requires_grad or (
+            bias is not None and bias.requires_grad)
+        # What the moekit op holds besides the weight (bias, main_grad and whether it computes
+        # weight gradients) is set again only when it changed: a tensor by identity and address
+        # (a bound tensor stays alive in `bound`, so its address cannot be another tensor's).
+        state = (bias, None if bias is None else bias.data_ptr(), main_grad,
+                 None if main_grad is None else main_grad.data_ptr(), requires)
+        key = ("state", id(op))
+        last = bound.get(key)
+        if last is None or any(a is not b for a, b in zip(last[0::2], state[0::2])) or \
+                last[1::2] != state[1::2]:
+            if bias is not None:
+                op.set_bias(dl(bias))
+            op.weight_requires_grad = requires
+            op.set_main_grad(dl(main_grad))
+            bound[key] = state
 
     def _main_grad(self):
         if not (self.accumulate_into_main_grad and self.weight.requires_grad):
@@ -132,7 +146,9 @@ class GroupedLinear(FusibleOperation):
         return main_grad
 
     def _params(self):
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
+        params = self._parameters
+        bias = params["bias"]
+        return [params["weight"]] if bias is None else [params["weight"], bias]
 
     def extra_repr(self):
         return (f"num_groups={self.num_groups}, in_features={self.in_features}, "
