@@ -820,7 +820,12 @@ TEST(EpCallerGroup, BadGroupsAndASmallRegionAreRefusedNamingTheField) {
     EXPECT_EQ(e->kind(), ErrorKind::InvalidArgument);
     EXPECT_THAT(e->what(), HasSubstr(str("'", field, "'")));
   };
-  EXPECT_NE(caller_communicator(group()), nullptr);
+  const std::unique_ptr<Communicator> ok = caller_communicator(group());
+  ASSERT_NE(ok, nullptr);
+  // On the CPU the calls agree on the host (the CPU engine's loops read host metadata); a GPU
+  // group agrees in band (tests/test_ep_cuda.cpp).
+  EXPECT_EQ(ok->agreement(), Communicator::Agreement::Host);
+  EXPECT_EQ(CpuRanks(1).communicator(0).agreement(), Communicator::Agreement::Host);
   CallerGroup g = group();
   g.rank = 1;
   refused(g, "rank");

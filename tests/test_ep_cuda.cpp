@@ -921,6 +921,11 @@ TEST_P(EpCuda, AllocateGivesEachRankItsOwnBlockAsItsPeer) {
   GpuRanks ranks(engine(), gpu_contexts(1));
   ranks.run([&](Communicator& comm) {
     EXPECT_EQ(comm.engine(), engine_name(engine()));
+    // One process per GPU (nccl_communicator, caller groups) agrees in band; one process (its
+    // ranks' host threads) on the host.
+    const bool one_process = engine() == "cuda-ranks" || engine() == "nccl-symmetric";
+    EXPECT_EQ(comm.agreement(), one_process ? Communicator::Agreement::Host
+                                            : Communicator::Agreement::InBand);
     const Context& ctx = comm.context();
     for (size_t bytes : {size_t{1}, size_t{4096}, size_t{3 * 4096 + 17}}) {
       SCOPED_TRACE("bytes=" + std::to_string(bytes));
