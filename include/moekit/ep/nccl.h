@@ -18,8 +18,9 @@
 //    to every rank's work queued after it; no host synchronisation, capturable in a CUDA graph
 //    (every rank's graph replayed together when W > 1).
 //  - all_gather(bytes): NcclRanks: its host threads meet (no GPU work); nccl_communicator:
-//    ncclAllGather on the context's stream and a synchronisation (small host metadata; it runs
-//    at every ExpertParallel call's agreement, so a step on nccl_communicator is not capturable).
+//    ncclAllGather on the context's stream and a synchronisation (small host metadata, at
+//    construction and allocation: its ExpertParallel calls agree in band, Communicator::
+//    agreement(), so a step of one process per GPU captures; refused while capturing).
 //  - every NCCL failure is ErrorKind::Communication naming the call and NCCL's error string.
 // Every rank must reach every other rank's memory through NVLink / PCIe P2P (one LSA team: one
 // node); otherwise construction is Unsupported.
