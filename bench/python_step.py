@@ -92,31 +92,47 @@ def main():
                     "(same preset, routing, --steps, --warmup-ms) and compare with that run")
     ap.add_argument("--warmup-ms", type=float, default=0.0,
                     help="sustained load before timing, each peer (give `moekit run` the same)")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="the peers in turns this many times (moekit.torch, `moekit run` again "
+                    "with --moekit, torch ops); a row per turn and, last, the median of the turns' "
+                    "ratios: lent machines' hosts differ, and one turn's ratio moves by a few %%")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("python_step.py: torch sees no CUDA device (--device cpu for a dry run)")
         return 2
     with open(args.run) as f:
         run = json.loads(f.read().strip().splitlines()[-1])
-    py_ms, plan = moekit_torch_ms(run, args.steps, args.device, warmup_ms=args.warmup_ms)
-    cpp_ms = run["step_ms"]
-    if args.moekit:
-        # `moekit run` again, right after the Python step, under the same sustained load: a GPU
-        # that has been busy runs slower (power cap) than the one the first run found.
-        again = json.loads(subprocess.run(
-            [args.moekit, "run", "--device", args.device, "--preset", run["preset"], "--routing",
-             run["routing"], "--steps", str(args.steps), "--warmup-ms", str(int(args.warmup_ms)),
-             "--json"], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        if again["counts"] != run["counts"]:
-            raise SystemExit("python_step.py: --moekit's run has other counts than the run given")
-        print(f"moekit run: {cpp_ms:.3f} ms before, {again['step_ms']:.3f} ms after the Python step")
-        cpp_ms = again["step_ms"]
-    torch_ms = None
-    if args.device == "cuda":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from mlp_peer import torch_mlp_ms
-        torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps,
-                                warmup_ms=args.warmup_ms)
+    rows = []  # (moekit run ms, moekit.torch ms, torch ops ms or None) per turn
+    for _ in range(max(1, args.turns)):
+        py_ms, plan = moekit_torch_ms(run, args.steps, args.device, warmup_ms=args.warmup_ms)
+        cpp_ms = run["step_ms"]
+        if args.moekit:
+            # `moekit run` again, right after the Python step, under the same sustained load: a
+            # GPU that has been busy runs slower (power cap) than the one the first run found.
+            again = json.loads(subprocess.run(
+                [args.moekit, "run", "--device", args.device, "--preset", run["preset"],
+                 "--routing", run["routing"], "--steps", str(args.steps), "--warmup-ms",
+                 str(int(args.warmup_ms)), "--json"],
+                check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            if again["counts"] != run["counts"]:
+                raise SystemExit("python_step.py: --moekit's run has other counts than the run given")
+            print(f"moekit run: {cpp_ms:.3f} ms before, {again['step_ms']:.3f} ms after the Python step")
+            cpp_ms = again["step_ms"]
+        torch_ms = None
+        if args.device == "cuda":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from mlp_peer import torch_mlp_ms
+            torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps,
+                                    warmup_ms=args.warmup_ms)
+        rows.append((cpp_ms, py_ms, torch_ms))
+
+    def row(cpp_ms, py_ms, torch_ms, py_ratio=None, torch_ratio=None):
+        py_ratio = py_ms / cpp_ms if py_ratio is None else py_ratio
+        if torch_ms is not None and torch_ratio is None:
+            torch_ratio = torch_ms / py_ms
+        return (f"| {cpp_ms:.3f} | {py_ms:.3f} | {py_ratio:.3f} | "
+                f"{'-' if torch_ms is None else f'{torch_ms:.3f}'} | "
+                f"{'-' if torch_ratio is None else f'{torch_ratio:.2f}'} |")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     lines = [
         f"# grouped MLP step from Python (moekit.torch) vs C++ (`moekit run`) vs torch ops — {name}",
@@ -124,15 +140,21 @@ def main():
         f"torch {torch.__version__}; preset {run['preset']}, routing {run['routing']}, E "
         f"{len(run['counts'])}, S {sum(run['counts'])} (+{run.get('tail', 0)} tail rows), H "
         f"{run['hidden']}, F {run['ffn']}, bf16; plan {plan}; host wall clock per step with a "
-        f"device sync, median of {args.steps} steps (moekit run: its own --steps).",
+        f"device sync, median of {args.steps} steps (moekit run: its own --steps); "
+        f"{len(rows)} turn(s), a row each" + (", then the medians of the turns (times) and of "
+                                              "their ratios" if len(rows) > 1 else "") + ".",
         "",
         "| moekit run ms | moekit.torch ms | python / C++ (target <= 1.03) | torch ops ms | "
         "torch / moekit.torch (target >= 1.15) |",
         "|---|---|---|---|---|",
-        f"| {cpp_ms:.3f} | {py_ms:.3f} | {py_ms / cpp_ms:.3f} | "
-        f"{'-' if torch_ms is None else f'{torch_ms:.3f}'} | "
-        f"{'-' if torch_ms is None else f'{torch_ms / py_ms:.2f}'} |",
-    ]
+    ] + [row(*r) for r in rows]
+    if len(rows) > 1:
+        med = statistics.median
+        torch_all = [r[2] for r in rows if r[2] is not None]
+        lines.append(row(med(r[0] for r in rows), med(r[1] for r in rows),
+                         med(torch_all) if torch_all else None,
+                         py_ratio=med(r[1] / r[0] for r in rows),
+                         torch_ratio=med(r[2] / r[1] for r in rows) if torch_all else None))
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
