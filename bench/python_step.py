@@ -102,6 +102,9 @@ def main():
         return 2
     with open(args.run) as f:
         run = json.loads(f.read().strip().splitlines()[-1])
+    if args.device == "cuda":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from mlp_peer import torch_mlp_ms
     rows = []  # (moekit run ms, moekit.torch ms, torch ops ms or None) per turn
     for _ in range(max(1, args.turns)):
         py_ms, plan = moekit_torch_ms(run, args.steps, args.device, warmup_ms=args.warmup_ms)
@@ -120,8 +123,6 @@ def main():
             cpp_ms = again["step_ms"]
         torch_ms = None
         if args.device == "cuda":
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from mlp_peer import torch_mlp_ms
             torch_ms = torch_mlp_ms(torch, run["hidden"], run["ffn"], list(run["counts"]), args.steps,
                                     warmup_ms=args.warmup_ms)
         rows.append((cpp_ms, py_ms, torch_ms))

@@ -122,19 +122,17 @@ class GroupedLinear(FusibleOperation):
         requires = main_grad is not None or weight.requires_grad or (
             bias is not None and bias.requires_grad)
         # What the moekit op holds besides the weight (bias, main_grad and whether it computes
-        # weight gradients) is set again only when it changed: a tensor by identity and address
-        # (a bound tensor stays alive in `bound`, so its address cannot be another tensor's).
-        state = (bias, None if bias is None else bias.data_ptr(), main_grad,
-                 None if main_grad is None else main_grad.data_ptr(), requires)
-        key = ("state", id(op))
-        last = bound.get(key)
-        if last is None or any(a is not b for a, b in zip(last[0::2], state[0::2])) or \
-                last[1::2] != state[1::2]:
+        # weight gradients) is set again only when it changed: each tensor by object and address
+        # (ints, so the comparison never calls a tensor's __eq__; the tensors themselves are kept
+        # in `bound`, so neither an id nor an address can be another tensor's while recorded).
+        state = (_identity(bias), _identity(main_grad), requires)
+        if bound.get(("state", id(op))) != state:
             if bias is not None:
                 op.set_bias(dl(bias))
             op.weight_requires_grad = requires
             op.set_main_grad(dl(main_grad))
-            bound[key] = state
+            bound[("state", id(op))] = state
+            bound[("alive", id(op))] = (bias, main_grad)
 
     def _main_grad(self):
         if not (self.accumulate_into_main_grad and self.weight.requires_grad):
@@ -154,6 +152,11 @@ class GroupedLinear(FusibleOperation):
         return (f"num_groups={self.num_groups}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.use_bias}, "
                 f"scale_bias={self.scale_bias}")
+
+
+def _identity(t):
+    """(object id, address) of a tensor, or None: what a binding is recorded by."""
+    return None if t is None else (id(t), t.data_ptr())
 
 
 def _layout(glu_interleave_size):
