@@ -822,6 +822,120 @@ TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
   }
 }
 
+// swiglu_quantize (the grouped MLP's fc2 input: z = p·silu(a)·b quantized, z never stored)
+// against swiglu_forward then quantize on the same device, every byte of every copy and scale
+// (both from a poisoned allocator: a byte one writes and the other does not shows too), over
+// fuzzed shapes: both GLU layouts, three dtypes, with and without probs, zero-row groups, groups
+// not a multiple of 128 rows, a tail of huge values that must not be read, host and device
+// counts, every usage and every spec — fp8-block's 1×128 / 128×1 blocks through the fused kernel
+// (last_backend says so), the others through the two primitives. On the CPU it is the two.
+void check_swiglu_quantize(const Context& ctx, int iters, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto uni = [&rng](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  const std::vector<NamedSpec> specs = every_spec();
+  for (int iter = 0; iter < iters; ++iter) {
+    const NamedSpec& ns = specs[static_cast<size_t>(iter) % specs.size()];
+    const bool fp4 = ns.spec.format == QuantFormat::E2M1;
+    const bool interleaved = iter % 2 == 0;
+    const GluLayout layout = interleaved ? GluLayout::Interleaved32 : GluLayout::Halves;
+    std::vector<int64_t> counts(static_cast<size_t>(uni(1, 5)));
+    for (auto& c : counts) c = uni(0, 3) == 0 ? 0 : uni(1, 200) * (fp4 ? 2 : 1);
+    const int64_t S = sum_of(counts), T = S + uni(0, 9);
+    // Interleaved: F a multiple of 32; halves: any F, every third a multiple of 4 (the fused
+    // kernel's loads) unless fp4 needs it even.
+    const int64_t F = interleaved ? 32 * uni(1, 9) : uni(1, 150) * (iter % 3 == 0 ? 1 : 4) * (fp4 ? 2 : 1);
+    const size_t d = static_cast<size_t>(iter / 2) % 3;
+    const DType dt = d == 0 ? DType::BF16 : d == 1 ? DType::F16 : DType::F32;
+    const QuantUsage usage = iter % 5 == 1 ? QuantUsage::Rowwise
+                             : iter % 5 == 2 ? QuantUsage::Columnwise
+                                             : QuantUsage::Both;
+    const bool with_probs = iter % 7 != 3, device_counts = iter % 4 >= 2;
+    SCOPED_TRACE(str(ns.name, interleaved ? " interleaved32" : " halves", " T=", T, " F=", F,
+                     " counts=", ::testing::PrintToString(counts), " ", name(dt), " usage ",
+                     static_cast<int>(usage), with_probs ? " probs" : " no probs",
+                     device_counts ? " device counts" : " host counts"));
+    Tensor h = random_normal({T, 2 * F}, dt, 7000 + iter, std::ldexp(1.0, uni(-4, 4)));
+    const Tensor tail = random_normal({T - S, 2 * F}, dt, 1, 1e4);  // rows [S, T): never read
+    std::copy_n(static_cast<const uint8_t*>(tail.data()), tail.nbytes(),
+                static_cast<uint8_t*>(h.data()) + (h.nbytes() - tail.nbytes()));
+    std::vector<float> p(static_cast<size_t>(T));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = 0.1f + 0.013f * static_cast<float>(i % 61);
+    const Tensor h_d = to_device(ctx, h);
+    const Tensor probs_d =
+        with_probs ? to_device(ctx, Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu())) : Tensor();
+    const Splits splits = device_counts
+                              ? Splits::device(to_device(ctx, counts_tensor(counts, DType::I32)))
+                              : Splits::host(counts);
+    const int64_t G = static_cast<int64_t>(counts.size());
+    const QuantizedTensor fused = allocate_quantized(ctx, ns.spec, dt, T, F, G, usage);
+    swiglu_quantize(ctx, h_d, probs_d, splits, layout, fused);
+    const bool fused_kernel = !ctx.device().is_cpu() && ns.spec.scaling == Scaling::Block1D &&
+                              ns.spec.block == 128 && F % 4 == 0;
+    if (fused_kernel) EXPECT_EQ(last_backend(ctx, "swiglu_quantize"), "cuda");
+    const Tensor z = Tensor::empty({T, F}, dt, ctx);
+    swiglu_forward(ctx, h_d, probs_d, splits, layout, z);
+    const QuantizedTensor want = allocate_quantized(ctx, ns.spec, dt, T, F, G, usage);
+    detail::bind_quantize(ctx, z, splits, want).run();
+    const QuantizedTensor got_h = host_copy(ctx, fused), want_h = host_copy(ctx, want);
+    for (const auto& [what, g, w] : {std::tuple{"rowwise", &got_h.rowwise, &want_h.rowwise},
+                                     {"rowwise scales", &got_h.rowwise_scale_inv, &want_h.rowwise_scale_inv},
+                                     {"columnwise", &got_h.columnwise, &want_h.columnwise},
+                                     {"columnwise scales", &got_h.columnwise_scale_inv, &want_h.columnwise_scale_inv},
+                                     {"amax", &got_h.amax, &want_h.amax},
+                                     {"group scales", &got_h.group_scale_inv, &want_h.group_scale_inv}}) {
+      ASSERT_EQ(g->defined(), w->defined()) << what;
+      if (!g->defined()) continue;
+      const std::vector<uint8_t> gb = bytes_of(host(), *g), wb = bytes_of(host(), *w);
+      const auto at = std::mismatch(gb.begin(), gb.end(), wb.begin());
+      EXPECT_TRUE(at.first == gb.end()) << what << ": first different byte at "
+                                        << (at.first - gb.begin()) << " of " << gb.size();
+    }
+    EXPECT_EQ(ctx.device_error_bits(), 0u);
+  }
+}
+
+TEST(QuantizeCpu, SwigluQuantizeEqualsSwigluThenQuantize) {
+  check_swiglu_quantize(quant_ctx(), 2 * static_cast<int>(every_spec().size()), 77);
+}
+
+TEST(QuantizeCuda, SwigluQuantizeEqualsSwigluThenQuantizeBitForBit) {
+  MOEKIT_REQUIRE_CUDA();
+  check_swiglu_quantize(poisoned(Context::cuda(0)), 6 * static_cast<int>(every_spec().size()), 78);
+}
+
+// Its checks name the argument before any work: q allocated for another shape, probs of
+// another length, h of an odd width.
+TEST(QuantizeCpu, SwigluQuantizeChecksNameTheArgument) {
+  const Context ctx = quant_ctx();
+  const QuantSpec spec = Recipe::fp8_block().spec(QuantRole::Input);
+  const Tensor h = random_normal({64, 128}, DType::BF16, 1);
+  const Splits splits = Splits::host({40, 24});
+  const QuantizedTensor q = allocate_quantized(ctx, spec, DType::BF16, 64, 64, 2, QuantUsage::Both);
+  const std::vector<uint8_t> before = bytes_of(ctx, q.rowwise);
+  auto e = caught([&] {
+    swiglu_quantize(ctx, h, Tensor(), splits, GluLayout::Halves,
+                    allocate_quantized(ctx, spec, DType::BF16, 64, 128, 2, QuantUsage::Both));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'q'"), HasSubstr("z [64, 64]"), HasSubstr("[64, 128]")));
+  std::vector<float> p(63, 1.0f);
+  e = caught([&] {
+    swiglu_quantize(ctx, h, Tensor::wrap(p.data(), {63}, DType::F32, Device::cpu()), splits,
+                    GluLayout::Halves, q);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), HasSubstr("'probs'"));
+  e = caught([&] {
+    swiglu_quantize(ctx, random_normal({64, 127}, DType::BF16, 1), Tensor(), splits,
+                    GluLayout::Halves, q);
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'h'"), HasSubstr("even")));
+  EXPECT_EQ(bytes_of(ctx, q.rowwise), before);
+}
+
 TEST(QuantizeCuda, GraphCapturedQuantizeReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_CUDA();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();

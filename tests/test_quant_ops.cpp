@@ -319,22 +319,32 @@ TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupporte
   EXPECT_TRUE(y_buf.untouched_outside(0));
 }
 
-TEST_P(QuantLinear, TheFusedMlpRunsUnfusedWithARecipe) {
+// fc1 → ScaledSwiGLU → fc2 fuse with a recipe when both layers run the same one; with another
+// recipe (or none) on one layer the ops run unfused, and mismatch() says why.
+TEST_P(QuantLinear, TheFusedMlpTakesOneRecipeOnBothLayers) {
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = Context::cpu(1);
-  auto fc1 = std::make_shared<GroupedLinearOp>(
-      GroupedLinearConfig{.groups = 2, .in = 64, .out = 128, .recipe = recipe}, ctx);
+  auto linear = [&](int64_t in, int64_t out, const Recipe& r) {
+    return std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = 2, .in = in, .out = out, .recipe = r}, ctx);
+  };
+  auto fc1 = linear(64, 128, recipe);
   auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
-  auto fc2 = std::make_shared<GroupedLinearOp>(
-      GroupedLinearConfig{.groups = 2, .in = 64, .out = 64, .recipe = recipe}, ctx);
-  Sequential seq({fc1, act, fc2});
-  EXPECT_FALSE(seq.fused());
-  EXPECT_THAT(GroupedMLP::mismatch(*fc1, *act, *fc2), HasSubstr("no quantized path yet"));
+  auto fc2 = linear(64, 64, recipe);
+  EXPECT_EQ(GroupedMLP::mismatch(*fc1, *act, *fc2), "");
+  EXPECT_TRUE(Sequential({fc1, act, fc2}).fused());
+  for (const Recipe& other : {Recipe::none(), recipe.kind == RecipeKind::Nvfp4 ? Recipe::mxfp8()
+                                                                             : Recipe::nvfp4()}) {
+    auto fc2_other = linear(64, 64, other);
+    EXPECT_FALSE(Sequential({fc1, act, fc2_other}).fused());
+    EXPECT_THAT(GroupedMLP::mismatch(*fc1, *act, *fc2_other), HasSubstr("one recipe on both layers"));
+  }
 }
 
-// fc1 → ScaledSwiGLU → fc2 with a recipe runs unfused; the op-args buffers (output on fc2,
-// grad_input on fc1) are written in place, and every result equals the three ops called one by
-// one with the same recipe, bit for bit.
+// fc1 → ScaledSwiGLU → fc2 with one recipe fuses into the quantized grouped MLP; the op-args
+// buffers (output on fc2, grad_input on fc1) are written in place, and every result equals the
+// three ops called one by one with the same recipe, bit for bit (z is never stored by the fused
+// path: its copies come from swiglu_quantize).
 TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cpu(1));
@@ -349,7 +359,7 @@ TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
   fc1->linear().set_weight(random_normal({G, 2 * F, H}, DType::BF16, 1, 0.125));
   fc2->linear().set_weight(random_normal({G, H, F}, DType::BF16, 2, 0.125));
   Sequential seq({fc1, act, fc2});
-  ASSERT_EQ(seq.plan(), "GroupedLinear(0), ScaledSwiGLU(1), GroupedLinear(2)");
+  ASSERT_EQ(seq.plan(), "GroupedMLP(0-2)");
   const Tensor x = random_normal({T, H}, DType::BF16, 3),
                dy = random_normal({T, H}, DType::BF16, 4);
   std::vector<float> p(static_cast<size_t>(T), 0.5f);
@@ -387,10 +397,10 @@ TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
                             DType::F32));
 }
 
-// GroupedMLP made with a recipe (GroupedMLPConfig::recipe) runs its ops unfused: every result
-// bit for bit the Sequential of the same quantized ops (the test above: the ops one by one),
-// output and grad_input written in place with their tails untouched, a grad_probs buffer added
-// into, and one backward per forward; a zero-row group included.
+// GroupedMLP made with a recipe (GroupedMLPConfig::recipe): every result bit for bit the unfused
+// Sequential of the same quantized ops (fuse = false), output and grad_input written in place
+// with their tails untouched, a grad_probs buffer added into, and one backward per forward; a
+// zero-row group included.
 TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromises) {
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cpu(1));
@@ -410,7 +420,8 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
       GroupedLinearConfig{.groups = G, .in = F, .out = H, .recipe = recipe}, ctx);
   fc1->linear().set_weight(w1);
   fc2->linear().set_weight(w2);
-  Sequential seq({fc1, act, fc2});
+  Sequential seq({fc1, act, fc2}, {.fuse = false});
+  ASSERT_FALSE(seq.fused());
   const Tensor x = random_normal({T, H}, DType::BF16, 3),
                dy = random_normal({T, H}, DType::BF16, 4);
   std::vector<float> p(static_cast<size_t>(T));
@@ -445,6 +456,71 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
       bit_identical(bytes_of(ctx, g.fc2.weight), bytes_of(ctx, g2.params[2].weight), DType::BF16));
   for (int64_t t = 0; t < S; ++t) {  // grad_probs held 0.5: dp was added to it
     EXPECT_EQ(dp0[static_cast<size_t>(t)], 0.5f + g2.probs.data_as<float>()[t]) << "row " << t;
+  }
+}
+
+// On a GPU the quantized grouped MLP (fc2's input copies straight from h by swiglu_quantize:
+// fp8-block's fused kernel, the two primitives for the others) equals the unfused Sequential of
+// the same quantized ops bit for bit: y, dx, dprobs, and each layer's weight and scaled-bias
+// gradients, with a zero-row group, groups not a multiple of 128 rows (device counts), a tail,
+// both GLU layouts, fc1's bias and fc2's prob-scaled one. Written for a GPU: without one it skips.
+TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
+  if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
+  const Recipe recipe = recipe_named(GetParam());
+  const Context ctx = poisoned(Context::cuda(0));
+  const int64_t G = 4, H = 256, F = 384, m = recipe.group_rows_multiple();
+  const std::vector<int64_t> counts = {5 * m, 0, 2 * m, 13 * m};
+  const int64_t S = sum_of(counts), T = S + 3;
+  const Splits splits = Splits::device(to_device(ctx, counts_tensor(counts, DType::I32)));
+  for (const GluLayout layout : {GluLayout::Interleaved32, GluLayout::Halves}) {
+    SCOPED_TRACE(layout == GluLayout::Interleaved32 ? "interleaved32" : "halves");
+    GroupedMLP mlp({.groups = G, .hidden = H, .ffn = F, .dtype = DType::BF16, .fc1_bias = true,
+                    .fc2_bias = true, .layout = layout, .recipe = recipe},
+                   ctx);
+    ASSERT_TRUE(mlp.quantized());
+    auto fc1 = std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .bias = true, .recipe = recipe}, ctx);
+    auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = layout}, ctx);
+    auto fc2 = std::make_shared<GroupedLinearOp>(
+        GroupedLinearConfig{.groups = G, .in = F, .out = H, .bias = true, .recipe = recipe}, ctx,
+        GroupedLinearOpOptions{.scale_bias = true});
+    const Tensor w1 = to_device(ctx, random_normal({G, 2 * F, H}, DType::BF16, 1, 0.1));
+    const Tensor b1 = to_device(ctx, random_normal({G, 2 * F}, DType::BF16, 2, 0.5));
+    const Tensor w2 = to_device(ctx, random_normal({G, H, F}, DType::BF16, 3, 0.1));
+    const Tensor b2 = to_device(ctx, random_normal({G, H}, DType::BF16, 4, 0.5));
+    for (GroupedLinearOp* op : {mlp.fc1().get(), fc1.get()}) {
+      op->linear().set_weight(w1);
+      op->set_bias(b1);
+    }
+    for (GroupedLinearOp* op : {mlp.fc2().get(), fc2.get()}) {
+      op->linear().set_weight(w2);
+      op->set_bias(b2);
+    }
+    Sequential seq({fc1, act, fc2}, {.fuse = false});
+    const Tensor x = to_device(ctx, random_normal({T, H}, DType::BF16, 5)),
+                 dy = to_device(ctx, random_normal({T, H}, DType::BF16, 6));
+    std::vector<float> p(static_cast<size_t>(T));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = 0.2f + 0.011f * static_cast<float>(i % 70);
+    const Tensor probs = to_device(ctx, Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu()));
+    GroupedMLP::Saved saved;
+    const Tensor y = mlp.forward(x, probs, splits, {}, &saved);
+    if (recipe.kind == RecipeKind::Fp8BlockScaling) {
+      EXPECT_EQ(last_backend(ctx, "swiglu_quantize"), "cuda");  // the fused kernel ran
+    }
+    const GroupedMLP::Grads g = mlp.backward(saved, dy);
+    auto [y2, tape] = seq.forward(x, {.splits = splits, .probs = probs});
+    const SequentialGrads g2 = seq.backward(tape, dy);
+    auto same = [&](const char* what, const Tensor& a, const Tensor& b, DType dt) {
+      EXPECT_TRUE(bit_identical(bytes_of(ctx, a), bytes_of(ctx, b), dt)) << what;
+    };
+    same("y", y.rows(0, S), y2.rows(0, S), DType::BF16);
+    same("dx", g.input.rows(0, S), g2.input.rows(0, S), DType::BF16);
+    same("dprobs", g.probs.rows(0, S), g2.probs.rows(0, S), DType::F32);
+    same("dW1", g.fc1.weight, g2.params[0].weight, DType::BF16);
+    same("db1", g.fc1.bias, g2.params[0].bias, DType::BF16);
+    same("dW2", g.fc2.weight, g2.params[2].weight, DType::BF16);
+    same("db2", g.fc2.bias, g2.params[2].bias, DType::BF16);
+    EXPECT_EQ(ctx.device_error_bits(), 0u);
   }
 }
 

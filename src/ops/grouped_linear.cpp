@@ -106,6 +106,38 @@ void GroupedLinear::set_main_grad(const Tensor& main_grad) {
   main_grad_ = main_grad;
 }
 
+void GroupedLinear::check_recipe_rows(const Splits& splits) const {
+  check_recipe_shapes(config_, ctx_, splits);
+}
+
+QuantizedTensor GroupedLinear::bind_quantized_weight(detail::Plan& plan, QuantUsage usage) const {
+  const QuantSpec spec = config_.recipe.spec(QuantRole::Weight);
+  uint64_t version = 0;
+  {
+    std::lock_guard lock(cache_->mutex);
+    version = cache_->version;
+    const QuantizedTensor& c = cache_->weight;
+    if (cache_->cached_version == version && cache_->source == weight_.data() && c.defined() &&
+        (!has(usage, QuantUsage::Columnwise) || c.has_columnwise())) {
+      return c;
+    }
+  }
+  const int64_t G = config_.groups, N = config_.out, K = config_.in;
+  QuantizedTensor qw = allocate_quantized(ctx_, spec, config_.dtype, G * N, K, G, usage);
+  const Splits w_splits = Splits::host(std::vector<int64_t>(static_cast<size_t>(G), N));
+  plan.then(detail::bind_quantize(ctx_, weight_.view({G * N, K}), w_splits, qw));
+  plan.add([cache = cache_, qw, version, source = weight_.data()] {  // the copies exist now
+    std::lock_guard lock(cache->mutex);
+    ++cache->quantizations;
+    if (cache->version == version) {
+      cache->weight = qw;
+      cache->cached_version = version;
+      cache->source = source;
+    }
+  });
+  return qw;
+}
+
 BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_splits,
                                          const ForwardOptions& options, Saved* saved) const {
   const Device dev = ctx_.device();
@@ -127,39 +159,14 @@ BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_sp
   if (config_.recipe.enabled()) {
     // x rowwise for this GEMM, columnwise for the weight gradient; W rowwise here, columnwise
     // for the input gradient: only the copies a backward will read are made.
-    check_recipe_shapes(config_, ctx_, given_splits);
+    check_recipe_rows(given_splits);
     const bool train = saved != nullptr;
     const QuantUsage x_usage = train && weight_requires_grad_ ? QuantUsage::Both : QuantUsage::Rowwise;
     const QuantUsage w_usage = train && options.input_requires_grad ? QuantUsage::Both : QuantUsage::Rowwise;
     qx = allocate_quantized(ctx_, config_.recipe.spec(QuantRole::Input), x.dtype(), T, config_.in,
                             config_.groups, x_usage);
     plan.then(detail::bind_quantize(ctx_, x, splits, qx));
-    const QuantSpec w_spec = config_.recipe.spec(QuantRole::Weight);
-    bool cached = false;
-    uint64_t version = 0;
-    {
-      std::lock_guard lock(cache_->mutex);
-      version = cache_->version;
-      const QuantizedTensor& c = cache_->weight;
-      cached = cache_->cached_version == version && cache_->source == weight_.data() &&
-               c.defined() && (!has(w_usage, QuantUsage::Columnwise) || c.has_columnwise());
-      if (cached) qw = c;
-    }
-    if (!cached) {
-      const int64_t G = config_.groups, N = config_.out, K = config_.in;
-      qw = allocate_quantized(ctx_, w_spec, config_.dtype, G * N, K, G, w_usage);
-      const Splits w_splits = Splits::host(std::vector<int64_t>(static_cast<size_t>(G), N));
-      plan.then(detail::bind_quantize(ctx_, weight_.view({G * N, K}), w_splits, qw));
-      plan.add([cache = cache_, qw, version, source = weight_.data()] {  // the copies exist now
-        std::lock_guard lock(cache->mutex);
-        ++cache->quantizations;
-        if (cache->version == version) {
-          cache->weight = qw;
-          cache->cached_version = version;
-          cache->source = source;
-        }
-      });
-    }
+    qw = bind_quantized_weight(plan, w_usage);
     plan.then(detail::bind_group_m_quantized(ctx_, qx, qw, BOp::Transposed, splits, y, bias_));
   } else {
     plan = detail::bind_group_m(ctx_, x, weight_, BOp::Transposed, splits, y, bias_);

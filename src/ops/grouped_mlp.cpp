@@ -47,10 +47,10 @@ GroupedLinearConfig fc2_config(const GroupedMLPConfig& c) {
           .recipe = c.recipe};
 }
 
-// The pattern mismatch() checks; allow_recipe: a recipe on the layers is fine (the config
-// constructor's unfused path).
-std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op,
-                             bool allow_recipe);
+bool same_recipe(const Recipe& a, const Recipe& b) {
+  return a.kind == b.kind && a.fp8_format == b.fp8_format && a.power_2_scales == b.power_2_scales &&
+         a.amax_epsilon == b.amax_epsilon && a.margin == b.margin;
+}
 
 // Where a layer's weight gradient goes, as in GroupedLinear::backward: its main_grad (added
 // into) or a new tensor on the layer's context.
@@ -69,17 +69,60 @@ detail::Plan bind_weight_grad(const Context& ctx, const GroupedLinear& layer, co
 // What a bound backward of the grouped MLP runs: its two side streams and the calls bound.
 struct MlpBackwardWork {
   std::unique_ptr<detail::SideStream> side1, side2;
-  detail::Plan dw2, dz, db2, dswiglu, dw1, dx, db1;
+  detail::Plan quantize2, dw2, dz, db2, dswiglu, quantize1, dw1, dx, db1;  // quantize*: recipes
   bool defer = false;
   std::vector<Tensor> held2, held1;
   BackwardOnce used;
 };
 
+// The bound backward of the grouped MLP from its bound calls: every output on its op's stream,
+// each layer's weight gradient on its side stream (forked once what it reads exists: dy's copies
+// for fc2, dh or its copies for fc1), joined at the end — or, deferred, after the input-gradient
+// chain, joined by the caller's handle.
+BoundBackward finish_backward(const std::shared_ptr<MlpBackwardWork>& w, const GroupedMLP::Grads& grads) {
+  BoundBackward bound;
+  bound.input = grads.input;
+  bound.params = {grads.fc1, ParamGrads{}, grads.fc2};
+  bound.probs = grads.probs;
+  bound.run = [w](PendingWork& pending) {
+    if (w->used) *w->used = true;
+    auto fc2_weight_grad = [&] {
+      if (w->dw2.empty()) return;
+      w->side2->fork();
+      w->dw2.run();
+    };
+    auto fc1_weight_grad = [&] {
+      if (w->dw1.empty()) return;
+      w->side1->fork();
+      w->dw1.run();
+    };
+    w->quantize2.run();
+    if (!w->defer) fc2_weight_grad();
+    w->dz.run();
+    w->db2.run();
+    w->dswiglu.run();
+    w->quantize1.run();
+    if (!w->defer) fc1_weight_grad();
+    w->dx.run();
+    w->db1.run();
+    if (w->defer) {
+      fc2_weight_grad();
+      fc1_weight_grad();
+      detail::defer(pending, std::move(w->side2), std::move(w->held2));
+      detail::defer(pending, std::move(w->side1), std::move(w->held1));
+    } else {
+      w->side1->join();
+      w->side2->join();
+    }
+  };
+  return bound;
+}
+
 }  // namespace
 
 GroupedMLP::GroupedMLP(const GroupedMLPConfig& config, const Context& ctx)
     : GroupedMLP(
-          FromConfig{}, std::make_shared<GroupedLinearOp>(fc1_config(config), ctx),
+          std::make_shared<GroupedLinearOp>(fc1_config(config), ctx),
           std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = config.layout}, ctx),
           std::make_shared<GroupedLinearOp>(
               fc2_config(config), ctx, GroupedLinearOpOptions{.scale_bias = config.fc2_bias})) {}
@@ -93,24 +136,10 @@ GroupedMLP::GroupedMLP(std::shared_ptr<GroupedLinearOp> fc1,
   if (!reason.empty()) throw_invalid("ops", "fc1 → ScaledSwiGLU → fc2 of a grouped MLP", reason);
 }
 
-// From a config: its recipe (the same on both layers) is this class's unfused path.
-GroupedMLP::GroupedMLP(FromConfig, std::shared_ptr<GroupedLinearOp> fc1,
-                       std::shared_ptr<ScaledSwiGLU> activation,
-                       std::shared_ptr<GroupedLinearOp> fc2)
-    : fc1_(std::move(fc1)), act_(std::move(activation)), fc2_(std::move(fc2)) {
-  const std::string reason = pattern_mismatch(*fc1_, *act_, *fc2_, /*allow_recipe=*/true);
-  if (!reason.empty()) throw_invalid("config", "the shapes of a grouped MLP", reason);
-}
 
 bool GroupedMLP::quantized() const { return fc1_->config().recipe.enabled(); }
 
 std::string GroupedMLP::mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op) {
-  return pattern_mismatch(fc1_op, act_op, fc2_op, /*allow_recipe=*/false);
-}
-
-namespace {
-std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_op,
-                             bool allow_recipe) {
   const auto* fc1 = dynamic_cast<const GroupedLinearOp*>(&fc1_op);
   const auto* act = dynamic_cast<const ScaledSwiGLU*>(&act_op);
   const auto* fc2 = dynamic_cast<const GroupedLinearOp*>(&fc2_op);
@@ -123,10 +152,10 @@ std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_o
     return str("fc1 out_features (", c1.out, ") is not 2 × fc2 in_features (2 × ", c2.in, ")");
   }
   if (c1.dtype != c2.dtype) return str("fc1 is ", name(c1.dtype), ", fc2 ", name(c2.dtype));
-  if (!allow_recipe && (c1.recipe.enabled() || c2.recipe.enabled())) {
+  if (!same_recipe(c1.recipe, c2.recipe)) {
     return str("fc1 has recipe ", c1.recipe.name(), ", fc2 ", c2.recipe.name(),
-               ": the fused grouped MLP has no quantized path yet (the ops run unfused, each with "
-               "its recipe)");
+               " (or other options): a fused grouped MLP runs one recipe on both layers (the ops "
+               "run unfused, each with its recipe)");
   }
   if (!(fc1->context().device() == fc2->context().device()) ||
       !(fc1->context().device() == act->context().device())) {
@@ -143,7 +172,6 @@ std::string pattern_mismatch(const Op& fc1_op, const Op& act_op, const Op& fc2_o
   }
   return "";
 }
-}  // namespace
 
 BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
                                       const Splits& given_splits, const ForwardOptions& options,
@@ -169,7 +197,7 @@ BoundForward GroupedMLP::bind_forward(const Tensor& x, const Tensor& probs,
                          {"fc1 main_grad", l1.main_grad()},
                          {"fc2 main_grad", l2.main_grad()}});
   }
-  if (quantized()) return bind_forward_unfused(x, probs, given_splits, options, saved);
+  if (quantized()) return bind_forward_quantized(x, probs, given_splits, options, saved);
   // ---- fc1: h = x·W1ᵀ + b1 (as GroupedLinear::forward), then the activation:
   //      z = p ⊙ silu(a) ⊙ b (as ScaledSwiGLU::forward) — one primitive when they share a context
   // Resolved once: every kernel of the forward and (through saved) of the backward reads one copy.
@@ -264,7 +292,7 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
     }
   }
 
-  if (quantized()) return bind_backward_unfused(s, dy, options);
+  if (quantized()) return bind_backward_quantized(s, dy, options);
   // Every output on its op's stream first. Then, as GroupedLinear::backward does, each layer's
   // weight gradient on a side stream (core/side_stream.h) beside the input-gradient chain:
   // fc2's beside fc2's dgrad and the activation's backward, fc1's (once dh exists) beside fc1's
@@ -335,104 +363,151 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
   w->held1 = {dh, s.input, counts, copy, grads.fc1.weight};
   if (!options.retain_saved) w->used = s.used;
 
-  BoundBackward bound;
-  bound.input = grads.input;
-  bound.params = {grads.fc1, ParamGrads{}, grads.fc2};
-  bound.probs = grads.probs;
-  bound.run = [w](PendingWork& pending) {
-    if (w->used) *w->used = true;
-    auto fc2_weight_grad = [&] {
-      if (w->dw2.empty()) return;
-      w->side2->fork();
-      w->dw2.run();
-    };
-    auto fc1_weight_grad = [&] {
-      if (w->dw1.empty()) return;
-      w->side1->fork();
-      w->dw1.run();
-    };
-    if (!w->defer) fc2_weight_grad();
-    w->dz.run();
-    w->db2.run();
-    w->dswiglu.run();
-    if (!w->defer) fc1_weight_grad();
-    w->dx.run();
-    w->db1.run();
-    if (w->defer) {
-      fc2_weight_grad();
-      fc1_weight_grad();
-      detail::defer(pending, std::move(w->side2), std::move(w->held2));
-      detail::defer(pending, std::move(w->side1), std::move(w->held1));
-    } else {
-      w->side1->join();
-      w->side2->join();
-    }
-  };
-  return bound;
+  return finish_backward(w, grads);
 }
 
-// With a recipe: the three ops bound one after another (each on the previous one's output,
-// allocated at bind), fc2 writing the caller's output; their saved contexts kept in Saved.
-BoundForward GroupedMLP::bind_forward_unfused(const Tensor& x, const Tensor& probs,
-                                              const Splits& given_splits,
-                                              const ForwardOptions& options, Saved* saved) const {
+// With a recipe: the same calls as the unfused quantized ops (GroupedLinear with the recipe,
+// ScaledSwiGLU), each on its op's context, except that z is never stored: the activation and
+// fc2's quantize of its input are one primitive (swiglu_quantize, bit for bit the two) when the
+// activation and fc2 share a context. Every result equals the quantized ops one by one.
+BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& probs,
+                                                const Splits& given_splits,
+                                                const ForwardOptions& options, Saved* saved) const {
+  const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
+  const Recipe& recipe = l1.config().recipe;
+  l1.check_recipe_rows(given_splits);
   const Splits splits = resolve_splits(context(), given_splits);
-  const ExtraInputs in{.splits = splits,
-                       .probs = probs,
-                       .input_requires_grad = options.input_requires_grad,
-                       .probs_requires_grad = options.probs_requires_grad,
-                       .save_for_backward = saved != nullptr};
-  std::unique_ptr<OpContext> c1, c2, c3;
-  BoundForward f1 = fc1_->bind_forward(x, in, {}, options.input_requires_grad, saved ? &c1 : nullptr);
-  BoundForward f2 = act_->bind_forward(f1.output, in, {}, true, saved ? &c2 : nullptr);
-  BoundForward f3 =
-      fc2_->bind_forward(f2.output, in, {.output = options.output}, true, saved ? &c3 : nullptr);
+  const int64_t T = x.size(0), F = ffn(), G = groups();
+  const bool train = saved != nullptr;
+  // The copies a backward reads (as GroupedLinear::bind_forward chooses them).
+  auto usage = [&](bool columnwise) { return train && columnwise ? QuantUsage::Both : QuantUsage::Rowwise; };
+  detail::Plan plan;
+  // ---- fc1: h = x·W1ᵀ + b1 on quantized x and W1
+  const QuantizedTensor x_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::Input), x.dtype(),
+                                                 T, in_features(), G, usage(l1.weight_requires_grad()));
+  plan.then(detail::bind_quantize(l1.context(), x, splits, x_q));
+  const QuantizedTensor w1_q = l1.bind_quantized_weight(plan, usage(options.input_requires_grad));
+  Tensor h = Tensor::empty({T, 2 * F}, dtype(), l1.context());
+  plan.then(detail::bind_group_m_quantized(l1.context(), x_q, w1_q, BOp::Transposed, splits, h, l1.bias()));
+  // ---- the activation and fc2's input copies: z = p ⊙ silu(a) ⊙ b, quantized
+  const QuantizedTensor z_q = allocate_quantized(l2.context(), recipe.spec(QuantRole::Input), dtype(),
+                                                 T, F, G, usage(l2.weight_requires_grad()));
+  if (act_->context().same_context(l2.context())) {
+    plan.then(detail::bind_swiglu_quantize(l2.context(), h, probs, splits, layout(), z_q));
+  } else {
+    const Tensor z = Tensor::empty({T, F}, dtype(), act_->context());
+    plan.then(detail::bind_swiglu_forward(act_->context(), h, probs, splits, layout(), z));
+    plan.then(detail::bind_quantize(l2.context(), z, splits, z_q));
+  }
+  // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place
+  const QuantizedTensor w2_q = l2.bind_quantized_weight(plan, usage(true));
+  Tensor y = options.output.defined() ? options.output
+                                      : Tensor::empty({T, out_features()}, dtype(), l2.context());
+  plan.then(detail::bind_group_m_quantized(l2.context(), z_q, w2_q, BOp::Transposed, splits, y, l2.bias()));
+  if (fc2_->scale_bias()) {
+    plan.then(detail::bind_bias_add(l2.context(), y, fc2_->bias(), probs, splits, y));
+  }
   if (saved) {
     saved->input = x;
+    saved->h = h;
     saved->probs = probs;
     saved->splits = splits;
     saved->input_requires_grad = options.input_requires_grad;
     saved->probs_requires_grad = options.probs_requires_grad;
-    saved->fc1_saved = std::move(c1);
-    saved->act_saved = std::move(c2);
-    saved->fc2_saved = std::move(c3);
+    saved->x_q = x_q;
+    saved->z_q = z_q;
+    saved->w1_q = w1_q;
+    saved->w2_q = w2_q;
     saved->valid = true;
     saved->used = std::make_shared<bool>(false);
   }
-  return {f3.output, [f1 = std::move(f1.run), f2 = std::move(f2.run), f3 = std::move(f3.run)] {
-            f1();
-            f2();
-            f3();
-          }};
+  return {y, [plan = std::move(plan)] { plan.run(); }};
 }
 
-// With a recipe: fc2's, the activation's and fc1's backward bound in turn (dprobs from the
-// activation and fc2's scaled bias, added into grad_probs when given; grad_input on fc1).
-BoundBackward GroupedMLP::bind_backward_unfused(const Saved& s, const Tensor& dy,
-                                                const BackwardOptions& options) const {
-  const Deferral defer{.weight_grads = options.defer_weight_grads,
-                       .sm_margin = options.deferred_sm_margin,
-                       .retain_saved = options.retain_saved};
-  Tensor dprobs = s.probs_requires_grad ? options.grad_probs : Tensor();
-  BoundBackward b3 = fc2_->bind_backward(*s.fc2_saved, dy, {}, dprobs, defer);
-  BoundBackward b2 = act_->bind_backward(*s.act_saved, b3.input, {}, dprobs, defer);
-  BoundBackward b1 = fc1_->bind_backward(*s.fc1_saved, b2.input, options.grad_input, dprobs, defer);
-  if (!s.probs_requires_grad) dprobs = Tensor();
-  BoundBackward bound;
-  bound.input = s.input_requires_grad ? b1.input : Tensor();
-  bound.params = {b1.params.empty() ? ParamGrads{} : b1.params[0], ParamGrads{},
-                  b3.params.empty() ? ParamGrads{} : b3.params[0]};
-  bound.probs = dprobs;
-  bound.run = [r3 = std::move(b3.run), r2 = std::move(b2.run), r1 = std::move(b1.run),
-               used = s.used, retain = options.retain_saved](PendingWork& pending) {
-    if (!retain) *used = true;
-    for (const auto* run : {&r3, &r2, &r1}) {
-      PendingWork p;
-      (*run)(p);
-      pending.merge(std::move(p));
-    }
+// With a recipe: the bf16 path's calls (bind_backward) with each GEMM on quantized operands — dy
+// and dh quantized for their layer (rowwise for the input gradient, columnwise for the weight
+// gradient), z's and x's columnwise copies from the forward — and the activation's backward
+// unfused (dz and dh stored, as the quantized ops do).
+BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& dy,
+                                                  const BackwardOptions& options) const {
+  const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
+  const Recipe& recipe = l1.config().recipe;
+  const DType dt = dtype();
+  const int64_t T = s.input.size(0), F = ffn(), G = groups();
+  const bool accumulate_dp = options.grad_probs.defined();
+  Grads grads;
+  if (s.probs_requires_grad) {
+    grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
+  }
+  const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
+  if (dw2) grads.fc2.weight = weight_grad_buffer(l2);
+  if (dw2 && fc2_->scale_bias()) grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
+  if (dw1) grads.fc1.weight = weight_grad_buffer(l1);
+  if (dw1 && l1.bias().defined()) grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
+  if (s.input_requires_grad) {
+    grads.input = options.grad_input.defined() ? options.grad_input
+                                               : Tensor::empty({T, in_features()}, dt, l1.context());
+  }
+  auto usage = [](bool rowwise, bool columnwise) {
+    return rowwise && columnwise ? QuantUsage::Both : rowwise ? QuantUsage::Rowwise : QuantUsage::Columnwise;
   };
-  return bound;
+  auto w = std::make_shared<MlpBackwardWork>();
+  w->defer = options.defer_weight_grads;
+  w->side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
+  w->side1 =
+      std::make_unique<detail::SideStream>(l1.context(), dw1 && (w->defer || s.input_requires_grad));
+  auto on = [&](const Context& side) {
+    return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
+  };
+  // ---- fc2: dy quantized (rowwise for dz, columnwise for dW2); the scaled bias's gradients
+  const QuantizedTensor dy_q = allocate_quantized(l2.context(), recipe.spec(QuantRole::GradOutput), dt,
+                                                  T, out_features(), G, usage(true, dw2));
+  w->quantize2 = detail::bind_quantize(l2.context(), dy, s.splits, dy_q);
+  if (dw2) {
+    w->dw2 = detail::bind_group_k_quantized(on(w->side2->context()), dy_q, s.z_q, s.splits,
+                                            grads.fc2.weight, l2.main_grad().defined());
+  }
+  const Tensor dz = Tensor::empty({T, F}, dt, l2.context());
+  w->dz = detail::bind_group_m_quantized(l2.context(), dy_q, s.w2_q, BOp::Plain, s.splits, dz);
+  bool dp_written = accumulate_dp;
+  if (fc2_->scale_bias() && (dw2 || s.probs_requires_grad)) {
+    w->db2 = detail::bind_scaled_bias_grad(l2.context(), dy, s.probs, fc2_->bias(), s.splits,
+                                           grads.fc2.bias, grads.probs, dp_written);
+    dp_written = dp_written || grads.probs.defined();
+  }
+  // ---- the activation's backward, then fc1 on dh quantized for it
+  const Tensor dh = Tensor::empty({T, 2 * F}, dt, act_->context());
+  w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(),
+                                            dh, grads.probs, dp_written);
+  QuantizedTensor dh_q;
+  if (dw1 || s.input_requires_grad) {
+    dh_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::GradOutput), dt, T, 2 * F, G,
+                              usage(s.input_requires_grad, dw1));
+    w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
+  }
+  if (dw1) {
+    w->dw1 = detail::bind_group_k_quantized(on(w->side1->context()), dh_q, s.x_q, s.splits,
+                                            grads.fc1.weight, l1.main_grad().defined());
+  }
+  if (s.input_requires_grad) {
+    w->dx = detail::bind_group_m_quantized(l1.context(), dh_q, s.w1_q, BOp::Plain, s.splits, grads.input);
+  }
+  if (grads.fc1.bias.defined()) {
+    w->db1 = detail::bind_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
+  }
+  const Tensor counts = s.splits.device_counts();
+  const Tensor copy = s.splits.device_copy();
+  w->held2 = {counts, copy, grads.fc2.weight};
+  w->held1 = {counts, copy, grads.fc1.weight};
+  auto hold = [](std::vector<Tensor>& held, const QuantizedTensor& q) {  // what a deferred dW reads
+    if (q.has_columnwise()) held.insert(held.end(), {q.columnwise, q.columnwise_scale_inv, q.group_scale_inv});
+  };
+  hold(w->held2, dy_q);
+  hold(w->held2, s.z_q);
+  hold(w->held1, dh_q);
+  hold(w->held1, s.x_q);
+  if (!options.retain_saved) w->used = s.used;
+  return finish_backward(w, grads);
 }
 
 GroupedMLP::Grads GroupedMLP::backward(const Saved& s, const Tensor& dy,

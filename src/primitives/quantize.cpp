@@ -190,6 +190,35 @@ detail::Plan detail::bind_quantize(const Context& ctx, const Tensor& x, const Sp
                                             {ctx, x, splits, q, G, T, C});
 }
 
+detail::Plan detail::bind_swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
+                                          const Splits& splits, GluLayout layout,
+                                          const QuantizedTensor& q) {
+  const Device dev = ctx.device();
+  const int64_t F = check_glu_input(h, layout, dev), T = h.size(0), G = splits.groups();
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  check_spec(q.spec);
+  validate_splits(splits, G, T, dev);
+  if (q.rows != T || q.cols != F || q.groups != G) {
+    throw_invalid("q", str("a quantized tensor allocated for z [", T, ", ", F, "] in ", G, " groups"),
+                  str("[", q.rows, ", ", q.cols, "] in ", q.groups, " groups"));
+  }
+  check_quantized("q", q, q.usage, dev);
+#ifdef MOEKIT_HAS_CUDA
+  detail::Plan fused = detail::bind_first<detail::SwigluQuantizeArgs>(
+      "swiglu_quantize", cuda::kSwigluQuantize, ctx, {ctx, h, probs, splits, layout, q, G, T, F});
+  if (!fused.empty()) return fused;
+#endif
+  // Otherwise the two primitives, z in a temporary the bound calls hold.
+  const Tensor z = Tensor::empty({T, F}, h.dtype(), ctx);
+  detail::Plan plan = bind_swiglu_forward(ctx, h, probs, splits, layout, z);
+  return std::move(plan.then(bind_quantize(ctx, z, splits, q)));
+}
+
+void swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
+                     GluLayout layout, const QuantizedTensor& q) {
+  detail::bind_swiglu_quantize(ctx, h, probs, splits, layout, q).run();
+}
+
 QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& splits,
                          const QuantSpec& spec, QuantUsage usage) {
   if (!x.defined() || x.dim() != 2) throw_invalid("x", "a 2-D tensor [T, C]", x.describe());

@@ -185,7 +185,7 @@ def test_weight_cache_follows_in_place_optimizer_steps():
     step_and_check(5)
 
 
-def test_ops_weight_cache_and_unfused_sequential_under_a_recipe():
+def test_ops_weight_cache_and_fused_sequential_under_a_recipe():
     recipe = NVFP4BlockScaling()
     fc1 = ops.GroupedLinear(G, K, 2 * 32, bias=False, device="cpu", dtype=F32)
     fc2 = ops.GroupedLinear(G, 32, N, bias=False, device="cpu", dtype=F32)
@@ -194,7 +194,7 @@ def test_ops_weight_cache_and_unfused_sequential_under_a_recipe():
     x = torch.randn(T, K, dtype=F32, requires_grad=True)
     probs = torch.rand(T)
     with mt.autocast(recipe=recipe):
-        assert "GroupedMLP" not in seq.plan()  # a quantized GroupedLinearOp does not fuse
+        assert seq.plan() == "GroupedMLP(0-2)"  # one recipe on both layers: the quantized MLP
         y = seq(x, SPLITS, probs, SPLITS)
     y.sum().backward()
     S = sum(SPLITS)

@@ -53,6 +53,9 @@
 #include "moekit/primitives/quantize.h"
 
 namespace moekit {
+namespace detail {
+class Plan;
+}  // namespace detail
 
 struct GroupedLinearConfig {
   int64_t groups = 0;          // G experts on this rank
@@ -150,6 +153,13 @@ class GroupedLinear {
                               const BackwardOptions& options) const;
 
  private:
+  friend class GroupedMLP;  // a quantized grouped MLP feeds its layers' GEMMs itself
+  /// Recipes: the recipe's alignment rules for these splits (host-readable counts), before any work.
+  void check_recipe_rows(const Splits& splits) const;
+  /// Recipes: the weight's copies `usage` names — the cached ones when they are current, else
+  /// new ones quantized by a step appended to `plan` (which then caches them).
+  QuantizedTensor bind_quantized_weight(detail::Plan& plan, QuantUsage usage) const;
+
   GroupedLinearConfig config_;
   Context ctx_;
   Tensor weight_, bias_, main_grad_;

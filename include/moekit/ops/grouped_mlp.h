@@ -113,8 +113,9 @@ class GroupedMLP {
     bool probs_requires_grad = false;
     bool valid = false;
     BackwardOnce used;  // set by the backward: one backward per forward
-    // With a recipe: each op's own saved context (fc1, activation, fc2).
-    std::shared_ptr<OpContext> fc1_saved, act_saved, fc2_saved;
+    // With a recipe (z is then not kept): the quantized copies the backward reads — x's
+    // columnwise (fc1's dW), z's columnwise (fc2's dW), each weight's columnwise (dx, dz).
+    QuantizedTensor x_q, z_q, w1_q, w2_q;
   };
   /// y [T, out] of x [T, H] and probs [T] f32. Pass `saved` to train (nullptr: inference).
   Tensor forward(const Tensor& x, const Tensor& probs, const Splits& splits,
@@ -140,13 +141,10 @@ class GroupedMLP {
                               const BackwardOptions& options) const;
 
  private:
-  struct FromConfig {};
-  GroupedMLP(FromConfig, std::shared_ptr<GroupedLinearOp> fc1,
-             std::shared_ptr<ScaledSwiGLU> activation, std::shared_ptr<GroupedLinearOp> fc2);
-  BoundForward bind_forward_unfused(const Tensor& x, const Tensor& probs, const Splits& splits,
-                                    const ForwardOptions& options, Saved* saved) const;
-  BoundBackward bind_backward_unfused(const Saved& saved, const Tensor& dy,
-                                      const BackwardOptions& options) const;
+  BoundForward bind_forward_quantized(const Tensor& x, const Tensor& probs, const Splits& splits,
+                                      const ForwardOptions& options, Saved* saved) const;
+  BoundBackward bind_backward_quantized(const Saved& saved, const Tensor& dy,
+                                        const BackwardOptions& options) const;
 
   std::shared_ptr<GroupedLinearOp> fc1_;
   std::shared_ptr<ScaledSwiGLU> act_;

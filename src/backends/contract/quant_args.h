@@ -9,6 +9,7 @@
 #include "moekit/core/context.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
+#include "moekit/primitives/activation.h"
 #include "moekit/primitives/quantize.h"
 
 namespace moekit::detail {
@@ -52,6 +53,17 @@ struct QuantGroupKArgs {
   Tensor dw;  // [G, N, K]
   bool accumulate;
   int64_t groups, rows, k, n;
+};
+
+/// swiglu_quantize: q's copies of z = p·silu(a)·b [T, F] made from h [T, 2F] (z is not stored).
+struct SwigluQuantizeArgs {
+  Context ctx;
+  Tensor h;      // [T, 2F]
+  Tensor probs;  // [T] f32 or undefined
+  Splits splits;
+  GluLayout layout;
+  QuantizedTensor q;  // allocated for [T, F], written by the backend
+  int64_t groups, rows, cols;  // cols = F
 };
 
 }  // namespace moekit::detail

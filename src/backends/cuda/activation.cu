@@ -34,15 +34,6 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // 8 · 256 = 2048 threads: one wave of blocks fills an SM
 static_assert(kGluInterleaveBlock % 8 == 0, "a 16-byte pack never straddles an interleave block");
 
-__device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
-  return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
-                     : j;
-}
-__device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleaved) {
-  return interleaved ? gate_col(j, true) + kGluInterleaveBlock : F + j;
-}
-__device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
-
 // V consecutive elements, loaded and stored as one access (16 bytes when V = 16 / sizeof(T)).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {
@@ -79,8 +70,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float a = to_float(ga.v[e]), b = to_float(lb.v[e]);
-        const float act = __fmul_rn(__fmul_rn(a, sigmoid(a)), b);
-        out.v[e] = from_float<T>(__fmul_rn(p, act));
+        out.v[e] = from_float<T>(swiglu_value(a, b, p));
       }
       store_pack<T, V>(zr + j, out);
     }

@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "moekit/primitives/activation.h"
+
 namespace moekit::cuda {
 
 /// The group of a valid row r < off[groups]: the last g with off[g] <= r, which is non-empty
@@ -53,6 +55,23 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   __syncthreads();
   return s;
+}
+
+// ---- SwiGLU's element math (activation.cu's kernels, and quantize.cu's SwiGLU-fed quantize,
+// which must produce the same z bit for bit)
+
+/// h's column of z column j's gate part a_j and linear part b_j (GluLayout, activation.h).
+__device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
+  return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
+                     : j;
+}
+__device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleaved) {
+  return interleaved ? gate_col(j, true) + kGluInterleaveBlock : F + j;
+}
+__device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+/// z = p · silu(a) · b in fp32, each product rounded in the CPU oracle's order (no contraction).
+__device__ __forceinline__ float swiglu_value(float a, float b, float p) {
+  return __fmul_rn(p, __fmul_rn(__fmul_rn(a, sigmoid(a)), b));
 }
 
 }  // namespace moekit::cuda

@@ -651,6 +651,127 @@ __device__ __forceinline__ void cp_async_vec(void* smem, const T* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
   }
 }
+// One tile of the 1×128 / 128×1 kernels: group row block k of 128 rows (rows [t0, t0 + rows) of
+// group g), 128-column strip jb starting at c0 (cols of them inside C).
+struct B1Tile {
+  int64_t k, jb, c0, g, t0;
+  int rows, cols;
+};
+__device__ __forceinline__ B1Tile b1_tile_at(const QuantParams& p, int64_t tile) {
+  const int64_t cb = (p.C + kB1Cols - 1) / kB1Cols;
+  const int64_t* rb = rb_offsets(p);
+  B1Tile t;
+  t.k = tile / cb, t.jb = tile % cb, t.c0 = t.jb * kB1Cols;
+  t.g = group_of_row(rb, p.G, t.k);
+  const int64_t end = offsets(p)[t.g + 1];
+  t.t0 = offsets(p)[t.g] + (t.k - rb[t.g]) * kB1Rows;
+  t.rows = static_cast<int>(end - t.t0 < kB1Rows ? end - t.t0 : kB1Rows);
+  t.cols = static_cast<int>(p.C - t.c0 < kB1Cols ? p.C - t.c0 : kB1Cols);
+  return t;
+}
+__device__ __forceinline__ int64_t b1_tiles(const QuantParams& p) {
+  return rb_offsets(p)[p.G] * ((p.C + kB1Cols - 1) / kB1Cols);
+}
+
+// What the 1×128 / 128×1 kernels' CTAs share, in static shared memory.
+struct B1Shared {
+  float part[kB1Threads / 32][kB1Cols];
+  float col_factor[kB1Cols];
+  __align__(16) uint8_t codes[kB1Cols][kB1Rows + 4];  // [column][row]: the copy's layout
+};
+
+// Both copies of one tile from its values in registers: thread (warp, lane) holds rows
+// 16·warp .. 16·warp + 15 of the tile at columns 4·lane .. 4·lane + 3 (v[i]: row 16·warp + i;
+// rows and columns past the tile's: zeros, whose codes are never stored). Ends with the CTA's
+// shared memory free for the next tile.
+template <class T, class Vec>
+__device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1Tile& cur,
+                                                  const Vec (&v)[kB1Rows / (kB1Threads / 32)],
+                                                  B1Shared& sh, bool col_words) {
+  constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int c = lane * kV;  // this thread's first column in the strip
+  const int r0 = kPasses * warp;  // this warp's first row in the tile
+  const bool live = c < cur.cols;
+  const int64_t cb = (p.C + kB1Cols - 1) / kB1Cols;
+  float a[kPasses], cmax[kV];
+  bool nan = false;
+  block1d_amax<T>(v, a, cmax, nan);
+  // NaN codes are fixed up only in warps that hold a NaN (the common case skips them), and the
+  // format is a constant of each encode loop: warp-uniform branches.
+  const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
+  const auto dispatch = [&](auto&& body) { with_format_and_nan(e4, fix_nan, body); };
+  if (p.row) {
+    // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
+    // r0 + i's scale, then each row's codes with its factor from that lane.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, a[i], o);
+        if (other > a[i]) a[i] = other;
+      }
+    }
+    float mine = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) mine = lane == i ? a[i] : mine;
+    float f_mine = 0.0f;
+    if (lane < kPasses && r0 + lane < cur.rows) {
+      f_mine = block_scale(p, mine, cur.g, p.row_scale, (cur.t0 + r0 + lane) * cb + cur.jb);
+    }
+    float f[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) f[i] = __shfl_sync(0xffffffffu, f_mine, i);
+    dispatch([&](auto kE4, auto kNan) {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        if (live && r0 + i < cur.rows) {
+          const float fs[kV] = {f[i], f[i], f[i], f[i]};
+          *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
+              encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[i], fs);
+        }
+      }
+    });
+  }
+  if (p.col) {
+#pragma unroll
+    for (int j = 0; j < kV; ++j) sh.part[warp][c + j] = cmax[j];
+    __syncthreads();
+    if (threadIdx.x < cur.cols) {
+      float m = 0.0f;
+      for (int w = 0; w < kWarps; ++w) m = sh.part[w][threadIdx.x] > m ? sh.part[w][threadIdx.x] : m;
+      sh.col_factor[threadIdx.x] =
+          block_scale(p, m, cur.g, p.col_scale, cur.k * p.C + cur.c0 + threadIdx.x);
+    }
+    __syncthreads();
+    if (live) {
+      const float fs[kV] = {sh.col_factor[c], sh.col_factor[c + 1], sh.col_factor[c + 2],
+                            sh.col_factor[c + 3]};
+      const int rot = lane >> 3;  // lane groups store their columns' words in rotated order
+      dispatch([&](auto kE4, auto kNan) {
+#pragma unroll
+        for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
+          uint32_t w[kV];
+          transpose_bytes(encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q], fs),
+                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 1], fs),
+                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 2], fs),
+                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 3], fs), w);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            const int jj = (j + rot) & 3;
+            const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
+            *reinterpret_cast<uint32_t*>(&sh.codes[c + jj][r0 + 4 * q]) = word;
+          }
+        }
+      });
+    }
+    __syncthreads();
+    store_columnwise<kB1Rows, kB1Threads>(p, sh.codes, cur.t0, cur.rows, cur.c0, cur.cols,
+                                          col_words && cur.t0 % 4 == 0);
+    __syncthreads();  // part, col_factor and codes reused by the next tile
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParams p, bool col_words) {
   if (p.ws[0] < 0) return;
@@ -659,28 +780,11 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
   struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
   extern __shared__ __align__(16) unsigned char block1d_smem[];
   Vec* stage = reinterpret_cast<Vec*>(block1d_smem);  // [stage][pass][thread]
-  __shared__ float part[kWarps][kB1Cols];
-  __shared__ float col_factor[kB1Cols];
-  __shared__ __align__(16) uint8_t codes[kB1Cols][kB1Rows + 4];  // [column][row]: the copy's layout
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int c = lane * kV;  // this thread's first column in the strip
-  const int64_t* rb = rb_offsets(p);
-  const int64_t cb = (p.C + kB1Cols - 1) / kB1Cols, tiles = rb[p.G] * cb;
-  struct Tile {
-    int64_t k, jb, c0, g, t0;
-    int rows, cols;
-  };
-  const auto tile_at = [&](int64_t tile) {
-    Tile t;
-    t.k = tile / cb, t.jb = tile % cb, t.c0 = t.jb * kB1Cols;
-    t.g = group_of_row(rb, p.G, t.k);
-    const int64_t end = offsets(p)[t.g + 1];
-    t.t0 = offsets(p)[t.g] + (t.k - rb[t.g]) * kB1Rows;
-    t.rows = static_cast<int>(end - t.t0 < kB1Rows ? end - t.t0 : kB1Rows);
-    t.cols = static_cast<int>(p.C - t.c0 < kB1Cols ? p.C - t.c0 : kB1Cols);
-    return t;
-  };
-  const auto load = [&](const Tile& t, int s) {  // this thread's 16 vectors of tile t → stage s
+  __shared__ B1Shared sh;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int c = static_cast<int>(threadIdx.x % 32) * kV;  // this thread's first column in the strip
+  const int64_t tiles = b1_tiles(p);
+  const auto load = [&](const B1Tile& t, int s) {  // this thread's 16 vectors of tile t → stage s
     if (c < t.cols) {
       const T* src = static_cast<const T*>(p.x) + (t.t0 + kPasses * warp) * p.C + t.c0 + c;
       Vec* dst = stage + s * kPasses * kB1Threads + threadIdx.x;
@@ -692,13 +796,13 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   int64_t tile = blockIdx.x;
-  Tile cur = tile_at(tile < tiles ? tile : 0);
+  B1Tile cur = b1_tile_at(p, tile < tiles ? tile : 0);
   if (tile < tiles) load(cur, 0);
   for (int s = 0; tile < tiles; tile += gridDim.x, s ^= 1) {  // uniform per CTA
     const int64_t next = tile + gridDim.x;
-    Tile nxt = cur;
+    B1Tile nxt = cur;
     if (next < tiles) {
-      nxt = tile_at(next);
+      nxt = b1_tile_at(p, next);
       load(nxt, s ^ 1);
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     } else {
@@ -714,81 +818,59 @@ __global__ void __launch_bounds__(kB1Threads, 2) block1d_tiles_kernel(QuantParam
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) v[i] = live && r0 + i < cur.rows ? x[i * kB1Threads] : Vec{};
     }
-    float a[kPasses], cmax[kV];
-    bool nan = false;
-    block1d_amax<T>(v, a, cmax, nan);
-    // NaN codes are fixed up only in warps that hold a NaN (the common case skips them), and the
-    // format is a constant of each encode loop: warp-uniform branches.
-    const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
-    const auto dispatch = [&](auto&& body) { with_format_and_nan(e4, fix_nan, body); };
-    if (p.row) {
-      // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
-      // r0 + i's scale, then each row's codes with its factor from that lane.
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) {
-          const float other = __shfl_xor_sync(0xffffffffu, a[i], o);
-          if (other > a[i]) a[i] = other;
-        }
-      }
-      float mine = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) mine = lane == i ? a[i] : mine;
-      float f_mine = 0.0f;
-      if (lane < kPasses && r0 + lane < cur.rows) {
-        f_mine = block_scale(p, mine, cur.g, p.row_scale, (cur.t0 + r0 + lane) * cb + cur.jb);
-      }
-      float f[kPasses];
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) f[i] = __shfl_sync(0xffffffffu, f_mine, i);
-      dispatch([&](auto kE4, auto kNan) {
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) {
-          if (live && r0 + i < cur.rows) {
-            const float fs[kV] = {f[i], f[i], f[i], f[i]};
-            *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
-                encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[i], fs);
-          }
-        }
-      });
-    }
-    if (p.col) {
-#pragma unroll
-      for (int j = 0; j < kV; ++j) part[warp][c + j] = cmax[j];
-      __syncthreads();
-      if (threadIdx.x < cur.cols) {
-        float m = 0.0f;
-        for (int w = 0; w < kWarps; ++w) m = part[w][threadIdx.x] > m ? part[w][threadIdx.x] : m;
-        col_factor[threadIdx.x] = block_scale(p, m, cur.g, p.col_scale, cur.k * p.C + cur.c0 + threadIdx.x);
-      }
-      __syncthreads();
-      if (live) {
-        const float fs[kV] = {col_factor[c], col_factor[c + 1], col_factor[c + 2], col_factor[c + 3]};
-        const int rot = lane >> 3;  // lane groups store their columns' words in rotated order
-        dispatch([&](auto kE4, auto kNan) {
-#pragma unroll
-          for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
-            uint32_t w[kV];
-            transpose_bytes(encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q], fs),
-                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 1], fs),
-                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 2], fs),
-                            encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 3], fs), w);
-#pragma unroll
-            for (int j = 0; j < kV; ++j) {
-              const int jj = (j + rot) & 3;
-              const uint32_t word = jj == 0 ? w[0] : jj == 1 ? w[1] : jj == 2 ? w[2] : w[3];
-              *reinterpret_cast<uint32_t*>(&codes[c + jj][r0 + 4 * q]) = word;
-            }
-          }
-        });
-      }
-      __syncthreads();
-      store_columnwise<kB1Rows, kB1Threads>(p, codes, cur.t0, cur.rows, cur.c0, cur.cols,
-                                            col_words && cur.t0 % 4 == 0);
-      __syncthreads();  // part, col_factor and codes reused by the next tile
-    }
+    block1d_cast_tile<T>(p, cur, v, sh, col_words);
     cur = nxt;
+  }
+}
+
+// The scaled SwiGLU's output z [T, F] quantized by 1×128 / 128×1 blocks without being stored
+// (fp8-block's fc2 input in the grouped MLP): block1d_tiles_kernel's tiles and casts, each tile's
+// values made in registers from h [T, 2F] and probs instead of read from x — z = p·silu(a)·b
+// rounded to T exactly as swiglu_forward_kernel stores it, so the codes and scales are those of
+// quantize(swiglu_forward(h)) bit for bit. Each thread loads its 16 rows' gate and linear vectors
+// (4 consecutive columns of z are 4 consecutive columns of h in both layouts) before using any.
+struct SwigluSource {
+  const void* h;
+  int64_t ldh;
+  const float* probs;  // [T] or null (plain SwiGLU)
+  bool interleaved;
+};
+template <class T>
+__global__ void __launch_bounds__(kB1Threads, 2) swiglu_block1d_kernel(QuantParams p, SwigluSource src,
+                                                                      bool col_words) {
+  if (p.ws[0] < 0) return;
+  constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
+  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
+  __shared__ B1Shared sh;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int c = static_cast<int>(threadIdx.x % 32) * kV;
+  const int r0 = kPasses * warp;
+  const int64_t tiles = b1_tiles(p);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
+    const B1Tile cur = b1_tile_at(p, tile);
+    const bool live = c < cur.cols;
+    const int64_t j = cur.c0 + c;
+    const int64_t ga = gate_col(j, src.interleaved), lb = lin_col(j, p.C, src.interleaved);
+    Vec a[kPasses], b[kPasses];
+    float pr[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool in = live && r0 + i < cur.rows;
+      const int64_t t = cur.t0 + r0 + i;
+      const T* hr = static_cast<const T*>(src.h) + t * src.ldh;
+      a[i] = in ? *reinterpret_cast<const Vec*>(hr + ga) : Vec{};
+      b[i] = in ? *reinterpret_cast<const Vec*>(hr + lb) : Vec{};
+      pr[i] = in && src.probs ? src.probs[t] : 1.0f;
+    }
+    Vec v[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        v[i].v[e] = from_float<T>(swiglu_value(to_float(a[i].v[e]), to_float(b[i].v[e]), pr[i]));
+      }
+    }
+    block1d_cast_tile<T>(p, cur, v, sh, col_words);
   }
 }
 
@@ -1083,19 +1165,15 @@ std::string quantize_rejects(const detail::QuantizeArgs& a) {
   return reject_unless_cuda(a.ctx);
 }
 
-void quantize_run(const detail::QuantizeArgs& a) {
-  if (a.groups == 0) return;
-  CudaResources& res = resources(a.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
-  const QuantizedTensor& q = a.q;
-  // Setup workspace: S, offsets [G+1], row-block offsets [G+1], from the context's allocator.
-  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
+// The parameters every kernel of one quantize of x [T, C] (dtype xt) into q's copies shares; ws:
+// the setup kernel's workspace (i64 [2·G + 3]).
+QuantParams quant_params(const QuantizedTensor& q, const void* x, DType xt, int64_t T, int64_t C,
+                         int64_t G, const Tensor& ws) {
   QuantParams p{};
-  p.x = a.x.data();
-  p.T = a.rows;
-  p.C = a.cols;
-  p.G = a.groups;
+  p.x = x;
+  p.T = T;
+  p.C = C;
+  p.G = G;
   p.block = q.spec.block;
   p.RB = q.row_block_capacity();
   p.format = q.spec.format;
@@ -1103,7 +1181,7 @@ void quantize_run(const detail::QuantizeArgs& a) {
   p.power_2 = q.spec.power_2_scales;
   p.epsilon = q.spec.amax_epsilon;
   p.fp8_max = max_finite(q.spec.format) * qm::exp2i(-q.spec.margin);
-  p.value_for_inf = qm::value_for_infinite_scale(q.spec.scaling == Scaling::PerGroup, a.x.dtype());
+  p.value_for_inf = qm::value_for_infinite_scale(q.spec.scaling == Scaling::PerGroup, xt);
   p.max_norm_rcp = static_cast<float>(1.0 / max_finite(q.spec.format));
   p.row = q.has_rowwise() ? q.rowwise.data_as<uint8_t>() : nullptr;
   p.col = q.has_columnwise() ? q.columnwise.data_as<uint8_t>() : nullptr;
@@ -1114,6 +1192,17 @@ void quantize_run(const detail::QuantizeArgs& a) {
   p.amax = q.amax.defined() ? q.amax.data_as<float>() : nullptr;
   p.group_dec = q.group_scale_inv.defined() ? q.group_scale_inv.data_as<float>() : nullptr;
   p.ws = ws.data_as<int64_t>();
+  return p;
+}
+
+void quantize_run(const detail::QuantizeArgs& a) {
+  if (a.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
+  // Setup workspace: S, offsets [G+1], row-block offsets [G+1], from the context's allocator.
+  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
+  const QuantParams p = quant_params(a.q, a.x.data(), a.x.dtype(), a.rows, a.cols, a.groups, ws);
   switch (a.x.dtype()) {
     case DType::F32:
       return launch_all<float>(p, counts.view, res);
@@ -1126,9 +1215,62 @@ void quantize_run(const detail::QuantizeArgs& a) {
   }
 }
 
+// swiglu_quantize's fused entry: the 1×128 / 128×1 blocks (fp8-block) of z from h, one kernel
+// after the setup (swiglu_block1d_kernel). Other scalings compose swiglu_forward and quantize.
+std::string swiglu_quantize_rejects(const detail::SwigluQuantizeArgs& a) {
+  std::string why = reject_unless_cuda(a.ctx);
+  if (!why.empty()) return why;
+  const QuantizedTensor& q = a.q;
+  if (q.spec.scaling != Scaling::Block1D || q.spec.block != kB1Rows) {
+    return "the fused kernel makes 1x128 / 128x1 blocks only (fp8-block)";
+  }
+  // h is contiguous (bind checks): rows of 2F elements.
+  const uintptr_t vec_bytes = 4 * size_of(a.h.dtype());
+  if (a.cols % 4 != 0 || reinterpret_cast<uintptr_t>(a.h.data()) % vec_bytes != 0) {
+    return "the fused kernel loads 4 columns at a time: F % 4 == 0 and h 4-element aligned";
+  }
+  if (q.has_rowwise() && (q.rowwise.size(1) % 4 != 0 || reinterpret_cast<uintptr_t>(q.rowwise.data()) % 4 != 0)) {
+    return "the fused kernel stores 4-byte words of the rowwise copy";
+  }
+  return "";
+}
+
+void swiglu_quantize_run(const detail::SwigluQuantizeArgs& a) {
+  if (a.groups == 0) return;
+  CudaResources& res = resources(a.ctx);
+  DeviceGuard guard(res.device);
+  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
+  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
+  const QuantParams p = quant_params(a.q, nullptr, a.h.dtype(), a.rows, a.cols, a.groups, ws);
+  const SwigluSource src{a.h.data(), 2 * a.cols,
+                         a.probs.defined() ? a.probs.data_as<float>() : nullptr,
+                         a.layout == GluLayout::Interleaved32};
+  const bool col_words = p.col == nullptr || (reinterpret_cast<uintptr_t>(p.col) % 4 == 0 && p.col_ld % 4 == 0);
+  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, p);
+  MOEKIT_CUDA_CHECK_LAUNCH();
+  const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
+  const unsigned grid = grid_for(tiles * kB1Threads, kB1Threads, res.sm_count);
+  switch (a.h.dtype()) {
+    case DType::F32:
+      swiglu_block1d_kernel<float><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
+      break;
+    case DType::F16:
+      swiglu_block1d_kernel<__half><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
+      break;
+    case DType::BF16:
+      swiglu_block1d_kernel<__nv_bfloat16><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
+      break;
+    default:
+      throw_invalid("h", "dtype f32, f16 or bf16", name(a.h.dtype()));
+  }
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
 // This backend's entry in the quantize table (declared in cuda_quantize.h).
 constexpr detail::Backend<detail::QuantizeArgs> kQuantize{"cuda", quantize_rejects, quantize_run};
 constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cuda", dequantize_rejects,
                                                               dequantize_run};
+constexpr detail::Backend<detail::SwigluQuantizeArgs> kSwigluQuantize{
+    "cuda", swiglu_quantize_rejects, swiglu_quantize_run};
 
 }  // namespace moekit::cuda
