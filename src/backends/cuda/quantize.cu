@@ -850,24 +850,30 @@ __global__ void __launch_bounds__(kB1Threads, 2) swiglu_block1d_kernel(QuantPara
     const B1Tile cur = b1_tile_at(p, tile);
     const bool live = c < cur.cols;
     const int64_t j = cur.c0 + c;
-    const int64_t ga = gate_col(j, src.interleaved), lb = lin_col(j, p.C, src.interleaved);
-    Vec a[kPasses], b[kPasses];
-    float pr[kPasses];
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const bool in = live && r0 + i < cur.rows;
-      const int64_t t = cur.t0 + r0 + i;
-      const T* hr = static_cast<const T*>(src.h) + t * src.ldh;
-      a[i] = in ? *reinterpret_cast<const Vec*>(hr + ga) : Vec{};
-      b[i] = in ? *reinterpret_cast<const Vec*>(hr + lb) : Vec{};
-      pr[i] = in && src.probs ? src.probs[t] : 1.0f;
-    }
+    const T* base = static_cast<const T*>(src.h) + (cur.t0 + r0) * src.ldh;
+    const T* ga = base + gate_col(j, src.interleaved);
+    const T* lb = base + lin_col(j, p.C, src.interleaved);
+    const float* pr = src.probs ? src.probs + cur.t0 + r0 : nullptr;
+    // Four rows at a time (their loads in flight together): the tile's 16 rows of a and b at
+    // once would not fit the registers beside v.
     Vec v[kPasses];
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
+    for (int i0 = 0; i0 < kPasses; i0 += 4) {
+      Vec a[4], b[4];
+      float q[4];
 #pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        v[i].v[e] = from_float<T>(swiglu_value(to_float(a[i].v[e]), to_float(b[i].v[e]), pr[i]));
+      for (int i = 0; i < 4; ++i) {
+        const bool in = live && r0 + i0 + i < cur.rows;
+        a[i] = in ? *reinterpret_cast<const Vec*>(ga + (i0 + i) * src.ldh) : Vec{};
+        b[i] = in ? *reinterpret_cast<const Vec*>(lb + (i0 + i) * src.ldh) : Vec{};
+        q[i] = in && pr ? pr[i0 + i] : 1.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          v[i0 + i].v[e] = from_float<T>(swiglu_value(to_float(a[i].v[e]), to_float(b[i].v[e]), q[i]));
+        }
       }
     }
     block1d_cast_tile<T>(p, cur, v, sh, col_words);
