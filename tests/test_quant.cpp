@@ -896,6 +896,112 @@ void check_swiglu_quantize(const Context& ctx, int iters, uint64_t seed) {
   }
 }
 
+// swiglu_backward_quantize against swiglu_backward then quantize on the same device: every byte
+// of dh's copies and scales equal; dprobs (written, and added to a buffer holding 0.5) equal
+// within the order of its fp32 additions where the backend fuses (fp8-block on a GPU: per-strip
+// partial sums), bit for bit otherwise. The same fuzz as the forward's.
+void check_swiglu_backward_quantize(const Context& ctx, int iters, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto uni = [&rng](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  const std::vector<NamedSpec> specs = every_spec();
+  for (int iter = 0; iter < iters; ++iter) {
+    const NamedSpec& ns = specs[static_cast<size_t>(iter) % specs.size()];
+    const bool fp4 = ns.spec.format == QuantFormat::E2M1;
+    const bool interleaved = iter % 2 == 1;
+    const GluLayout layout = interleaved ? GluLayout::Interleaved32 : GluLayout::Halves;
+    std::vector<int64_t> counts(static_cast<size_t>(uni(1, 5)));
+    for (auto& c : counts) c = uni(0, 3) == 0 ? 0 : uni(1, 200) * (fp4 ? 2 : 1);
+    const int64_t S = sum_of(counts), T = S + uni(0, 9);
+    const int64_t F = interleaved ? 32 * uni(1, 9) : uni(1, 150) * (iter % 3 == 0 ? 1 : 4);
+    const size_t d = static_cast<size_t>(iter / 2) % 3;
+    const DType dt = d == 0 ? DType::BF16 : d == 1 ? DType::F16 : DType::F32;
+    const QuantUsage usage = iter % 5 == 1 ? QuantUsage::Rowwise
+                             : iter % 5 == 2 ? QuantUsage::Columnwise
+                                             : QuantUsage::Both;
+    const bool with_probs = iter % 7 != 3, accumulate = iter % 3 == 1, device_counts = iter % 4 >= 2;
+    SCOPED_TRACE(str(ns.name, interleaved ? " interleaved32" : " halves", " T=", T, " F=", F,
+                     " counts=", ::testing::PrintToString(counts), " ", name(dt), " usage ",
+                     static_cast<int>(usage), with_probs ? " probs" : " no probs",
+                     accumulate ? " accumulate" : "", device_counts ? " device counts" : " host counts"));
+    Tensor h = random_normal({T, 2 * F}, dt, 8000 + iter, std::ldexp(1.0, uni(-3, 3)));
+    Tensor dz = random_normal({T, F}, dt, 9000 + iter, 1.0);
+    for (Tensor* t : {&h, &dz}) {  // rows [S, T): huge, never read
+      const Tensor tail = random_normal({T - S, t->size(1)}, dt, 2, 1e4);
+      std::copy_n(static_cast<const uint8_t*>(tail.data()), tail.nbytes(),
+                  static_cast<uint8_t*>(t->data()) + (t->nbytes() - tail.nbytes()));
+    }
+    std::vector<float> p(static_cast<size_t>(T));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = 0.1f + 0.013f * static_cast<float>(i % 61);
+    const Tensor h_d = to_device(ctx, h), dz_d = to_device(ctx, dz);
+    const Tensor probs_d =
+        with_probs ? to_device(ctx, Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu())) : Tensor();
+    const Splits splits = device_counts
+                              ? Splits::device(to_device(ctx, counts_tensor(counts, DType::I32)))
+                              : Splits::host(counts);
+    const int64_t G = static_cast<int64_t>(counts.size());
+    std::vector<float> half(static_cast<size_t>(T), 0.5f);
+    auto dprobs_buffer = [&] {
+      return with_probs ? to_device(ctx, Tensor::wrap(half.data(), {T}, DType::F32, Device::cpu())) : Tensor();
+    };
+    const Tensor dp_got = dprobs_buffer(), dp_want = dprobs_buffer();
+    const QuantizedTensor fused = allocate_quantized(ctx, ns.spec, dt, T, 2 * F, G, usage);
+    swiglu_backward_quantize(ctx, h_d, probs_d, dz_d, splits, layout, fused, dp_got, accumulate);
+    const bool fused_kernel = !ctx.device().is_cpu() && ns.spec.scaling == Scaling::Block1D &&
+                              ns.spec.block == 128 && F % 4 == 0;
+    if (fused_kernel) EXPECT_EQ(last_backend(ctx, "swiglu_backward_quantize"), "cuda");
+    const Tensor dh = Tensor::empty({T, 2 * F}, dt, ctx);
+    swiglu_backward(ctx, h_d, probs_d, dz_d, splits, layout, dh, dp_want, accumulate);
+    const QuantizedTensor want = allocate_quantized(ctx, ns.spec, dt, T, 2 * F, G, usage);
+    detail::bind_quantize(ctx, dh, splits, want).run();
+    const QuantizedTensor got_h = host_copy(ctx, fused), want_h = host_copy(ctx, want);
+    for (const auto& [what, g, w] : {std::tuple{"rowwise", &got_h.rowwise, &want_h.rowwise},
+                                     {"rowwise scales", &got_h.rowwise_scale_inv, &want_h.rowwise_scale_inv},
+                                     {"columnwise", &got_h.columnwise, &want_h.columnwise},
+                                     {"columnwise scales", &got_h.columnwise_scale_inv, &want_h.columnwise_scale_inv},
+                                     {"amax", &got_h.amax, &want_h.amax},
+                                     {"group scales", &got_h.group_scale_inv, &want_h.group_scale_inv}}) {
+      ASSERT_EQ(g->defined(), w->defined()) << what;
+      if (!g->defined()) continue;
+      const std::vector<uint8_t> gb = bytes_of(host(), *g), wb = bytes_of(host(), *w);
+      const auto at = std::mismatch(gb.begin(), gb.end(), wb.begin());
+      EXPECT_TRUE(at.first == gb.end()) << what << ": first different byte at "
+                                        << (at.first - gb.begin()) << " of " << gb.size();
+    }
+    if (with_probs) {
+      const std::vector<float> hf = floats_of(h), dzf = floats_of(dz);
+      const Tensor got = to_host(ctx, dp_got), exp = to_host(ctx, dp_want);
+      for (int64_t t = 0; t < T; ++t) {
+        const float a = got.data_as<float>()[t], b = exp.data_as<float>()[t];
+        if (t >= S || !fused_kernel) {  // the tail untouched; bit for bit when composed
+          ASSERT_EQ(std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)) << "dprobs row " << t;
+        } else {
+          // Another order of the same F fp32 additions: within 2·F·ε·Σ|term| (a missing or
+          // wrong term of the row's average size is far outside).
+          double sum_abs = 0.0;
+          for (int64_t j = 0; j < F; ++j) {
+            const int64_t ia = interleaved ? 64 * (j / 32) + j % 32 : j, ib = interleaved ? ia + 32 : F + j;
+            const double av = hf[static_cast<size_t>(t * 2 * F + ia)], bv = hf[static_cast<size_t>(t * 2 * F + ib)];
+            sum_abs += std::fabs(dzf[static_cast<size_t>(t * F + j)] * av / (1.0 + std::exp(-av)) * bv);
+          }
+          ASSERT_NEAR(a, b, 2.0 * static_cast<double>(F) * 6e-8 * sum_abs + 1e-30) << "dprobs row " << t;
+        }
+      }
+    }
+    EXPECT_EQ(ctx.device_error_bits(), 0u);
+  }
+}
+
+TEST(QuantizeCpu, SwigluBackwardQuantizeEqualsSwigluBackwardThenQuantize) {
+  check_swiglu_backward_quantize(quant_ctx(), 2 * static_cast<int>(every_spec().size()), 79);
+}
+
+TEST(QuantizeCuda, SwigluBackwardQuantizeEqualsSwigluBackwardThenQuantize) {
+  MOEKIT_REQUIRE_CUDA();
+  check_swiglu_backward_quantize(poisoned(Context::cuda(0)), 6 * static_cast<int>(every_spec().size()), 80);
+}
+
 TEST(QuantizeCpu, SwigluQuantizeEqualsSwigluThenQuantize) {
   check_swiglu_quantize(quant_ctx(), 2 * static_cast<int>(every_spec().size()), 77);
 }

@@ -426,8 +426,8 @@ BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& p
 
 // With a recipe: the bf16 path's calls (bind_backward) with each GEMM on quantized operands — dy
 // and dh quantized for their layer (rowwise for the input gradient, columnwise for the weight
-// gradient), z's and x's columnwise copies from the forward — and the activation's backward
-// unfused (dz and dh stored, as the quantized ops do).
+// gradient), z's and x's columnwise copies from the forward; dh is quantized as the activation's
+// backward makes it (swiglu_backward_quantize: not stored) unless fc1's bias gradient reads it.
 BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& dy,
                                                   const BackwardOptions& options) const {
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
@@ -475,15 +475,23 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
                                            grads.fc2.bias, grads.probs, dp_written);
     dp_written = dp_written || grads.probs.defined();
   }
-  // ---- the activation's backward, then fc1 on dh quantized for it
-  const Tensor dh = Tensor::empty({T, 2 * F}, dt, act_->context());
-  w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(),
-                                            dh, grads.probs, dp_written);
+  // ---- the activation's backward and fc1's grad_output copies: dh quantized straight from h and
+  //      dz (swiglu_backward_quantize) when the activation and fc1 share a context and no fc1
+  //      bias gradient needs dh itself; else dh stored, then quantized (the unfused ops' calls)
   QuantizedTensor dh_q;
   if (dw1 || s.input_requires_grad) {
     dh_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::GradOutput), dt, T, 2 * F, G,
                               usage(s.input_requires_grad, dw1));
-    w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
+  }
+  Tensor dh;
+  if (dh_q.defined() && !grads.fc1.bias.defined() && act_->context().same_context(l1.context())) {
+    w->dswiglu = detail::bind_swiglu_backward_quantize(l1.context(), s.h, s.probs, dz, s.splits,
+                                                       layout(), dh_q, grads.probs, dp_written);
+  } else {
+    dh = Tensor::empty({T, 2 * F}, dt, act_->context());
+    w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(),
+                                              dh, grads.probs, dp_written);
+    if (dh_q.defined()) w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
   }
   if (dw1) {
     w->dw1 = detail::bind_group_k_quantized(on(w->side1->context()), dh_q, s.x_q, s.splits,

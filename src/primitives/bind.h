@@ -47,6 +47,11 @@ Plan bind_quantize(const Context& ctx, const Tensor& x, const Splits& splits,
 /// swiglu_quantize (moekit/primitives/quantize.h): q allocated for [T, F].
 Plan bind_swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
                           const Splits& splits, GluLayout layout, const QuantizedTensor& q);
+/// swiglu_backward_quantize (moekit/primitives/quantize.h): q allocated for [T, 2F].
+Plan bind_swiglu_backward_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
+                                   const Tensor& dz, const Splits& splits, GluLayout layout,
+                                   const QuantizedTensor& q, const Tensor& dprobs,
+                                   bool accumulate_dprobs);
 Plan bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a, const QuantizedTensor& b,
                             BOp op, const Splits& splits, const Tensor& out, const Tensor& bias = {});
 Plan bind_group_k_quantized(const Context& ctx, const QuantizedTensor& dy, const QuantizedTensor& x,

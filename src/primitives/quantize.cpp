@@ -219,6 +219,51 @@ void swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs, c
   detail::bind_swiglu_quantize(ctx, h, probs, splits, layout, q).run();
 }
 
+detail::Plan detail::bind_swiglu_backward_quantize(const Context& ctx, const Tensor& h,
+                                                   const Tensor& probs, const Tensor& dz,
+                                                   const Splits& splits, GluLayout layout,
+                                                   const QuantizedTensor& q, const Tensor& dprobs,
+                                                   bool accumulate_dprobs) {
+  const Device dev = ctx.device();
+  const int64_t F = check_glu_input(h, layout, dev), T = h.size(0), G = splits.groups();
+  check_spec(q.spec);
+  if (q.rows != T || q.cols != 2 * F || q.groups != G) {
+    throw_invalid("q", str("a quantized tensor allocated for dh [", T, ", ", 2 * F, "] in ", G, " groups"),
+                  str("[", q.rows, ", ", q.cols, "] in ", q.groups, " groups"));
+  }
+  check_quantized("q", q, q.usage, dev);
+  if (probs.defined()) check_input("probs", probs, {T}, DType::F32, dev);
+  check_input("dz", dz, {T, F}, h.dtype(), dev);
+  validate_splits(splits, G, T, dev);
+  if (dprobs.defined()) {
+    if (!probs.defined()) {
+      throw_invalid("dprobs", "no tensor when probs are not given (plain SwiGLU has no probs)",
+                    dprobs.describe());
+    }
+    check_caller_buffer("dprobs", dprobs, {T}, DType::F32, dev,
+                        {{"h", h}, {"probs", probs}, {"dz", dz}, {"splits", splits.device_counts()}});
+  }
+#ifdef MOEKIT_HAS_CUDA
+  detail::Plan fused = detail::bind_first<detail::SwigluBackwardQuantizeArgs>(
+      "swiglu_backward_quantize", cuda::kSwigluBackwardQuantize, ctx,
+      {ctx, h, probs, dz, splits, layout, q, dprobs, accumulate_dprobs, G, T, F});
+  if (!fused.empty()) return fused;
+#endif
+  // Otherwise the two primitives, dh in a temporary the bound calls hold.
+  const Tensor dh = Tensor::empty({T, 2 * F}, h.dtype(), ctx);
+  detail::Plan plan = bind_swiglu_backward(ctx, h, probs, dz, splits, layout, dh, dprobs, accumulate_dprobs);
+  return std::move(plan.then(bind_quantize(ctx, dh, splits, q)));
+}
+
+void swiglu_backward_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
+                              const Tensor& dz, const Splits& splits, GluLayout layout,
+                              const QuantizedTensor& q, const Tensor& dprobs,
+                              bool accumulate_dprobs) {
+  detail::bind_swiglu_backward_quantize(ctx, h, probs, dz, splits, layout, q, dprobs,
+                                        accumulate_dprobs)
+      .run();
+}
+
 QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& splits,
                          const QuantSpec& spec, QuantUsage usage) {
   if (!x.defined() || x.dim() != 2) throw_invalid("x", "a 2-D tensor [T, C]", x.describe());

@@ -188,6 +188,15 @@ QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& spli
 /// two primitives (z in a temporary). Checks as swiglu_forward's and quantize's, before any work.
 void swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
                      GluLayout layout, const QuantizedTensor& q);
+/// SwiGLU's backward with dh quantized instead of stored: q (allocated for [T, 2F]) receives
+/// exactly quantize(dh) of swiglu_backward(h, probs, dz, ...)'s dh, bit for bit; dprobs (optional,
+/// needs probs) is written or, with accumulate_dprobs, added to as swiglu_backward's — equal up
+/// to the order of its fp32 additions when the backend fuses (CUDA: fp8-block's blocks, one pass
+/// over h and dz); otherwise the two primitives run (dh in a temporary).
+void swiglu_backward_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
+                              const Tensor& dz, const Splits& splits, GluLayout layout,
+                              const QuantizedTensor& q, const Tensor& dprobs = {},
+                              bool accumulate_dprobs = false);
 /// A weight [G, N, K]: quantize(w as [G·N, K], splits of N rows each).
 QuantizedTensor quantize_weight(const Context& ctx, const Tensor& w, const QuantSpec& spec,
                                 QuantUsage usage);

@@ -66,4 +66,19 @@ struct SwigluQuantizeArgs {
   int64_t groups, rows, cols;  // cols = F
 };
 
+/// swiglu_backward_quantize: q's copies of dh [T, 2F] made from h, dz [T, F] and probs (dh is
+/// not stored); dprobs written or added to as swiglu_backward's.
+struct SwigluBackwardQuantizeArgs {
+  Context ctx;
+  Tensor h;       // [T, 2F]
+  Tensor probs;   // [T] f32 or undefined
+  Tensor dz;      // [T, F]
+  Splits splits;
+  GluLayout layout;
+  QuantizedTensor q;  // allocated for [T, 2F], written by the backend
+  Tensor dprobs;      // [T] f32 or undefined
+  bool accumulate_dprobs;
+  int64_t groups, rows, F;
+};
+
 }  // namespace moekit::detail

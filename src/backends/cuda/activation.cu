@@ -127,14 +127,11 @@ __global__ void __launch_bounds__(kThreads)
         const Pack<T, V> gz = load_pack<T, V>(dzr + j);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const float a = to_float(ga.v[e]), b = to_float(lb.v[e]), g = to_float(gz.v[e]);
-          const float sig = sigmoid(a);
-          const float silu = __fmul_rn(a, sig);
-          const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
-          const float pdz = __fmul_rn(p, g);
-          da.v[e] = from_float<T>(__fmul_rn(__fmul_rn(pdz, b), dsilu));
-          db.v[e] = from_float<T>(__fmul_rn(pdz, silu));
-          dp = __fadd_rn(dp, __fmul_rn(g, __fmul_rn(silu, b)));
+          const DSwigluValues d =
+              dswiglu_values(to_float(ga.v[e]), to_float(lb.v[e]), to_float(gz.v[e]), p);
+          da.v[e] = from_float<T>(d.da);
+          db.v[e] = from_float<T>(d.db);
+          dp = __fadd_rn(dp, d.dp);
         }
       }
       if constexpr (kSwapLanes<V> > 0) {

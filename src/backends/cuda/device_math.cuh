@@ -73,5 +73,18 @@ __device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-
 __device__ __forceinline__ float swiglu_value(float a, float b, float p) {
   return __fmul_rn(p, __fmul_rn(__fmul_rn(a, sigmoid(a)), b));
 }
+/// SwiGLU's backward at one element (z = p·silu(a)·b, dz = g): the gate part's gradient
+/// da = p·g·b·silu'(a), the linear part's db = p·g·silu(a), and g·silu(a)·b, dp's term — each
+/// product rounded in the CPU oracle's order.
+struct DSwigluValues {
+  float da, db, dp;
+};
+__device__ __forceinline__ DSwigluValues dswiglu_values(float a, float b, float g, float p) {
+  const float sig = sigmoid(a);
+  const float silu = __fmul_rn(a, sig);
+  const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
+  const float pdz = __fmul_rn(p, g);
+  return {__fmul_rn(__fmul_rn(pdz, b), dsilu), __fmul_rn(pdz, silu), __fmul_rn(g, __fmul_rn(silu, b))};
+}
 
 }  // namespace moekit::cuda
