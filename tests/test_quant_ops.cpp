@@ -343,8 +343,7 @@ TEST_P(QuantLinear, TheFusedMlpTakesOneRecipeOnBothLayers) {
 
 // fc1 → ScaledSwiGLU → fc2 with one recipe fuses into the quantized grouped MLP; the op-args
 // buffers (output on fc2, grad_input on fc1) are written in place, and every result equals the
-// three ops called one by one with the same recipe, bit for bit (z is never stored by the fused
-// path: its copies come from swiglu_quantize).
+// three ops called one by one with the same recipe, bit for bit.
 TEST_P(QuantLinear, SequentialMlpRoutesCallerBuffersAndEqualsTheOpsOneByOne) {
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cpu(1));
@@ -459,14 +458,10 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
   }
 }
 
-// On a GPU the quantized grouped MLP (fc2's input copies straight from h by swiglu_quantize, fc1's
-// grad_output copies straight from h and dz by swiglu_backward_quantize: fp8-block's fused
-// kernels, the two primitives for the others) equals the unfused Sequential of the same
-// quantized ops bit for bit: y, dx, and each layer's weight and bias gradients; dprobs too, except
-// through the fused backward (fp8-block without fc1 bias), where it is equal up to the order of its
-// fp32 additions. A zero-row group, groups not a multiple of 128 rows (device counts), a tail,
-// both GLU layouts, with and without fc1's bias, fc2's prob-scaled one. Written for a GPU: without
-// one it skips.
+// On a GPU the quantized grouped MLP equals the unfused Sequential of the same quantized ops bit
+// for bit: y, dx, dprobs and each layer's weight and bias gradients, with a zero-row group, groups
+// not a multiple of 128 rows (device counts), a tail, both GLU layouts, with and without fc1's
+// bias, fc2's prob-scaled one. Written for a GPU: without one it skips.
 TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
   if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
   const Recipe recipe = recipe_named(GetParam());
@@ -510,12 +505,7 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
     const Tensor probs = to_device(ctx, Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu()));
     GroupedMLP::Saved saved;
     const Tensor y = mlp.forward(x, probs, splits, {}, &saved);
-    if (recipe.kind == RecipeKind::Fp8BlockScaling) {
-      EXPECT_EQ(last_backend(ctx, "swiglu_quantize"), "cuda");  // the fused kernel ran
-    }
     const GroupedMLP::Grads g = mlp.backward(saved, dy);
-    const bool fused_backward = recipe.kind == RecipeKind::Fp8BlockScaling && !fc1_bias;
-    if (fused_backward) EXPECT_EQ(last_backend(ctx, "swiglu_backward_quantize"), "cuda");
     auto [y2, tape] = seq.forward(x, {.splits = splits, .probs = probs});
     const SequentialGrads g2 = seq.backward(tape, dy);
     auto same = [&](const char* what, const Tensor& a, const Tensor& b, DType dt) {
@@ -523,15 +513,7 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
     };
     same("y", y.rows(0, S), y2.rows(0, S), DType::BF16);
     same("dx", g.input.rows(0, S), g2.input.rows(0, S), DType::BF16);
-    if (fused_backward) {  // per-strip partial sums: another order of the same fp32 additions
-      const Tensor a = to_host(ctx, g.probs), b = to_host(ctx, g2.probs);
-      for (int64_t t = 0; t < S; ++t) {
-        const float want = b.data_as<float>()[t];
-        ASSERT_NEAR(a.data_as<float>()[t], want, 1e-4 * (1.0 + std::fabs(want))) << "dprobs row " << t;
-      }
-    } else {
-      same("dprobs", g.probs.rows(0, S), g2.probs.rows(0, S), DType::F32);
-    }
+    same("dprobs", g.probs.rows(0, S), g2.probs.rows(0, S), DType::F32);
     same("dW1", g.fc1.weight, g2.params[0].weight, DType::BF16);
     if (fc1_bias) same("db1", g.fc1.bias, g2.params[0].bias, DType::BF16);
     same("dW2", g.fc2.weight, g2.params[2].weight, DType::BF16);

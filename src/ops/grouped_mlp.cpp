@@ -367,9 +367,10 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
 }
 
 // With a recipe: the same calls as the unfused quantized ops (GroupedLinear with the recipe,
-// ScaledSwiGLU), each on its op's context, except that z is never stored: the activation and
-// fc2's quantize of its input are one primitive (swiglu_quantize, bit for bit the two) when the
-// activation and fc2 share a context. Every result equals the quantized ops one by one.
+// ScaledSwiGLU), each on its op's context, so every result equals the quantized ops one by one;
+// the op quantizes x and z itself and keeps only the copies the backward reads (z is not saved).
+// SwiGLU fused into z's quantize (and its backward into dh's) was measured slower than the two
+// kernels on Hopper and is not built (design/PERFORMANCE.md, "The quantized grouped MLP").
 BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& probs,
                                                 const Splits& given_splits,
                                                 const ForwardOptions& options, Saved* saved) const {
@@ -389,16 +390,12 @@ BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& p
   const QuantizedTensor w1_q = l1.bind_quantized_weight(plan, usage(options.input_requires_grad));
   Tensor h = Tensor::empty({T, 2 * F}, dtype(), l1.context());
   plan.then(detail::bind_group_m_quantized(l1.context(), x_q, w1_q, BOp::Transposed, splits, h, l1.bias()));
-  // ---- the activation and fc2's input copies: z = p ⊙ silu(a) ⊙ b, quantized
+  // ---- the activation, then fc2's input copies: z = p ⊙ silu(a) ⊙ b, quantized
   const QuantizedTensor z_q = allocate_quantized(l2.context(), recipe.spec(QuantRole::Input), dtype(),
                                                  T, F, G, usage(l2.weight_requires_grad()));
-  if (act_->context().same_context(l2.context())) {
-    plan.then(detail::bind_swiglu_quantize(l2.context(), h, probs, splits, layout(), z_q));
-  } else {
-    const Tensor z = Tensor::empty({T, F}, dtype(), act_->context());
-    plan.then(detail::bind_swiglu_forward(act_->context(), h, probs, splits, layout(), z));
-    plan.then(detail::bind_quantize(l2.context(), z, splits, z_q));
-  }
+  const Tensor z = Tensor::empty({T, F}, dtype(), act_->context());
+  plan.then(detail::bind_swiglu_forward(act_->context(), h, probs, splits, layout(), z));
+  plan.then(detail::bind_quantize(l2.context(), z, splits, z_q));
   // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place
   const QuantizedTensor w2_q = l2.bind_quantized_weight(plan, usage(true));
   Tensor y = options.output.defined() ? options.output
@@ -426,8 +423,7 @@ BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& p
 
 // With a recipe: the bf16 path's calls (bind_backward) with each GEMM on quantized operands — dy
 // and dh quantized for their layer (rowwise for the input gradient, columnwise for the weight
-// gradient), z's and x's columnwise copies from the forward; dh is quantized as the activation's
-// backward makes it (swiglu_backward_quantize: not stored) unless fc1's bias gradient reads it.
+// gradient), z's and x's columnwise copies from the forward.
 BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& dy,
                                                   const BackwardOptions& options) const {
   const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
@@ -475,23 +471,15 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
                                            grads.fc2.bias, grads.probs, dp_written);
     dp_written = dp_written || grads.probs.defined();
   }
-  // ---- the activation's backward and fc1's grad_output copies: dh quantized straight from h and
-  //      dz (swiglu_backward_quantize) when the activation and fc1 share a context and no fc1
-  //      bias gradient needs dh itself; else dh stored, then quantized (the unfused ops' calls)
+  // ---- the activation's backward, then fc1's grad_output copies of dh
+  const Tensor dh = Tensor::empty({T, 2 * F}, dt, act_->context());
+  w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(),
+                                            dh, grads.probs, dp_written);
   QuantizedTensor dh_q;
   if (dw1 || s.input_requires_grad) {
     dh_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::GradOutput), dt, T, 2 * F, G,
                               usage(s.input_requires_grad, dw1));
-  }
-  Tensor dh;
-  if (dh_q.defined() && !grads.fc1.bias.defined() && act_->context().same_context(l1.context())) {
-    w->dswiglu = detail::bind_swiglu_backward_quantize(l1.context(), s.h, s.probs, dz, s.splits,
-                                                       layout(), dh_q, grads.probs, dp_written);
-  } else {
-    dh = Tensor::empty({T, 2 * F}, dt, act_->context());
-    w->dswiglu = detail::bind_swiglu_backward(act_->context(), s.h, s.probs, dz, s.splits, layout(),
-                                              dh, grads.probs, dp_written);
-    if (dh_q.defined()) w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
+    w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
   }
   if (dw1) {
     w->dw1 = detail::bind_group_k_quantized(on(w->side1->context()), dh_q, s.x_q, s.splits,

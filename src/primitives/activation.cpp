@@ -37,17 +37,7 @@ const detail::RegisterBackendNames kRegisterSwigluBackward(kSwigluBackward);
 
 // h [T, 2F]: defined, 2-D, compute dtype, even width, the layout's width rule, contiguous.
 // Returns F.
-
-void check_row_splits(const Splits& splits, int64_t rows, Device dev) {
-  if (splits.groups() < 1) {
-    throw_invalid("splits", "at least one group count (host counts or a [G] counts tensor)",
-                  splits.on_host() ? "0 counts" : splits.device_counts().describe());
-  }
-  validate_splits(splits, splits.groups(), rows, dev);
-}
-}  // namespace
-
-int64_t detail::check_glu_input(const Tensor& h, GluLayout layout, Device dev) {
+int64_t check_glu_input(const Tensor& h, GluLayout layout, Device dev) {
   if (!h.defined() || h.dim() != 2) throw_invalid("h", "a 2-D tensor [T, 2F]", h.describe());
   if (!is_compute_dtype(h.dtype())) throw_invalid("h", "dtype f32, f16 or bf16", name(h.dtype()));
   const int64_t width = h.size(1);
@@ -65,6 +55,15 @@ int64_t detail::check_glu_input(const Tensor& h, GluLayout layout, Device dev) {
   check_input("h", h, {h.size(0), width}, h.dtype(), dev);
   return width / 2;
 }
+
+void check_row_splits(const Splits& splits, int64_t rows, Device dev) {
+  if (splits.groups() < 1) {
+    throw_invalid("splits", "at least one group count (host counts or a [G] counts tensor)",
+                  splits.on_host() ? "0 counts" : splits.device_counts().describe());
+  }
+  validate_splits(splits, splits.groups(), rows, dev);
+}
+}  // namespace
 
 std::string_view name(GluLayout layout) {
   return layout == GluLayout::Halves ? "halves" : "interleaved32";

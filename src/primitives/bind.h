@@ -25,9 +25,6 @@ Plan bind_bias_add(const Context& ctx, const Tensor& x, const Tensor& bias, cons
 Plan bind_scaled_bias_grad(const Context& ctx, const Tensor& dy, const Tensor& probs,
                            const Tensor& bias, const Splits& splits, const Tensor& db,
                            const Tensor& dprobs, bool accumulate_dprobs);
-/// h [T, 2F] of a GLU in `layout` on dev (2-D, compute dtype, even width, the layout's multiple,
-/// contiguous): returns F.
-int64_t check_glu_input(const Tensor& h, GluLayout layout, Device dev);
 Plan bind_swiglu_forward(const Context& ctx, const Tensor& h, const Tensor& probs,
                          const Splits& splits, GluLayout layout, const Tensor& z);
 Plan bind_swiglu_backward(const Context& ctx, const Tensor& h, const Tensor& probs,
@@ -44,14 +41,6 @@ Plan bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
 /// Quantize x into q (allocated by allocate_quantized for x's shape and the splits' groups).
 Plan bind_quantize(const Context& ctx, const Tensor& x, const Splits& splits,
                    const QuantizedTensor& q);
-/// swiglu_quantize (moekit/primitives/quantize.h): q allocated for [T, F].
-Plan bind_swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
-                          const Splits& splits, GluLayout layout, const QuantizedTensor& q);
-/// swiglu_backward_quantize (moekit/primitives/quantize.h): q allocated for [T, 2F].
-Plan bind_swiglu_backward_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
-                                   const Tensor& dz, const Splits& splits, GluLayout layout,
-                                   const QuantizedTensor& q, const Tensor& dprobs,
-                                   bool accumulate_dprobs);
 Plan bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a, const QuantizedTensor& b,
                             BOp op, const Splits& splits, const Tensor& out, const Tensor& bias = {});
 Plan bind_group_k_quantized(const Context& ctx, const QuantizedTensor& dy, const QuantizedTensor& x,

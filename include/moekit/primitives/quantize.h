@@ -37,7 +37,6 @@
 #include "moekit/core/context.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
-#include "moekit/primitives/activation.h"
 #include "moekit/primitives/grouped_gemm.h"
 
 namespace moekit {
@@ -181,22 +180,6 @@ QuantizedTensor allocate_quantized(const Context& ctx, const QuantSpec& spec, DT
 /// counts are fine: short last blocks. Rows [S, T) are neither read nor written.
 QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& splits,
                          const QuantSpec& spec, QuantUsage usage);
-/// The scaled SwiGLU's output quantized without storing it: q receives exactly
-/// quantize(swiglu_forward(h, probs, splits, layout)) — z [T, F] = p·silu(a)·b rounded to h's
-/// dtype, then its copies and scales, bit for bit — allocated for [T, F] in splits' groups. One
-/// pass over h where the backend fuses the two (CUDA: fp8-block's 1×128 / 128×1 blocks), else the
-/// two primitives (z in a temporary). Checks as swiglu_forward's and quantize's, before any work.
-void swiglu_quantize(const Context& ctx, const Tensor& h, const Tensor& probs, const Splits& splits,
-                     GluLayout layout, const QuantizedTensor& q);
-/// SwiGLU's backward with dh quantized instead of stored: q (allocated for [T, 2F]) receives
-/// exactly quantize(dh) of swiglu_backward(h, probs, dz, ...)'s dh, bit for bit; dprobs (optional,
-/// needs probs) is written or, with accumulate_dprobs, added to as swiglu_backward's — equal up
-/// to the order of its fp32 additions when the backend fuses (CUDA: fp8-block's blocks, one pass
-/// over h and dz); otherwise the two primitives run (dh in a temporary).
-void swiglu_backward_quantize(const Context& ctx, const Tensor& h, const Tensor& probs,
-                              const Tensor& dz, const Splits& splits, GluLayout layout,
-                              const QuantizedTensor& q, const Tensor& dprobs = {},
-                              bool accumulate_dprobs = false);
 /// A weight [G, N, K]: quantize(w as [G·N, K], splits of N rows each).
 QuantizedTensor quantize_weight(const Context& ctx, const Tensor& w, const QuantSpec& spec,
                                 QuantUsage usage);

@@ -9,7 +9,6 @@
 #include "moekit/core/context.h"
 #include "moekit/core/splits.h"
 #include "moekit/core/tensor.h"
-#include "moekit/primitives/activation.h"
 #include "moekit/primitives/quantize.h"
 
 namespace moekit::detail {
@@ -53,32 +52,6 @@ struct QuantGroupKArgs {
   Tensor dw;  // [G, N, K]
   bool accumulate;
   int64_t groups, rows, k, n;
-};
-
-/// swiglu_quantize: q's copies of z = p·silu(a)·b [T, F] made from h [T, 2F] (z is not stored).
-struct SwigluQuantizeArgs {
-  Context ctx;
-  Tensor h;      // [T, 2F]
-  Tensor probs;  // [T] f32 or undefined
-  Splits splits;
-  GluLayout layout;
-  QuantizedTensor q;  // allocated for [T, F], written by the backend
-  int64_t groups, rows, cols;  // cols = F
-};
-
-/// swiglu_backward_quantize: q's copies of dh [T, 2F] made from h, dz [T, F] and probs (dh is
-/// not stored); dprobs written or added to as swiglu_backward's.
-struct SwigluBackwardQuantizeArgs {
-  Context ctx;
-  Tensor h;       // [T, 2F]
-  Tensor probs;   // [T] f32 or undefined
-  Tensor dz;      // [T, F]
-  Splits splits;
-  GluLayout layout;
-  QuantizedTensor q;  // allocated for [T, 2F], written by the backend
-  Tensor dprobs;      // [T] f32 or undefined
-  bool accumulate_dprobs;
-  int64_t groups, rows, F;
 };
 
 }  // namespace moekit::detail

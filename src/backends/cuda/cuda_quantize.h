@@ -15,11 +15,6 @@ namespace moekit::cuda {
 
 extern const detail::Backend<detail::QuantizeArgs> kQuantize;
 extern const detail::Backend<detail::DequantizeArgs> kDequantize;
-/// swiglu_quantize's fused kernel (fp8-block's 1x128 / 128x1 blocks; other calls compose
-/// swiglu_forward and quantize).
-extern const detail::Backend<detail::SwigluQuantizeArgs> kSwigluQuantize;
-/// swiglu_backward_quantize's fused kernel (the same blocks, dh from h and dz).
-extern const detail::Backend<detail::SwigluBackwardQuantizeArgs> kSwigluBackwardQuantize;
 extern const detail::Backend<detail::QuantGroupMArgs> kBf16QuantGroupM;
 extern const detail::Backend<detail::QuantGroupKArgs> kBf16QuantGroupK;
 extern const detail::Backend<detail::QuantGroupMArgs> kEmulatedQuantGroupM;

@@ -15,7 +15,7 @@
 //   columnwise 1-D: one thread per (group row block, column) — amax down the block, codes
 //     written into the transposed copy (e2m1: two rows per byte; groups hold even rows);
 //   1×128 with 128×1 (fp8-block, C % 4 == 0): one CTA per (group row block, 128 columns), both
-//     copies and both scales from one read (cp.async into a two-stage buffer);
+//     copies and both scales from one read (cp.async into the thread's slots);
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one CTA per 64×128 tile, both copies from one read (the columnwise one through
 //     shared memory).
@@ -573,10 +573,11 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 // Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
 // read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
 // columns × 8 warps; warp w owns rows 16w .. 16w + 15 of the tile. Each thread's 16 vectors of
-// the tile arrive by cp.async into a two-stage buffer of its own in shared memory (the next tile's
-// loads in flight while this one is cast: no thread reads another's vectors, so a
-// cp.async.wait_group is the only wait), then read once into registers for the amaxes and both
-// encodes. The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
+// the tile arrive by cp.async into slots of its own in shared memory and are read once into
+// registers for the amaxes and both encodes; the next tile's loads then go into the same slots,
+// in flight while this one is cast (no thread reads another's slots, so a cp.async.wait_group is
+// the only wait; one stage: 2% faster than two on qwen3's x on an H100, 32 KiB less shared
+// memory; at 3 or 4 CTAs an SM the register cap spills and it is 18-80% slower). The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
 // format as a constant and fix up NaN codes only in a warp that holds a NaN (warp-uniform
 // branches: the common path is the conversion alone). A row's 1×128 amax is one warp's (its 16
 // reductions interleaved), its scale computed by lane r % 16 (16 rows' scales at once) and stored
@@ -819,157 +820,6 @@ __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel
     }
     block1d_cast_tile<T>(p, cur, v, sh, col_words);
     cur = nxt;
-  }
-}
-
-// The scaled SwiGLU's output z [T, F] quantized by 1×128 / 128×1 blocks without being stored
-// (fp8-block's fc2 input in the grouped MLP): block1d_tiles_kernel's tiles and casts, each tile's
-// values made in registers from h [T, 2F] and probs instead of read from x — z = p·silu(a)·b
-// rounded to T exactly as swiglu_forward_kernel stores it, so the codes and scales are those of
-// quantize(swiglu_forward(h)) bit for bit. Each thread loads its 16 rows' gate and linear vectors
-// (4 consecutive columns of z are 4 consecutive columns of h in both layouts) before using any.
-struct SwigluSource {
-  const void* h;
-  int64_t ldh;
-  const float* probs;  // [T] or null (plain SwiGLU)
-  bool interleaved;
-};
-template <class T>
-__global__ void __launch_bounds__(kB1Threads, 2) swiglu_block1d_kernel(QuantParams p, SwigluSource src,
-                                                                      bool col_words) {
-  if (p.ws[0] < 0) return;
-  constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
-  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
-  __shared__ B1Shared sh;
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int c = static_cast<int>(threadIdx.x % 32) * kV;
-  const int r0 = kPasses * warp;
-  const int64_t tiles = b1_tiles(p);
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
-    const B1Tile cur = b1_tile_at(p, tile);
-    const bool live = c < cur.cols;
-    const int64_t j = cur.c0 + c;
-    const T* base = static_cast<const T*>(src.h) + (cur.t0 + r0) * src.ldh;
-    const T* ga = base + gate_col(j, src.interleaved);
-    const T* lb = base + lin_col(j, p.C, src.interleaved);
-    const float* pr = src.probs ? src.probs + cur.t0 + r0 : nullptr;
-    // Four rows at a time (their loads in flight together): the tile's 16 rows of a and b at
-    // once would not fit the registers beside v.
-    Vec v[kPasses];
-#pragma unroll
-    for (int i0 = 0; i0 < kPasses; i0 += 4) {
-      Vec a[4], b[4];
-      float q[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool in = live && r0 + i0 + i < cur.rows;
-        a[i] = in ? *reinterpret_cast<const Vec*>(ga + (i0 + i) * src.ldh) : Vec{};
-        b[i] = in ? *reinterpret_cast<const Vec*>(lb + (i0 + i) * src.ldh) : Vec{};
-        q[i] = in && pr ? pr[i0 + i] : 1.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          v[i0 + i].v[e] = from_float<T>(swiglu_value(to_float(a[i].v[e]), to_float(b[i].v[e]), q[i]));
-        }
-      }
-    }
-    block1d_cast_tile<T>(p, cur, v, sh, col_words);
-  }
-}
-
-// SwiGLU's backward feeding the same casts (fc1's grad_output in the grouped MLP): each tile of
-// dh [T, 2F] made in registers from h, dz [T, F] and probs — da at the gate columns, db at the
-// linear ones, rounded to T exactly as swiglu_backward_kernel stores them, so the copies and
-// scales are those of quantize(swiglu_backward(...).dh) bit for bit. dp_t = Σ_j g·silu(a)·b:
-// per tile, the row's terms over the tile's gate columns (a thread's 4 in order, then a warp
-// butterfly over the strip) into dp_part [strips, T]; dprobs_sum_kernel adds the strips in order.
-// Every element of dh is one column of one tile: a tile's 4-column vectors are all gate or all
-// linear (F % 4 == 0; interleave blocks of 32).
-struct DSwigluSource {
-  const void* h;   // [T, 2F]
-  const void* dz;  // [T, F]
-  const float* probs;  // [T] or null
-  float* dp_part;      // [strips, T] or null (no dprobs)
-  int64_t F;
-  bool interleaved;
-};
-template <class T>
-__global__ void __launch_bounds__(kB1Threads, 2) dswiglu_block1d_kernel(QuantParams p, DSwigluSource src,
-                                                                       bool col_words) {
-  if (p.ws[0] < 0) return;
-  constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
-  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
-  __shared__ B1Shared sh;
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int c = lane * kV;
-  const int r0 = kPasses * warp;
-  const int64_t tiles = b1_tiles(p), F = src.F;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
-    const B1Tile cur = b1_tile_at(p, tile);
-    const bool live = c < cur.cols;
-    const int64_t col = cur.c0 + c;  // this thread's first column of dh
-    const bool gate = src.interleaved ? (col / kGluInterleaveBlock) % 2 == 0 : col < F;
-    const int64_t j = src.interleaved
-                          ? col / (2 * kGluInterleaveBlock) * kGluInterleaveBlock + col % kGluInterleaveBlock
-                          : (gate ? col : col - F);
-    const T* h = static_cast<const T*>(src.h) + (cur.t0 + r0) * 2 * F;
-    const T* ga = h + gate_col(j, src.interleaved);
-    const T* lb = h + lin_col(j, F, src.interleaved);
-    const T* gz = static_cast<const T*>(src.dz) + (cur.t0 + r0) * F + j;
-    const float* pr = src.probs ? src.probs + cur.t0 + r0 : nullptr;
-    Vec v[kPasses];
-    float dp[kPasses];
-#pragma unroll
-    for (int i0 = 0; i0 < kPasses; i0 += 4) {  // four rows' loads in flight at a time
-      Vec a[4], b[4], g[4];
-      float q[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool in = live && r0 + i0 + i < cur.rows;
-        a[i] = in ? *reinterpret_cast<const Vec*>(ga + (i0 + i) * 2 * F) : Vec{};
-        b[i] = in ? *reinterpret_cast<const Vec*>(lb + (i0 + i) * 2 * F) : Vec{};
-        g[i] = in ? *reinterpret_cast<const Vec*>(gz + (i0 + i) * F) : Vec{};
-        q[i] = in && pr ? pr[i0 + i] : 1.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        dp[i0 + i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const DSwigluValues d =
-              dswiglu_values(to_float(a[i].v[e]), to_float(b[i].v[e]), to_float(g[i].v[e]), q[i]);
-          v[i0 + i].v[e] = from_float<T>(gate ? d.da : d.db);
-          if (gate) dp[i0 + i] = __fadd_rn(dp[i0 + i], d.dp);
-        }
-      }
-    }
-    if (src.dp_part) {  // uniform: every lane takes part in the butterflies
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) dp[i] = __fadd_rn(dp[i], __shfl_xor_sync(0xffffffffu, dp[i], o));
-      }
-      float mine = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) mine = lane == i ? dp[i] : mine;
-      if (lane < kPasses && r0 + lane < cur.rows) src.dp_part[cur.jb * p.T + cur.t0 + r0 + lane] = mine;
-    }
-    block1d_cast_tile<T>(p, cur, v, sh, col_words);
-  }
-}
-
-// dprobs[t] (+)= Σ over strips, in strip order, of dswiglu_block1d_kernel's partial sums; t < S.
-__global__ void dprobs_sum_kernel(const float* __restrict__ part, int64_t strips, int64_t T,
-                                  const int64_t* __restrict__ ws, float* __restrict__ dprobs,
-                                  bool accumulate) {
-  const int64_t S = ws[0];
-  for (int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; t < S;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t k = 0; k < strips; ++k) sum = __fadd_rn(sum, part[k * T + t]);
-    dprobs[t] = accumulate ? __fadd_rn(dprobs[t], sum) : sum;
   }
 }
 
@@ -1314,123 +1164,9 @@ void quantize_run(const detail::QuantizeArgs& a) {
   }
 }
 
-// swiglu_quantize's fused entry: the 1×128 / 128×1 blocks (fp8-block) of z from h, one kernel
-// after the setup (swiglu_block1d_kernel). Other scalings compose swiglu_forward and quantize.
-std::string swiglu_quantize_rejects(const detail::SwigluQuantizeArgs& a) {
-  std::string why = reject_unless_cuda(a.ctx);
-  if (!why.empty()) return why;
-  const QuantizedTensor& q = a.q;
-  if (q.spec.scaling != Scaling::Block1D || q.spec.block != kB1Rows) {
-    return "the fused kernel makes 1x128 / 128x1 blocks only (fp8-block)";
-  }
-  // h is contiguous (bind checks): rows of 2F elements.
-  const uintptr_t vec_bytes = 4 * size_of(a.h.dtype());
-  if (a.cols % 4 != 0 || reinterpret_cast<uintptr_t>(a.h.data()) % vec_bytes != 0) {
-    return "the fused kernel loads 4 columns at a time: F % 4 == 0 and h 4-element aligned";
-  }
-  if (q.has_rowwise() && (q.rowwise.size(1) % 4 != 0 || reinterpret_cast<uintptr_t>(q.rowwise.data()) % 4 != 0)) {
-    return "the fused kernel stores 4-byte words of the rowwise copy";
-  }
-  return "";
-}
-
-void swiglu_quantize_run(const detail::SwigluQuantizeArgs& a) {
-  if (a.groups == 0) return;
-  CudaResources& res = resources(a.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
-  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
-  const QuantParams p = quant_params(a.q, nullptr, a.h.dtype(), a.rows, a.cols, a.groups, ws);
-  const SwigluSource src{a.h.data(), 2 * a.cols,
-                         a.probs.defined() ? a.probs.data_as<float>() : nullptr,
-                         a.layout == GluLayout::Interleaved32};
-  const bool col_words = p.col == nullptr || (reinterpret_cast<uintptr_t>(p.col) % 4 == 0 && p.col_ld % 4 == 0);
-  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, p);
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
-  const unsigned grid = grid_for(tiles * kB1Threads, kB1Threads, res.sm_count);
-  switch (a.h.dtype()) {
-    case DType::F32:
-      swiglu_block1d_kernel<float><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    case DType::F16:
-      swiglu_block1d_kernel<__half><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    case DType::BF16:
-      swiglu_block1d_kernel<__nv_bfloat16><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    default:
-      throw_invalid("h", "dtype f32, f16 or bf16", name(a.h.dtype()));
-  }
-  MOEKIT_CUDA_CHECK_LAUNCH();
-}
-
-// swiglu_backward_quantize's fused entry: fp8-block's blocks of dh from h and dz
-// (dswiglu_block1d_kernel), then dprobs from its partial sums.
-std::string swiglu_backward_quantize_rejects(const detail::SwigluBackwardQuantizeArgs& a) {
-  std::string why = reject_unless_cuda(a.ctx);
-  if (!why.empty()) return why;
-  const QuantizedTensor& q = a.q;
-  if (q.spec.scaling != Scaling::Block1D || q.spec.block != kB1Rows) {
-    return "the fused kernel makes 1x128 / 128x1 blocks only (fp8-block)";
-  }
-  const uintptr_t vec_bytes = 4 * size_of(a.h.dtype());
-  if (a.F % 4 != 0 || reinterpret_cast<uintptr_t>(a.h.data()) % vec_bytes != 0 ||
-      reinterpret_cast<uintptr_t>(a.dz.data()) % vec_bytes != 0) {
-    return "the fused kernel loads 4 columns at a time: F % 4 == 0, h and dz 4-element aligned";
-  }
-  if (q.has_rowwise() && reinterpret_cast<uintptr_t>(q.rowwise.data()) % 4 != 0) {
-    return "the fused kernel stores 4-byte words of the rowwise copy";
-  }
-  return "";
-}
-
-void swiglu_backward_quantize_run(const detail::SwigluBackwardQuantizeArgs& a) {
-  if (a.groups == 0) return;
-  CudaResources& res = resources(a.ctx);
-  DeviceGuard guard(res.device);
-  const CountsOnDevice counts = counts_on_device(a.ctx, a.splits, a.rows);
-  const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
-  const QuantParams p = quant_params(a.q, nullptr, a.h.dtype(), a.rows, 2 * a.F, a.groups, ws);
-  const int64_t strips = (p.C + kB1Cols - 1) / kB1Cols;
-  Tensor part;  // stream-ordered: released after the kernels that use it
-  if (a.dprobs.defined()) part = Tensor::empty({strips, a.rows}, DType::F32, a.ctx);
-  const DSwigluSource src{a.h.data(), a.dz.data(),
-                          a.probs.defined() ? a.probs.data_as<float>() : nullptr,
-                          part.defined() ? part.data_as<float>() : nullptr, a.F,
-                          a.layout == GluLayout::Interleaved32};
-  const bool col_words = p.col == nullptr || (reinterpret_cast<uintptr_t>(p.col) % 4 == 0 && p.col_ld % 4 == 0);
-  quant_setup_kernel<<<1, 256, 0, res.stream>>>(counts.view, p);
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  const unsigned grid = grid_for(p.RB * strips * kB1Threads, kB1Threads, res.sm_count);
-  switch (a.h.dtype()) {
-    case DType::F32:
-      dswiglu_block1d_kernel<float><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    case DType::F16:
-      dswiglu_block1d_kernel<__half><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    case DType::BF16:
-      dswiglu_block1d_kernel<__nv_bfloat16><<<grid, kB1Threads, 0, res.stream>>>(p, src, col_words);
-      break;
-    default:
-      throw_invalid("h", "dtype f32, f16 or bf16", name(a.h.dtype()));
-  }
-  MOEKIT_CUDA_CHECK_LAUNCH();
-  if (part.defined()) {
-    dprobs_sum_kernel<<<grid_for(a.rows, 256, res.sm_count), 256, 0, res.stream>>>(
-        part.data_as<float>(), strips, a.rows, p.ws, a.dprobs.data_as<float>(), a.accumulate_dprobs);
-    MOEKIT_CUDA_CHECK_LAUNCH();
-  }
-}
-
 // This backend's entry in the quantize table (declared in cuda_quantize.h).
 constexpr detail::Backend<detail::QuantizeArgs> kQuantize{"cuda", quantize_rejects, quantize_run};
 constexpr detail::Backend<detail::DequantizeArgs> kDequantize{"cuda", dequantize_rejects,
                                                               dequantize_run};
-constexpr detail::Backend<detail::SwigluQuantizeArgs> kSwigluQuantize{
-    "cuda", swiglu_quantize_rejects, swiglu_quantize_run};
-constexpr detail::Backend<detail::SwigluBackwardQuantizeArgs> kSwigluBackwardQuantize{
-    "cuda", swiglu_backward_quantize_rejects, swiglu_backward_quantize_run};
 
 }  // namespace moekit::cuda
