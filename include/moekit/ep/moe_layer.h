@@ -53,8 +53,8 @@ struct MoELayerConfig {
   bool normalize_topk = false;  // weights divided by the sum of the k chosen scores
   bool fc1_bias = false, fc2_bias = false;
   GluLayout layout = GluLayout::Halves;
-  // Quantized recipe of the experts' fc1 and fc2 (GroupedMLPConfig::recipe: the MLP unfused, each
-  // GEMM on quantized operands; SPEC §6d). ep.alignment must be a multiple of the recipe's
+  // Quantized recipe of the experts' fc1 and fc2 (GroupedMLPConfig::recipe: each GEMM on
+  // quantized operands; SPEC §6d). ep.alignment must be a multiple of the recipe's
   // group_rows_multiple() (every expert's rows padded to it), else InvalidArgument.
   Recipe recipe = {};
   // Synchronise the context after each phase, so that MoEPhases' host clock measures each phase's

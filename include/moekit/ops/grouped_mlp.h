@@ -48,10 +48,11 @@ struct GroupedMLPConfig {
   bool fc1_bias = false;                 // b1 [G, 2F]
   bool fc2_bias = false;                 // b2 [G, H], scaled by p_t
   GluLayout layout = GluLayout::Halves;  // gate/linear columns of fc1's output
-  /// Quantized recipe of fc1 and fc2 (SPEC §6d). With one the MLP runs its three ops one after
-  /// another (each GEMM on quantized operands, as GroupedLinear with the recipe), keeping every
-  /// promise of this class (output / grad_input caller buffers, checks, deferral); no fused
-  /// kernels. Alignment: hidden, ffn and every group's rows as the recipe's rules.
+  /// Quantized recipe of fc1 and fc2 (SPEC §6d). With one every GEMM runs on quantized operands
+  /// (x, z, dy and dh quantized by the op, each weight's copies cached by its layer), bit for bit
+  /// the quantized ops one by one, keeping every promise of this class (output / grad_input
+  /// caller buffers, checks, deferral). Alignment: hidden, ffn and every group's rows as the
+  /// recipe's rules.
   Recipe recipe = {};
 };
 
@@ -84,10 +85,11 @@ class GroupedMLP {
   /// "" when (fc1, activation, fc2) form the fusible pattern, else the reason: GroupedLinear →
   /// ScaledSwiGLU → GroupedLinear, equal group counts, fc1 out == 2 × fc2 in, one dtype and
   /// device, fc1 without scale_bias, fc2 with no bias or a prob-scaled one, and fc1 out a
-  /// multiple of 64 for the interleaved layout. (fc2's out_features may differ from fc1's
-  /// in_features; SPEC §5's y [T, H] is the usual case.)
+  /// multiple of 64 for the interleaved layout, one recipe on both layers (none, or the same kind
+  /// and options). (fc2's out_features may differ from fc1's in_features; SPEC §5's y [T, H] is
+  /// the usual case.)
   static std::string mismatch(const Op& fc1, const Op& activation, const Op& fc2);
-  /// Whether fc1 and fc2 run a quantized recipe (GroupedMLPConfig::recipe): then unfused.
+  /// Whether fc1 and fc2 run a quantized recipe (GroupedMLPConfig::recipe or their ops').
   bool quantized() const;
 
   const std::shared_ptr<GroupedLinearOp>& fc1() const { return fc1_; }
