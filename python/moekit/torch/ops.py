@@ -102,7 +102,7 @@ class GroupedLinear(FusibleOperation):
 
     def _make_cpp(self, ctx, dtype, recipe):
         # the active autocast recipe (per moekit op, SPEC §6d: one op per recipe, each with its
-        # own weight cache); an op with a recipe does not fuse into the grouped MLP
+        # own weight cache); fc1 and fc2 under one recipe fuse into the quantized grouped MLP
         return _moekit.GroupedLinearOp(ctx, self.num_groups, self.in_features, self.out_features,
                                        dtype_name(self.weight.dtype), self.use_bias, self.scale_bias,
                                        recipe=recipe)
