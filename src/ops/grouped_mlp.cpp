@@ -75,6 +75,19 @@ struct MlpBackwardWork {
   BackwardOnce used;
 };
 
+// The work of one bound backward: whether deferred, and each layer's side stream (fc2's when it
+// has a weight gradient; fc1's when its weight gradient runs beside dx or deferred).
+std::shared_ptr<MlpBackwardWork> backward_work(const GroupedLinear& l1, const GroupedLinear& l2,
+                                               bool input_requires_grad,
+                                               const GroupedMLP::BackwardOptions& options) {
+  auto w = std::make_shared<MlpBackwardWork>();
+  w->defer = options.defer_weight_grads;
+  w->side2 = std::make_unique<detail::SideStream>(l2.context(), l2.weight_requires_grad());
+  w->side1 = std::make_unique<detail::SideStream>(
+      l1.context(), l1.weight_requires_grad() && (w->defer || input_requires_grad));
+  return w;
+}
+
 // The bound backward of the grouped MLP from its bound calls: every output on its op's stream,
 // each layer's weight gradient on its side stream (forked once what it reads exists: dy's copies
 // for fc2, dh or its copies for fc1), joined at the end — or, deferred, after the input-gradient
@@ -242,6 +255,30 @@ Tensor GroupedMLP::forward(const Tensor& x, const Tensor& probs, const Splits& s
   return bound.output;
 }
 
+// The backward's outputs: dprobs (the caller's grad_probs, else new), each layer's weight
+// gradient (its main_grad, else new) and bias gradients, dx (the caller's grad_input, else new) —
+// each only when asked for.
+GroupedMLP::Grads GroupedMLP::backward_outputs(const Saved& s, const BackwardOptions& options) const {
+  const GroupedLinear &l1 = fc1_->linear(), &l2 = fc2_->linear();
+  const DType dt = dtype();
+  const int64_t T = s.input.size(0);
+  Grads grads;
+  if (s.probs_requires_grad) {
+    grads.probs = options.grad_probs.defined() ? options.grad_probs
+                                               : Tensor::empty({T}, DType::F32, context());
+  }
+  const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
+  if (dw2) grads.fc2.weight = weight_grad_buffer(l2);
+  if (dw2 && fc2_->scale_bias()) grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
+  if (dw1) grads.fc1.weight = weight_grad_buffer(l1);
+  if (dw1 && l1.bias().defined()) grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
+  if (s.input_requires_grad) {
+    grads.input = options.grad_input.defined() ? options.grad_input
+                                               : Tensor::empty({T, in_features()}, dt, l1.context());
+  }
+  return grads;
+}
+
 BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
                                         const BackwardOptions& options) const {
   if (!s.valid)
@@ -299,26 +336,10 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
   // dgrad; both joined at the end. Deferred: the whole input-gradient chain first, then both
   // weight gradients after it, joined by the caller's handle. Everything is bound here, before
   // any of it runs.
-  Grads grads;
-  if (s.probs_requires_grad) {
-    grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
-  }
+  Grads grads = backward_outputs(s, options);
   const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
-  if (dw2) grads.fc2.weight = weight_grad_buffer(l2);
-  if (dw2 && fc2_->scale_bias()) grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
-  if (dw1) grads.fc1.weight = weight_grad_buffer(l1);
-  if (dw1 && l1.bias().defined()) grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
-  if (s.input_requires_grad) {
-    grads.input = options.grad_input.defined()
-                      ? options.grad_input
-                      : Tensor::empty({T, in_features()}, dt, l1.context());
-  }
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
-  auto w = std::make_shared<MlpBackwardWork>();
-  w->defer = options.defer_weight_grads;
-  w->side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
-  w->side1 =
-      std::make_unique<detail::SideStream>(l1.context(), dw1 && (w->defer || s.input_requires_grad));
+  const auto w = backward_work(l1, l2, s.input_requires_grad, options);
   // Deferred: on the side stream with the options' SM margin (detail::deferred_context).
   auto on = [&](const Context& side) {
     return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
@@ -431,27 +452,12 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
   const DType dt = dtype();
   const int64_t T = s.input.size(0), F = ffn(), G = groups();
   const bool accumulate_dp = options.grad_probs.defined();
-  Grads grads;
-  if (s.probs_requires_grad) {
-    grads.probs = accumulate_dp ? options.grad_probs : Tensor::empty({T}, DType::F32, context());
-  }
+  Grads grads = backward_outputs(s, options);
   const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
-  if (dw2) grads.fc2.weight = weight_grad_buffer(l2);
-  if (dw2 && fc2_->scale_bias()) grads.fc2.bias = Tensor::empty(fc2_->bias().shape(), dt, l2.context());
-  if (dw1) grads.fc1.weight = weight_grad_buffer(l1);
-  if (dw1 && l1.bias().defined()) grads.fc1.bias = Tensor::empty(l1.bias().shape(), dt, l1.context());
-  if (s.input_requires_grad) {
-    grads.input = options.grad_input.defined() ? options.grad_input
-                                               : Tensor::empty({T, in_features()}, dt, l1.context());
-  }
   auto usage = [](bool rowwise, bool columnwise) {
     return rowwise && columnwise ? QuantUsage::Both : rowwise ? QuantUsage::Rowwise : QuantUsage::Columnwise;
   };
-  auto w = std::make_shared<MlpBackwardWork>();
-  w->defer = options.defer_weight_grads;
-  w->side2 = std::make_unique<detail::SideStream>(l2.context(), dw2);
-  w->side1 =
-      std::make_unique<detail::SideStream>(l1.context(), dw1 && (w->defer || s.input_requires_grad));
+  const auto w = backward_work(l1, l2, s.input_requires_grad, options);
   auto on = [&](const Context& side) {
     return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
   };

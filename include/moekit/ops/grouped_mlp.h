@@ -143,6 +143,7 @@ class GroupedMLP {
                               const BackwardOptions& options) const;
 
  private:
+  Grads backward_outputs(const Saved& saved, const BackwardOptions& options) const;
   BoundForward bind_forward_quantized(const Tensor& x, const Tensor& probs, const Splits& splits,
                                       const ForwardOptions& options, Saved* saved) const;
   BoundBackward bind_backward_quantized(const Saved& saved, const Tensor& dy,
