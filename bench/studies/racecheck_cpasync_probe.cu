@@ -203,9 +203,16 @@ __global__ void __cluster_dims__(2, 1, 1) mixed(const float* in, float* out, int
 //               orders bar.arrive before the matching bar.sync.
 //   split_warp  no bar: each warp's lane 0 arrives on `empty` (count 4) after __syncwarp — per-warp
 //               signalling. Expected 0 if racecheck orders a warp's lanes by __syncwarp.
+//   split_all   no bar: every consumer thread arrives on `empty` itself (count 128), after its own
+//               read — a release by the reading thread, which racecheck may model where it does
+//               not model bar.sync / __syncwarp before another thread's release (split_bar,
+//               split_warp: 1 hazard each on the H200, 2026-12-04). If this mode reports 0, the
+//               block-scaled consumer loop's fix is a pipeline whose empty barriers count every
+//               local consumer thread (plus the peer CTA's one signal per warpgroup), not yet
+//               run (added 2026-12-06).
 // The wgmma: m64n8k16 bf16 -> f32 on operands in shared memory that nothing writes afterwards (its
 // result only kept alive), so its smem reads (async proxy) take no part in the hand-off.
-enum SplitOrder { kSplitWgmma, kSplitBar, kSplitArrive, kSplitWarp };
+enum SplitOrder { kSplitWgmma, kSplitBar, kSplitArrive, kSplitWarp, kSplitAll };
 
 __device__ __forceinline__ unsigned long long wgmma_desc(const void* p) {
   // No swizzle (interleave), start address >> 4, leading byte offset 128, stride byte offset 256.
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(160) split(const float* in, float* out, float*
   for (int i = threadIdx.x; i < 8 * 16; i += blockDim.x) b_tile[i] = 0x3f80;
   if (threadIdx.x == 0) {
     bar_init(&full, 32);
-    bar_init(&empty, order == kSplitWarp ? 4 : 1);
+    bar_init(&empty, order == kSplitWarp ? 4 : order == kSplitAll ? 128 : 1);
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the operands, for the wgmma
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(160) split(const float* in, float* out, float*
       } else if (order == kSplitWarp) {
         __syncwarp();
       }
-      const bool signals = order == kSplitWarp ? lane == 0 : threadIdx.x == 0;
+      const bool signals = order == kSplitAll ? true : order == kSplitWarp ? lane == 0 : threadIdx.x == 0;
       if (signals) asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(smem_addr(&empty)) : "memory");
     }
   }
@@ -270,14 +277,15 @@ __global__ void __launch_bounds__(160) split(const float* in, float* out, float*
 
 int main(int argc, char** argv) {
   const char* names[] = {"noinc", "wait_all", "plain", "racy", "reuse_cluster", "reuse_cta", "mixed", "mixed_reuse",
-                         "multicast", "multicast_reuse", "split", "split_bar", "split_arrive", "split_warp"};
+                         "multicast", "multicast_reuse", "split", "split_bar", "split_arrive", "split_warp",
+                         "split_all"};
   int mode = -1;
-  for (int m = 0; m < 14; ++m) {
+  for (int m = 0; m < 15; ++m) {
     if (argc > 1 && std::strcmp(argv[1], names[m]) == 0) mode = m;
   }
   if (mode < 0) {
     std::fprintf(stderr, "usage: %s noinc|wait_all|plain|racy|reuse_cluster|reuse_cta|mixed|mixed_reuse|multicast|multicast_reuse|"
-                         "split|split_bar|split_arrive|split_warp\n", argv[0]);
+                         "split|split_bar|split_arrive|split_warp|split_all\n", argv[0]);
     return 2;
   }
   if (mode >= 10) {  // split*: 2 rounds x 128 consumer threads; thread t of round r reads in[32r + (7t + r) % 32]
