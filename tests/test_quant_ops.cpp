@@ -458,6 +458,104 @@ TEST_P(QuantLinear, GroupedMlpWithARecipeEqualsTheQuantizedOpsAndKeepsItsPromise
   }
 }
 
+// The quantized grouped MLP's backward in every mode it has — a frozen fc1 or fc2, no input
+// gradient, nothing but dprobs, main_grad accumulation on both layers, deferred weight gradients —
+// equals the unfused Sequential of the same quantized ops bit for bit (each output that exists,
+// and the main_grad buffers after accumulating), and computes no gradient nobody asked for.
+TEST_P(QuantLinear, QuantizedMlpBackwardModesEqualTheUnfusedOps) {
+  const Recipe recipe = recipe_named(GetParam());
+  const Context ctx = poisoned(Context::cpu(1));
+  const int64_t G = 3, H = 64, F = 64, m = recipe.group_rows_multiple();
+  const std::vector<int64_t> counts = {2 * m, 0, 3 * m};
+  const int64_t S = sum_of(counts), T = S + 2;
+  const Splits splits = Splits::host(counts);
+  const Tensor w1 = random_normal({G, 2 * F, H}, DType::BF16, 1, 0.125);
+  const Tensor w2 = random_normal({G, H, F}, DType::BF16, 2, 0.125);
+  const Tensor b2 = random_normal({G, H}, DType::BF16, 3, 0.5);
+  const Tensor mg1_start = random_normal({G, 2 * F, H}, DType::F32, 4);
+  const Tensor mg2_start = random_normal({G, H, F}, DType::F32, 5);
+  const Tensor x = random_normal({T, H}, DType::BF16, 6), dy = random_normal({T, H}, DType::BF16, 7);
+  std::vector<float> p(static_cast<size_t>(T));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = 0.3f + 0.01f * static_cast<float>(i % 40);
+  const Tensor probs = Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu());
+  struct Mode {
+    const char* what;
+    bool fc1_trains, fc2_trains, input_grad, main_grad, defer;
+  };
+  for (const Mode& k : {Mode{"all", true, true, true, false, false},
+                        Mode{"fc1 frozen", false, true, true, false, false},
+                        Mode{"fc2 frozen", true, false, true, false, false},
+                        Mode{"no input gradient", true, true, false, false, false},
+                        Mode{"dprobs only", false, false, false, false, false},
+                        Mode{"main_grad", true, true, true, true, false},
+                        Mode{"deferred, main_grad", true, true, true, true, true}}) {
+    SCOPED_TRACE(k.what);
+    struct Out {
+      Tensor y, dx, dprobs, dw1, dw2, db2;
+      std::vector<uint8_t> mg1, mg2;
+    };
+    auto layers = [&](GroupedLinearOp& fc1, GroupedLinearOp& fc2, const Tensor& mg1, const Tensor& mg2) {
+      fc1.linear().set_weight(w1);
+      fc2.linear().set_weight(w2);
+      fc2.set_bias(b2);
+      fc1.linear().set_weight_requires_grad(k.fc1_trains);
+      fc2.linear().set_weight_requires_grad(k.fc2_trains);
+      if (k.main_grad) {
+        fc1.linear().set_main_grad(mg1);
+        fc2.linear().set_main_grad(mg2);
+      }
+    };
+    auto fresh = [&](const Tensor& t) { return to_device(ctx, t); };  // a copy of the start values
+    Out fused, unfused;
+    {
+      GroupedMLP mlp({.groups = G, .hidden = H, .ffn = F, .dtype = DType::BF16, .fc2_bias = true,
+                      .recipe = recipe}, ctx);
+      const Tensor mg1 = fresh(mg1_start), mg2 = fresh(mg2_start);
+      layers(*mlp.fc1(), *mlp.fc2(), mg1, mg2);
+      GroupedMLP::Saved saved;
+      fused.y = mlp.forward(x, probs, splits, {.input_requires_grad = k.input_grad}, &saved);
+      GroupedMLP::Grads g = mlp.backward(saved, dy, {.defer_weight_grads = k.defer});
+      g.weight_grads.wait();
+      fused = {fused.y, g.input, g.probs, g.fc1.weight, g.fc2.weight, g.fc2.bias,
+               bytes_of(ctx, mg1), bytes_of(ctx, mg2)};
+    }
+    {
+      auto fc1 = std::make_shared<GroupedLinearOp>(
+          GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .recipe = recipe}, ctx);
+      auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{}, ctx);
+      auto fc2 = std::make_shared<GroupedLinearOp>(
+          GroupedLinearConfig{.groups = G, .in = F, .out = H, .bias = true, .recipe = recipe}, ctx,
+          GroupedLinearOpOptions{.scale_bias = true});
+      const Tensor mg1 = fresh(mg1_start), mg2 = fresh(mg2_start);
+      layers(*fc1, *fc2, mg1, mg2);
+      Sequential seq({fc1, act, fc2}, {.fuse = false});
+      auto [y, tape] = seq.forward(x, {.splits = splits, .probs = probs, .input_requires_grad = k.input_grad});
+      SequentialGrads g = seq.backward(tape, dy, {.defer_weight_grads = k.defer});
+      g.weight_grads.wait();
+      unfused = {y, g.input, g.probs, g.params[0].weight, g.params[2].weight, g.params[2].bias,
+                 bytes_of(ctx, mg1), bytes_of(ctx, mg2)};
+    }
+    auto same = [&](const char* what, const Tensor& a, const Tensor& b, int64_t rows) {
+      ASSERT_EQ(a.defined(), b.defined()) << what;
+      if (!a.defined()) return;
+      const Tensor av = rows < 0 ? a : a.rows(0, rows), bv = rows < 0 ? b : b.rows(0, rows);
+      EXPECT_TRUE(bit_identical(bytes_of(ctx, av), bytes_of(ctx, bv), a.dtype())) << what;
+    };
+    same("y", fused.y, unfused.y, S);
+    same("dx", fused.dx, unfused.dx, S);
+    same("dprobs", fused.dprobs, unfused.dprobs, S);
+    same("dW1", fused.dw1, unfused.dw1, -1);
+    same("dW2", fused.dw2, unfused.dw2, -1);
+    same("db2", fused.db2, unfused.db2, -1);
+    EXPECT_EQ(fused.dx.defined(), k.input_grad);
+    EXPECT_EQ(fused.dw1.defined(), k.fc1_trains);
+    EXPECT_EQ(fused.dw2.defined(), k.fc2_trains);
+    EXPECT_EQ(fused.mg1, unfused.mg1);
+    EXPECT_EQ(fused.mg2, unfused.mg2);
+    if (k.main_grad) EXPECT_NE(fused.mg1, bytes_of(host(), mg1_start));  // accumulated into
+  }
+}
+
 // On a GPU the quantized grouped MLP equals the unfused Sequential of the same quantized ops bit
 // for bit: y, dx, dprobs and each layer's weight and bias gradients, with a zero-row group, groups
 // not a multiple of 128 rows (device counts), a tail, both GLU layouts, with and without fc1's
