@@ -552,7 +552,9 @@ TEST_P(QuantLinear, QuantizedMlpBackwardModesEqualTheUnfusedOps) {
     EXPECT_EQ(fused.dw2.defined(), k.fc2_trains);
     EXPECT_EQ(fused.mg1, unfused.mg1);
     EXPECT_EQ(fused.mg2, unfused.mg2);
-    if (k.main_grad) EXPECT_NE(fused.mg1, bytes_of(host(), mg1_start));  // accumulated into
+    if (k.main_grad) {
+      EXPECT_NE(fused.mg1, bytes_of(host(), mg1_start));  // accumulated into
+    }
   }
 }
 
@@ -898,6 +900,18 @@ std::vector<double> train(const Recipe& recipe, int steps) {
   return losses;
 }
 
+// The largest gap between a recipe's loss curve and bf16's at every 50th step, relative to the
+// starting loss; each must be <= tol.
+double checked_gap(const std::vector<double>& got, const std::vector<double>& ref, double tol) {
+  double worst = 0;
+  for (size_t s = 0; s < got.size(); s += 50) {
+    const double d = std::fabs(got[s] - ref[s]) / ref.front();
+    worst = std::max(worst, d);
+    EXPECT_LE(d, tol) << "step " << s << ": " << got[s] << " vs bf16 " << ref[s];
+  }
+  return worst;
+}
+
 TEST(QuantTraining, EachRecipeTracksTheBf16LossCurve) {
   const int steps = 300;
   const std::vector<double> ref = train(Recipe::none(), steps);
@@ -908,14 +922,7 @@ TEST(QuantTraining, EachRecipeTracksTheBf16LossCurve) {
     const bool fp4 = recipe.kind == RecipeKind::Nvfp4;
     const double tol = fp4 ? 0.05 : 0.01, final_bound = fp4 ? 0.05 : 0.01;
     const std::vector<double> got = train(recipe, steps);
-    double worst = 0;
-    for (int s = 0; s < steps; s += 50) {
-      const double d =
-          std::fabs(got[static_cast<size_t>(s)] - ref[static_cast<size_t>(s)]) / ref.front();
-      worst = std::max(worst, d);
-      EXPECT_LE(d, tol) << "step " << s << ": " << got[static_cast<size_t>(s)] << " vs bf16 "
-                        << ref[static_cast<size_t>(s)];
-    }
+    const double worst = checked_gap(got, ref, tol);
     EXPECT_LE(got.back(), final_bound * ref.front());
     std::printf(
         "[ recipe   ] %-12s final loss %.3g (bf16 %.3g, start %.3g), worst gap %.3g of the start\n",
@@ -1014,14 +1021,7 @@ TEST(QuantTraining, TheQuantizedMlpTracksTheBf16LossCurveUnderEachRecipe) {
     const bool fp4 = recipe.kind == RecipeKind::Nvfp4;
     const double tol = fp4 ? 0.08 : 0.04;
     const std::vector<double> got = train_mlp(recipe, steps);
-    double worst = 0;
-    for (int s = 0; s < steps; s += 50) {
-      const double d =
-          std::fabs(got[static_cast<size_t>(s)] - ref[static_cast<size_t>(s)]) / ref.front();
-      worst = std::max(worst, d);
-      EXPECT_LE(d, tol) << "step " << s << ": " << got[static_cast<size_t>(s)] << " vs bf16 "
-                        << ref[static_cast<size_t>(s)];
-    }
+    const double worst = checked_gap(got, ref, tol);
     EXPECT_LE(got.back(), ref.back() + tol * ref.front());
     std::printf("[ mlp      ] %-12s final loss %.3g (bf16 %.3g, start %.3g), worst gap %.3g of the start\n",
                 name, got.back(), ref.back(), ref.front(), worst);
