@@ -34,6 +34,15 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // 8 · 256 = 2048 threads: one wave of blocks fills an SM
 static_assert(kGluInterleaveBlock % 8 == 0, "a 16-byte pack never straddles an interleave block");
 
+__device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
+  return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
+                     : j;
+}
+__device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleaved) {
+  return interleaved ? gate_col(j, true) + kGluInterleaveBlock : F + j;
+}
+__device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+
 // V consecutive elements, loaded and stored as one access (16 bytes when V = 16 / sizeof(T)).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {
@@ -70,7 +79,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float a = to_float(ga.v[e]), b = to_float(lb.v[e]);
-        out.v[e] = from_float<T>(swiglu_value(a, b, p));
+        const float act = __fmul_rn(__fmul_rn(a, sigmoid(a)), b);
+        out.v[e] = from_float<T>(__fmul_rn(p, act));
       }
       store_pack<T, V>(zr + j, out);
     }
@@ -127,11 +137,14 @@ __global__ void __launch_bounds__(kThreads)
         const Pack<T, V> gz = load_pack<T, V>(dzr + j);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const DSwigluValues d =
-              dswiglu_values(to_float(ga.v[e]), to_float(lb.v[e]), to_float(gz.v[e]), p);
-          da.v[e] = from_float<T>(d.da);
-          db.v[e] = from_float<T>(d.db);
-          dp = __fadd_rn(dp, d.dp);
+          const float a = to_float(ga.v[e]), b = to_float(lb.v[e]), g = to_float(gz.v[e]);
+          const float sig = sigmoid(a);
+          const float silu = __fmul_rn(a, sig);
+          const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
+          const float pdz = __fmul_rn(p, g);
+          da.v[e] = from_float<T>(__fmul_rn(__fmul_rn(pdz, b), dsilu));
+          db.v[e] = from_float<T>(__fmul_rn(pdz, silu));
+          dp = __fadd_rn(dp, __fmul_rn(g, __fmul_rn(silu, b)));
         }
       }
       if constexpr (kSwapLanes<V> > 0) {

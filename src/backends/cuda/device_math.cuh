@@ -7,8 +7,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "moekit/primitives/activation.h"
-
 namespace moekit::cuda {
 
 /// The group of a valid row r < off[groups]: the last g with off[g] <= r, which is non-empty
@@ -55,36 +53,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   __syncthreads();
   return s;
-}
-
-// ---- SwiGLU's element math (activation.cu's kernels, and quantize.cu's SwiGLU-fed quantize,
-// which must produce the same z bit for bit)
-
-/// h's column of z column j's gate part a_j and linear part b_j (GluLayout, activation.h).
-__device__ __forceinline__ int64_t gate_col(int64_t j, bool interleaved) {
-  return interleaved ? 2 * kGluInterleaveBlock * (j / kGluInterleaveBlock) + j % kGluInterleaveBlock
-                     : j;
-}
-__device__ __forceinline__ int64_t lin_col(int64_t j, int64_t F, bool interleaved) {
-  return interleaved ? gate_col(j, true) + kGluInterleaveBlock : F + j;
-}
-__device__ __forceinline__ float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
-/// z = p · silu(a) · b in fp32, each product rounded in the CPU oracle's order (no contraction).
-__device__ __forceinline__ float swiglu_value(float a, float b, float p) {
-  return __fmul_rn(p, __fmul_rn(__fmul_rn(a, sigmoid(a)), b));
-}
-/// SwiGLU's backward at one element (z = p·silu(a)·b, dz = g): the gate part's gradient
-/// da = p·g·b·silu'(a), the linear part's db = p·g·silu(a), and g·silu(a)·b, dp's term — each
-/// product rounded in the CPU oracle's order.
-struct DSwigluValues {
-  float da, db, dp;
-};
-__device__ __forceinline__ DSwigluValues dswiglu_values(float a, float b, float g, float p) {
-  const float sig = sigmoid(a);
-  const float silu = __fmul_rn(a, sig);
-  const float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sig))));
-  const float pdz = __fmul_rn(p, g);
-  return {__fmul_rn(__fmul_rn(pdz, b), dsilu), __fmul_rn(pdz, silu), __fmul_rn(g, __fmul_rn(silu, b))};
 }
 
 }  // namespace moekit::cuda

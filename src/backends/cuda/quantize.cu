@@ -652,7 +652,7 @@ __device__ __forceinline__ void cp_async_vec(void* smem, const T* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
   }
 }
-// One tile of the 1×128 / 128×1 kernels: group row block k of 128 rows (rows [t0, t0 + rows) of
+// One tile of block1d_tiles_kernel: group row block k of 128 rows (rows [t0, t0 + rows) of
 // group g), 128-column strip jb starting at c0 (cols of them inside C).
 struct B1Tile {
   int64_t k, jb, c0, g, t0;
@@ -674,7 +674,7 @@ __device__ __forceinline__ int64_t b1_tiles(const QuantParams& p) {
   return rb_offsets(p)[p.G] * ((p.C + kB1Cols - 1) / kB1Cols);
 }
 
-// What the 1×128 / 128×1 kernels' CTAs share, in static shared memory.
+// What block1d_tiles_kernel's CTAs share, in static shared memory (block1d_cast_tile's).
 struct B1Shared {
   float part[kB1Threads / 32][kB1Cols];
   float col_factor[kB1Cols];
