@@ -161,8 +161,8 @@ BoundForward GroupedLinear::bind_forward(const Tensor& x, const Splits& given_sp
     // for the input gradient: only the copies a backward will read are made.
     check_recipe_rows(given_splits);
     const bool train = saved != nullptr;
-    const QuantUsage x_usage = train && weight_requires_grad_ ? QuantUsage::Both : QuantUsage::Rowwise;
-    const QuantUsage w_usage = train && options.input_requires_grad ? QuantUsage::Both : QuantUsage::Rowwise;
+    const QuantUsage x_usage = usage_for(true, train && weight_requires_grad_);
+    const QuantUsage w_usage = usage_for(true, train && options.input_requires_grad);
     qx = allocate_quantized(ctx_, config_.recipe.spec(QuantRole::Input), x.dtype(), T, config_.in,
                             config_.groups, x_usage);
     plan.then(detail::bind_quantize(ctx_, x, splits, qx));
@@ -249,9 +249,7 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
   QuantizedTensor qdy;
   if (quantized) {
     // dy rowwise for dx, columnwise for dW, quantized before either GEMM runs.
-    const QuantUsage usage = need_dx && need_dw ? QuantUsage::Both
-                             : need_dx          ? QuantUsage::Rowwise
-                                                : QuantUsage::Columnwise;
+    const QuantUsage usage = usage_for(need_dx, need_dw);
     if (need_dx || need_dw) {
       qdy = allocate_quantized(ctx_, config_.recipe.spec(QuantRole::GradOutput), dy.dtype(), T,
                                config_.out, config_.groups, usage);

@@ -71,7 +71,13 @@ struct MlpBackwardWork {
   std::unique_ptr<detail::SideStream> side1, side2;
   detail::Plan quantize2, dw2, dz, db2, dswiglu, quantize1, dw1, dx, db1;  // quantize*: recipes
   bool defer = false;
+  int sm_margin = 0;  // deferred weight gradients leave this many SMs (BackwardOptions)
   std::vector<Tensor> held2, held1;
+  // Where a weight gradient runs: its side stream; deferred, with the options' SM margin
+  // (detail::deferred_context).
+  Context on(const detail::SideStream& side) const {
+    return defer ? detail::deferred_context(side.context(), sm_margin) : side.context();
+  }
   BackwardOnce used;
 };
 
@@ -82,6 +88,7 @@ std::shared_ptr<MlpBackwardWork> backward_work(const GroupedLinear& l1, const Gr
                                                const GroupedMLP::BackwardOptions& options) {
   auto w = std::make_shared<MlpBackwardWork>();
   w->defer = options.defer_weight_grads;
+  w->sm_margin = options.deferred_sm_margin;
   w->side2 = std::make_unique<detail::SideStream>(l2.context(), l2.weight_requires_grad());
   w->side1 = std::make_unique<detail::SideStream>(
       l1.context(), l1.weight_requires_grad() && (w->defer || input_requires_grad));
@@ -340,12 +347,8 @@ BoundBackward GroupedMLP::bind_backward(const Saved& s, const Tensor& dy,
   const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
   Tensor dh = Tensor::empty({T, 2 * ffn()}, dt, act_->context());
   const auto w = backward_work(l1, l2, s.input_requires_grad, options);
-  // Deferred: on the side stream with the options' SM margin (detail::deferred_context).
-  auto on = [&](const Context& side) {
-    return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
-  };
-  if (dw2) w->dw2 = bind_weight_grad(on(w->side2->context()), l2, dy, s.z, s.splits, grads.fc2.weight);
-  if (dw1) w->dw1 = bind_weight_grad(on(w->side1->context()), l1, dh, s.input, s.splits, grads.fc1.weight);
+  if (dw2) w->dw2 = bind_weight_grad(w->on(*w->side2), l2, dy, s.z, s.splits, grads.fc2.weight);
+  if (dw1) w->dw1 = bind_weight_grad(w->on(*w->side1), l1, dh, s.input, s.splits, grads.fc1.weight);
 
   bool dp_written = accumulate_dp;
   // ---- fc2 (as GroupedLinear::backward, then the scaled bias as GroupedLinearOp) and the
@@ -402,23 +405,22 @@ BoundForward GroupedMLP::bind_forward_quantized(const Tensor& x, const Tensor& p
   const int64_t T = x.size(0), F = ffn(), G = groups();
   const bool train = saved != nullptr;
   // The copies a backward reads (as GroupedLinear::bind_forward chooses them).
-  auto usage = [&](bool columnwise) { return train && columnwise ? QuantUsage::Both : QuantUsage::Rowwise; };
   detail::Plan plan;
   // ---- fc1: h = x·W1ᵀ + b1 on quantized x and W1
   const QuantizedTensor x_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::Input), x.dtype(),
-                                                 T, in_features(), G, usage(l1.weight_requires_grad()));
+                                                 T, in_features(), G, usage_for(true, train && l1.weight_requires_grad()));
   plan.then(detail::bind_quantize(l1.context(), x, splits, x_q));
-  const QuantizedTensor w1_q = l1.bind_quantized_weight(plan, usage(options.input_requires_grad));
+  const QuantizedTensor w1_q = l1.bind_quantized_weight(plan, usage_for(true, train && options.input_requires_grad));
   Tensor h = Tensor::empty({T, 2 * F}, dtype(), l1.context());
   plan.then(detail::bind_group_m_quantized(l1.context(), x_q, w1_q, BOp::Transposed, splits, h, l1.bias()));
   // ---- the activation, then fc2's input copies: z = p ⊙ silu(a) ⊙ b, quantized
   const QuantizedTensor z_q = allocate_quantized(l2.context(), recipe.spec(QuantRole::Input), dtype(),
-                                                 T, F, G, usage(l2.weight_requires_grad()));
+                                                 T, F, G, usage_for(true, train && l2.weight_requires_grad()));
   const Tensor z = Tensor::empty({T, F}, dtype(), act_->context());
   plan.then(detail::bind_swiglu_forward(act_->context(), h, probs, splits, layout(), z));
   plan.then(detail::bind_quantize(l2.context(), z, splits, z_q));
   // ---- fc2: y = z·W2ᵀ, then + p ⊙ b2 in place
-  const QuantizedTensor w2_q = l2.bind_quantized_weight(plan, usage(true));
+  const QuantizedTensor w2_q = l2.bind_quantized_weight(plan, usage_for(true, train));
   Tensor y = options.output.defined() ? options.output
                                       : Tensor::empty({T, out_features()}, dtype(), l2.context());
   plan.then(detail::bind_group_m_quantized(l2.context(), z_q, w2_q, BOp::Transposed, splits, y, l2.bias()));
@@ -454,19 +456,13 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
   const bool accumulate_dp = options.grad_probs.defined();
   Grads grads = backward_outputs(s, options);
   const bool dw2 = l2.weight_requires_grad(), dw1 = l1.weight_requires_grad();
-  auto usage = [](bool rowwise, bool columnwise) {
-    return rowwise && columnwise ? QuantUsage::Both : rowwise ? QuantUsage::Rowwise : QuantUsage::Columnwise;
-  };
   const auto w = backward_work(l1, l2, s.input_requires_grad, options);
-  auto on = [&](const Context& side) {
-    return w->defer ? detail::deferred_context(side, options.deferred_sm_margin) : side;
-  };
   // ---- fc2: dy quantized (rowwise for dz, columnwise for dW2); the scaled bias's gradients
   const QuantizedTensor dy_q = allocate_quantized(l2.context(), recipe.spec(QuantRole::GradOutput), dt,
-                                                  T, out_features(), G, usage(true, dw2));
+                                                  T, out_features(), G, usage_for(true, dw2));
   w->quantize2 = detail::bind_quantize(l2.context(), dy, s.splits, dy_q);
   if (dw2) {
-    w->dw2 = detail::bind_group_k_quantized(on(w->side2->context()), dy_q, s.z_q, s.splits,
+    w->dw2 = detail::bind_group_k_quantized(w->on(*w->side2), dy_q, s.z_q, s.splits,
                                             grads.fc2.weight, l2.main_grad().defined());
   }
   const Tensor dz = Tensor::empty({T, F}, dt, l2.context());
@@ -484,11 +480,11 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
   QuantizedTensor dh_q;
   if (dw1 || s.input_requires_grad) {
     dh_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::GradOutput), dt, T, 2 * F, G,
-                              usage(s.input_requires_grad, dw1));
+                              usage_for(s.input_requires_grad, dw1));
     w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q);
   }
   if (dw1) {
-    w->dw1 = detail::bind_group_k_quantized(on(w->side1->context()), dh_q, s.x_q, s.splits,
+    w->dw1 = detail::bind_group_k_quantized(w->on(*w->side1), dh_q, s.x_q, s.splits,
                                             grads.fc1.weight, l1.main_grad().defined());
   }
   if (s.input_requires_grad) {

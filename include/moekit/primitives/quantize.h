@@ -131,6 +131,11 @@ enum class QuantUsage : uint8_t { Rowwise = 1, Columnwise = 2, Both = 3 };
 constexpr bool has(QuantUsage u, QuantUsage bit) {
   return (static_cast<uint8_t>(u) & static_cast<uint8_t>(bit)) != 0;
 }
+/// The copies an operand needs: rowwise when fprop / dgrad read it, columnwise when wgrad does
+/// (at least one of them).
+constexpr QuantUsage usage_for(bool rowwise, bool columnwise) {
+  return rowwise && columnwise ? QuantUsage::Both : rowwise ? QuantUsage::Rowwise : QuantUsage::Columnwise;
+}
 
 /// A grouped matrix X [rows, cols] quantized by `spec`. Layouts (u8 storage; fp4 packs two per
 /// byte along the copy's last dimension; RB = ⌈rows/block⌉ + groups, an upper bound on the row
