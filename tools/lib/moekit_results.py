@@ -112,29 +112,19 @@ def ctest_junit(argv):
 
 
 def sanitizer_summary(argv):
-    """sanitizer-summary LOG TOOL [FOREIGN [KNOWN]]: errors of one compute-sanitizer tool in a log
+    """sanitizer-summary LOG TOOL [FOREIGN]: errors of one compute-sanitizer tool in a log
     of "== TOOL ..." sections: memcheck "ERROR SUMMARY: N errors", racecheck "RACECHECK SUMMARY: H
     hazards displayed (E errors, W warnings)" counted as E + W; "no summary" when no section printed
     one. With FOREIGN (a kernel-name substring, e.g. nvjet for cuBLAS's closed kernels), a reported
     race ("... Race reported between ... at KERNEL ..." and its "and ... at KERNEL" lines) whose
     text names FOREIGN is counted apart: the first line printed is the rest, the second
-    "foreign M". With KNOWN (another substring: an open, understood report of moekit's own
-    kernels), the races among the rest whose text names it are counted too, still in the rest:
-    a third line "known K"."""
+    "foreign M"."""
     tool, cur, n, seen = argv[2], None, 0, False
     foreign = argv[3] if len(argv) > 3 else None
-    known_name = argv[4] if len(argv) > 4 else None
-    apart, known, entry = 0, 0, None
+    apart, entry = 0, None
 
     def close(e):
-        nonlocal known
-        if e is None:
-            return 0
-        if foreign and foreign in e:
-            return 1
-        if known_name and known_name in e:
-            known += 1
-        return 0
+        return 1 if e is not None and foreign and foreign in e else 0
     for line in open(argv[1]):
         if line.startswith("== "):
             apart += close(entry); entry = None
@@ -159,8 +149,6 @@ def sanitizer_summary(argv):
     print(n - apart if seen else "no summary")
     if foreign:
         print(f"foreign {apart}")
-    if known_name:
-        print(f"known {known}")
 
 
 def turns_ms(path):

@@ -22,7 +22,9 @@
 // shape (BlockedGroupProblemShape::tensormaps), which to_underlying_arguments receives. Without
 // them (null: the study override's prebuilt_tensormaps=0, for A/B runs) the collectives take CUTLASS's
 // own path; each collective object remembers which from its *_init call (it is a per-thread local
-// of the kernel, and the release calls do not get the Params).
+// of the kernel, and the release calls do not get the Params). That path is compiled into study
+// builds only (MOEKIT_SM90_STUDY_OVERRIDE): the product's kernels hold no second descriptor path
+// (it cost registers: two block-scaled wgrad instances spilled in it, 2026-12-06).
 #pragma once
 
 #include <type_traits>
@@ -31,6 +33,13 @@
 #include <cute/tensor.hpp>
 
 namespace moekit::cuda::sm90 {
+
+// Whether the kernels keep CUTLASS's own descriptor path beside the prebuilt one (see above).
+#if defined(MOEKIT_SM90_STUDY_OVERRIDE)
+inline constexpr bool kCutlassTensormapPath = true;
+#else
+inline constexpr bool kCutlassTensormapPath = false;
+#endif
 
 // Descriptor slots per group, in this order.
 inline constexpr int kGroupTensormaps = 4;
@@ -65,8 +74,10 @@ struct PrebuiltMainloop : Base {
   // No per-SM copy: the pointers are set on each group change (below).
   CUTLASS_DEVICE auto tensormaps_init(Params const& params, TensorMapStorage& smem, int32_t sm_count,
                                       int32_t sm_idx) {
-    prebuilt_ = params.group_tensormaps != nullptr;
-    if (!prebuilt_) return Base::tensormaps_init(params, smem, sm_count, sm_idx);
+    prebuilt_ = !kCutlassTensormapPath || params.group_tensormaps != nullptr;
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) return Base::tensormaps_init(params, smem, sm_count, sm_idx);
+    }
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr),
                             static_cast<cute::TmaDescriptor*>(nullptr));
   }
@@ -74,14 +85,18 @@ struct PrebuiltMainloop : Base {
   CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& smem, Params const& params,
                                                 cute::tuple<TensorMapA, TensorMapB>& tensormaps,
                                                 ProblemShape_MNKL shape, int32_t next_batch) {
-    if (!prebuilt_) return Base::tensormaps_perform_update(smem, params, tensormaps, shape, next_batch);
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) return Base::tensormaps_perform_update(smem, params, tensormaps, shape, next_batch);
+    }
     cute::get<0>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotA);
     cute::get<1>(tensormaps) = group_tensormap(params.group_tensormaps, next_batch, kSlotB);
   }
   template <class TensorMapA, class TensorMapB>
   CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem,
                                                   cute::tuple<TensorMapA, TensorMapB>& tensormaps) {
-    if (!prebuilt_) Base::tensormaps_cp_fence_release(smem, tensormaps);
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) Base::tensormaps_cp_fence_release(smem, tensormaps);
+    }
   }
 
  private:
@@ -108,30 +123,38 @@ struct PrebuiltEpilogue : Base {
   }
 
   CUTLASS_DEVICE auto load_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx) {
-    prebuilt_ = params.group_tensormaps != nullptr;
-    if (!prebuilt_) return Base::load_init(params, smem, sm_count, sm_idx);
+    prebuilt_ = !kCutlassTensormapPath || params.group_tensormaps != nullptr;
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) return Base::load_init(params, smem, sm_count, sm_idx);
+    }
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
   CUTLASS_DEVICE auto store_init(Params const& params, TensorMapStorage& smem, int32_t sm_count, int32_t sm_idx,
                                  int32_t warp_group) {
-    prebuilt_ = params.group_tensormaps != nullptr;
-    if (!prebuilt_) return Base::store_init(params, smem, sm_count, sm_idx, warp_group);
+    prebuilt_ = !kCutlassTensormapPath || params.group_tensormaps != nullptr;
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) return Base::store_init(params, smem, sm_count, sm_idx, warp_group);
+    }
     return cute::make_tuple(static_cast<cute::TmaDescriptor*>(nullptr));
   }
   template <bool IsLoad, class ProblemShape_MNKL>
   CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& smem, Params const& params,
                                                 cute::TmaDescriptor*& tensormap, ProblemShape_MNKL shape,
                                                 int32_t next_batch, int32_t warp_group) {
-    if (!prebuilt_) {
-      return Base::template tensormaps_perform_update<IsLoad>(smem, params, tensormap, shape, next_batch,
-                                                              warp_group);
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) {
+        return Base::template tensormaps_perform_update<IsLoad>(smem, params, tensormap, shape, next_batch,
+                                                                warp_group);
+      }
     }
     tensormap = group_tensormap(params.group_tensormaps, next_batch, IsLoad ? kSlotC : kSlotD);
   }
   template <bool IsLoad>
   CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem, cute::TmaDescriptor* tensormap,
                                                   int32_t warp_group = 0) {
-    if (!prebuilt_) Base::template tensormaps_cp_fence_release<IsLoad>(smem, tensormap, warp_group);
+    if constexpr (kCutlassTensormapPath) {
+      if (!prebuilt_) Base::template tensormaps_cp_fence_release<IsLoad>(smem, tensormap, warp_group);
+    }
   }
   // The kernels update the store descriptor in warp 0 of each consumer warpgroup only (the warp
   // whose elected thread issues the TMA stores) but acquire it in every thread: with CUTLASS's
