@@ -76,27 +76,27 @@ class QuantLinear : public ::testing::TestWithParam<const char*> {};
 // the fp64 reference of the operands quantized the same way (on the CPU: bit for bit the same
 // codes on every device, test_quant).
 // acc_epsilon: the accumulation the tolerance assumes (0: fp32; kFp8TensorCoreEpsilon for the
-// native FP8 GEMMs).
+// native FP8 GEMMs). dtype: the layer's (its weights, inputs and outputs), bf16 or f16.
 void check_forward_backward(const Context& ctx, const Recipe& recipe, bool device_splits,
-                            double acc_epsilon = 0.0) {
+                            double acc_epsilon = 0.0, DType dtype = DType::BF16) {
   for (const QuantCase& c : kCases) {
     SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " on ",
-                     ctx.device().to_string(), device_splits ? ", device counts" : ""));
+                     ctx.device().to_string(), device_splits ? ", device counts" : "", ", ", name(dtype)));
     const int64_t T = c.T(), G = c.G();
     GroupedLinear fc(
-        {.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true, .recipe = recipe},
+        {.groups = G, .in = c.K, .out = c.N, .dtype = dtype, .bias = true, .recipe = recipe},
         ctx);
-    const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 1, 0.2);
-    const Tensor b = random_normal({G, c.N}, DType::BF16, 2);
+    const Tensor w = random_normal({G, c.N, c.K}, dtype, 1, 0.2);
+    const Tensor b = random_normal({G, c.N}, dtype, 2);
     fc.set_weight(to_device(ctx, w));
     fc.set_bias(to_device(ctx, b));
-    const Tensor x = random_normal({T, c.K}, DType::BF16, 3);
-    const Tensor dy = random_normal({T, c.N}, DType::BF16, 4);
+    const Tensor x = random_normal({T, c.K}, dtype, 3);
+    const Tensor dy = random_normal({T, c.N}, dtype, 4);
     const Tensor x_d = to_device(ctx, x), dy_d = to_device(ctx, dy);
     const Splits splits = device_splits
                               ? Splits::device(to_device(ctx, counts_tensor(c.counts, DType::I32)))
                               : Splits::host(c.counts);
-    GuardedBuffer y_buf(ctx, {T, c.N}, DType::BF16), dx_buf(ctx, {T, c.K}, DType::BF16);
+    GuardedBuffer y_buf(ctx, {T, c.N}, dtype), dx_buf(ctx, {T, c.K}, dtype);
     GroupedLinear::Saved saved;
     const Tensor y = fc.forward(x_d, splits, {.output = y_buf.view}, &saved);
     EXPECT_EQ(y.data(), y_buf.view.data());
@@ -118,23 +118,23 @@ void check_forward_backward(const Context& ctx, const Recipe& recipe, bool devic
     const Reference y_ref = reference_forward(dequantized(qx, hs, QuantUsage::Rowwise),
                                               dequantized(qw, wsplits, QuantUsage::Rowwise),
                                               to_doubles(host(), b), c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("y", y_buf.values(), y_ref, DType::BF16, acc_epsilon));
+    EXPECT_TRUE(matches_reference("y", y_buf.values(), y_ref, dtype, acc_epsilon));
     // dgrad reads W's columnwise copy [K, G·N]: as [G, N, K] it is its transpose.
     const std::vector<double> w_col =
         transposed(dequantized(qw, wsplits, QuantUsage::Columnwise), c.K, G * c.N);
     const Reference dx_ref =
         reference_dgrad(dequantized(qdy, hs, QuantUsage::Rowwise), w_col, c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("dx", dx_buf.values(), dx_ref, DType::BF16, acc_epsilon));
+    EXPECT_TRUE(matches_reference("dx", dx_buf.values(), dx_ref, dtype, acc_epsilon));
     const Reference dw_ref = reference_wgrad(
         transposed(dequantized(qdy, hs, QuantUsage::Columnwise), c.N, T),
         transposed(dequantized(qx, hs, QuantUsage::Columnwise), c.K, T), c.counts, c.K, c.N);
-    EXPECT_TRUE(matches_reference("dW", to_doubles(ctx, g.weight), dw_ref, DType::BF16, acc_epsilon));
+    EXPECT_TRUE(matches_reference("dW", to_doubles(ctx, g.weight), dw_ref, dtype, acc_epsilon));
     EXPECT_TRUE(matches_reference("db", to_doubles(ctx, g.bias),
                                   reference_dbias(to_doubles(host(), dy), c.counts, c.N),
-                                  DType::BF16));
+                                  dtype));
     if (!ctx.device().is_cpu() || c.S() == 0) continue;
     // The quantized path differs from the bf16 one: the recipe really ran.
-    GroupedLinear plain({.groups = G, .in = c.K, .out = c.N, .dtype = DType::BF16, .bias = true},
+    GroupedLinear plain({.groups = G, .in = c.K, .out = c.N, .dtype = dtype, .bias = true},
                         ctx);
     plain.set_weight(w);
     plain.set_bias(b);
@@ -145,6 +145,7 @@ void check_forward_backward(const Context& ctx, const Recipe& recipe, bool devic
 
 TEST_P(QuantLinear, ForwardBackwardMatchFp64ReferenceOfTheQuantizedOperands) {
   check_forward_backward(poisoned(Context::cpu(1)), recipe_named(GetParam()), false);
+  check_forward_backward(poisoned(Context::cpu(1)), recipe_named(GetParam()), false, 0.0, DType::F16);
 }
 
 TEST_P(QuantLinear, MainGradAccumulatesTheQuantizedWeightGradInFp32) {
@@ -282,18 +283,20 @@ TEST_P(QuantLinear, ACopyWithAnotherWeightUsesItsOwnQuantizedWeight) {
 // all powers of two (mxfp8, and the fp8 recipes when forced there) on the bf16 tensor cores
 // ("cuda-bf16": exact bf16 operands, the sm_90a grouped GEMMs); nvfp4 on the fp32 SIMT emulation
 // ("cuda"), as mxfp8 does when forced there; each matches the same references, with host and
-// device counts. An fp8 recipe with fp32 scales in an f16 layer has no GPU path yet (the FP8
-// GEMMs write bf16, the bf16 path needs power-of-two scales): refused before any work, naming
-// the recipe. Written for a GPU: without one it skips.
+// device counts; the fp8 recipes in an f16 layer too (cuda-fp8's f16 instances). An fp8 recipe
+// with fp32 scales in an f32 layer has no GPU path (the FP8 GEMMs write bf16 or f16, the bf16
+// path needs power-of-two scales and writes bf16): refused before any work, naming the recipe.
+// Written for a GPU: without one it skips.
 TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupported) {
   if (Context::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this case needs one";
   const Recipe recipe = recipe_named(GetParam());
   const Context ctx = poisoned(Context::cuda(0));
-  auto runs_on = [&](const Context& c, const Recipe& r, const char* backend, double acc_epsilon = 0.0) {
+  auto runs_on = [&](const Context& c, const Recipe& r, const char* backend, double acc_epsilon = 0.0,
+                     DType dtype = DType::BF16) {
     SCOPED_TRACE(str("recipe ", r.name(), r.power_2_scales ? " (power-of-two scales)" : "",
                      r.fp8_format == Fp8Format::E4M3 ? " E4M3" : " HYBRID", " on backend ", backend));
-    check_forward_backward(c, r, false, acc_epsilon);
-    check_forward_backward(c, r, true, acc_epsilon);
+    check_forward_backward(c, r, false, acc_epsilon, dtype);
+    check_forward_backward(c, r, true, acc_epsilon, dtype);
     EXPECT_EQ(last_backend(c, "grouped_gemm_group_m_quantized"), backend);
     EXPECT_EQ(last_backend(c, "grouped_gemm_group_k_quantized"), backend);
   };
@@ -307,10 +310,11 @@ TEST_P(QuantLinear, OnAGpuEachRecipeWithAGpuPathMatchesAndTheOthersAreUnsupporte
   fp32.power_2_scales = false;
   other_format.fp8_format = recipe.fp8_format == Fp8Format::E4M3 ? Fp8Format::Hybrid : Fp8Format::E4M3;
   for (const Recipe& r : {recipe, pow2, fp32, other_format}) runs_on(ctx, r, "cuda-fp8", kFp8TensorCoreEpsilon);
+  runs_on(ctx, fp32, "cuda-fp8", kFp8TensorCoreEpsilon, DType::F16);
   runs_on(ctx.with_backend("cuda-bf16"), pow2, "cuda-bf16");
-  GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::F16, .recipe = fp32}, ctx);
-  const Tensor x = to_device(ctx, random_normal({64, 64}, DType::F16, 3));
-  GuardedBuffer y_buf(ctx, {64, 64}, DType::F16);
+  GroupedLinear fc({.groups = 2, .in = 64, .out = 64, .dtype = DType::F32, .recipe = fp32}, ctx);
+  const Tensor x = to_device(ctx, random_normal({64, 64}, DType::F32, 3));
+  GuardedBuffer y_buf(ctx, {64, 64}, DType::F32);
   auto e = caught([&] { fc.forward(x, Splits::host({32, 32}), {.output = y_buf.view}); });
   ASSERT_TRUE(e);
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
@@ -570,25 +574,31 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
   const std::vector<int64_t> counts = {5 * m, 0, 2 * m, 13 * m};
   const int64_t S = sum_of(counts), T = S + 3;
   const Splits splits = Splits::device(to_device(ctx, counts_tensor(counts, DType::I32)));
-  for (const auto& [layout, fc1_bias] : {std::pair{GluLayout::Interleaved32, false},
-                                        {GluLayout::Interleaved32, true}, {GluLayout::Halves, false},
-                                        {GluLayout::Halves, true}}) {
+  struct Variant {
+    GluLayout layout;
+    bool fc1_bias;
+    DType dtype;
+  };
+  for (const auto& [layout, fc1_bias, dt] :
+       {Variant{GluLayout::Interleaved32, false, DType::BF16}, {GluLayout::Interleaved32, true, DType::BF16},
+        {GluLayout::Halves, false, DType::BF16}, {GluLayout::Halves, true, DType::BF16},
+        {GluLayout::Interleaved32, true, DType::F16}}) {
     SCOPED_TRACE(str(layout == GluLayout::Interleaved32 ? "interleaved32" : "halves",
-                     fc1_bias ? ", fc1 bias" : ""));
-    GroupedMLP mlp({.groups = G, .hidden = H, .ffn = F, .dtype = DType::BF16, .fc1_bias = fc1_bias,
+                     fc1_bias ? ", fc1 bias, " : ", ", name(dt)));
+    GroupedMLP mlp({.groups = G, .hidden = H, .ffn = F, .dtype = dt, .fc1_bias = fc1_bias,
                     .fc2_bias = true, .layout = layout, .recipe = recipe},
                    ctx);
     ASSERT_TRUE(mlp.quantized());
     auto fc1 = std::make_shared<GroupedLinearOp>(
-        GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .bias = fc1_bias, .recipe = recipe}, ctx);
+        GroupedLinearConfig{.groups = G, .in = H, .out = 2 * F, .dtype = dt, .bias = fc1_bias, .recipe = recipe}, ctx);
     auto act = std::make_shared<ScaledSwiGLU>(SwiGLUConfig{.layout = layout}, ctx);
     auto fc2 = std::make_shared<GroupedLinearOp>(
-        GroupedLinearConfig{.groups = G, .in = F, .out = H, .bias = true, .recipe = recipe}, ctx,
+        GroupedLinearConfig{.groups = G, .in = F, .out = H, .dtype = dt, .bias = true, .recipe = recipe}, ctx,
         GroupedLinearOpOptions{.scale_bias = true});
-    const Tensor w1 = to_device(ctx, random_normal({G, 2 * F, H}, DType::BF16, 1, 0.1));
-    const Tensor b1 = to_device(ctx, random_normal({G, 2 * F}, DType::BF16, 2, 0.5));
-    const Tensor w2 = to_device(ctx, random_normal({G, H, F}, DType::BF16, 3, 0.1));
-    const Tensor b2 = to_device(ctx, random_normal({G, H}, DType::BF16, 4, 0.5));
+    const Tensor w1 = to_device(ctx, random_normal({G, 2 * F, H}, dt, 1, 0.1));
+    const Tensor b1 = to_device(ctx, random_normal({G, 2 * F}, dt, 2, 0.5));
+    const Tensor w2 = to_device(ctx, random_normal({G, H, F}, dt, 3, 0.1));
+    const Tensor b2 = to_device(ctx, random_normal({G, H}, dt, 4, 0.5));
     for (GroupedLinearOp* op : {mlp.fc1().get(), fc1.get()}) {
       op->linear().set_weight(w1);
       if (fc1_bias) op->set_bias(b1);
@@ -598,8 +608,8 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
       op->set_bias(b2);
     }
     Sequential seq({fc1, act, fc2}, {.fuse = false});
-    const Tensor x = to_device(ctx, random_normal({T, H}, DType::BF16, 5)),
-                 dy = to_device(ctx, random_normal({T, H}, DType::BF16, 6));
+    const Tensor x = to_device(ctx, random_normal({T, H}, dt, 5)),
+                 dy = to_device(ctx, random_normal({T, H}, dt, 6));
     std::vector<float> p(static_cast<size_t>(T));
     for (size_t i = 0; i < p.size(); ++i) p[i] = 0.2f + 0.011f * static_cast<float>(i % 70);
     const Tensor probs = to_device(ctx, Tensor::wrap(p.data(), {T}, DType::F32, Device::cpu()));
@@ -611,13 +621,13 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
     auto same = [&](const char* what, const Tensor& a, const Tensor& b, DType dt) {
       EXPECT_TRUE(bit_identical(bytes_of(ctx, a), bytes_of(ctx, b), dt)) << what;
     };
-    same("y", y.rows(0, S), y2.rows(0, S), DType::BF16);
-    same("dx", g.input.rows(0, S), g2.input.rows(0, S), DType::BF16);
+    same("y", y.rows(0, S), y2.rows(0, S), dt);
+    same("dx", g.input.rows(0, S), g2.input.rows(0, S), dt);
     same("dprobs", g.probs.rows(0, S), g2.probs.rows(0, S), DType::F32);
-    same("dW1", g.fc1.weight, g2.params[0].weight, DType::BF16);
-    if (fc1_bias) same("db1", g.fc1.bias, g2.params[0].bias, DType::BF16);
-    same("dW2", g.fc2.weight, g2.params[2].weight, DType::BF16);
-    same("db2", g.fc2.bias, g2.params[2].bias, DType::BF16);
+    same("dW1", g.fc1.weight, g2.params[0].weight, dt);
+    if (fc1_bias) same("db1", g.fc1.bias, g2.params[0].bias, dt);
+    same("dW2", g.fc2.weight, g2.params[2].weight, dt);
+    same("db2", g.fc2.bias, g2.params[2].bias, dt);
     EXPECT_EQ(ctx.device_error_bits(), 0u);
   }
 }
@@ -626,14 +636,16 @@ TEST_P(QuantLinear, OnAGpuTheQuantizedMlpEqualsTheUnfusedOpsBitForBit) {
 // 128×128 block scales) at the primitive level ----
 // Fuzzed shapes past the 128x128x128 tiles (K, N and groups' rows not multiples of 128: short
 // scale blocks), zero-row groups, a tail, device counts; y (+bias), dx, dW into an f32 main_grad
-// (accumulated) and a bf16 dW, each against the fp64 reference of the operands the CPU quantizes
-// (bit for bit the GPU's codes, test_quant) under the FP8 accumulation tolerance; rows [S, T)
-// untouched.
+// (accumulated) and a 16-bit dW, each against the fp64 reference of the operands the CPU
+// quantizes (bit for bit the GPU's codes, test_quant) under the FP8 accumulation tolerance; rows
+// [S, T) untouched. `dtype`: the layer's (bf16 or f16): x, W, dy and the bias in it, y, dx and the
+// 16-bit dW written in it.
 struct Fp8Problem {
   int64_t K, N;
   std::vector<int64_t> counts;
   int64_t tail;
   Recipe recipe;
+  DType dtype = DType::BF16;
 };
 
 void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
@@ -641,11 +653,12 @@ void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
   const Recipe& recipe = c.recipe;
   SCOPED_TRACE(str("K=", c.K, " N=", c.N, " counts=", ::testing::PrintToString(c.counts), " T=", T, " ",
                    recipe.name(), recipe.fp8_format == Fp8Format::E4M3 ? " E4M3" : " HYBRID",
-                   recipe.power_2_scales ? " power-of-two scales" : ""));
-  const Tensor x = random_normal({T, c.K}, DType::BF16, 11, 1.0);
-  const Tensor w = random_normal({G, c.N, c.K}, DType::BF16, 12, 0.2);
-  const Tensor dy = random_normal({T, c.N}, DType::BF16, 13, 1.0);
-  const Tensor bias = random_normal({G, c.N}, DType::BF16, 14, 1.0);
+                   recipe.power_2_scales ? " power-of-two scales" : "", " ", name(c.dtype)));
+  const DType dt = c.dtype;
+  const Tensor x = random_normal({T, c.K}, dt, 11, 1.0);
+  const Tensor w = random_normal({G, c.N, c.K}, dt, 12, 0.2);
+  const Tensor dy = random_normal({T, c.N}, dt, 13, 1.0);
+  const Tensor bias = random_normal({G, c.N}, dt, 14, 1.0);
   const Tensor start = random_normal({G, c.N, c.K}, DType::F32, 15, 1.0);
   const Splits splits = Splits::device(to_device(gpu, counts_tensor(c.counts, DType::I32)));
   const QuantizedTensor qx =
@@ -654,15 +667,17 @@ void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
       quantize_weight(gpu, to_device(gpu, w), recipe.spec(QuantRole::Weight), QuantUsage::Both);
   const QuantizedTensor qdy = quantize(gpu, to_device(gpu, dy), splits,
                                        recipe.spec(QuantRole::GradOutput), QuantUsage::Both);
-  GuardedBuffer y(gpu, {T, c.N}, DType::BF16), dx(gpu, {T, c.K}, DType::BF16);
+  GuardedBuffer y(gpu, {T, c.N}, dt), dx(gpu, {T, c.K}, dt);
   grouped_gemm_group_m_quantized(gpu, qx, qw, BOp::Transposed, splits, y.view, to_device(gpu, bias));
   EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_m_quantized"), "cuda-fp8");
   grouped_gemm_group_m_quantized(gpu, qdy, qw, BOp::Plain, splits, dx.view);
+  EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_m_quantized"), "cuda-fp8");
   const Tensor dw32 = to_device(gpu, start);
   grouped_gemm_group_k_quantized(gpu, qdy, qx, splits, dw32, true);
   EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_k_quantized"), "cuda-fp8");
-  const Tensor dw16 = filled(gpu, {G, c.N, c.K}, DType::BF16, 7.0);
+  const Tensor dw16 = filled(gpu, {G, c.N, c.K}, dt, 7.0);
   grouped_gemm_group_k_quantized(gpu, qdy, qx, splits, dw16, false);
+  EXPECT_EQ(last_backend(gpu, "grouped_gemm_group_k_quantized"), "cuda-fp8");
   EXPECT_EQ(gpu.device_error_bits(), 0u);
 
   const Splits hs = Splits::host(c.counts);
@@ -676,21 +691,21 @@ void check_fp8_gemms(const Context& gpu, const Fp8Problem& c) {
       "y", y.values(),
       reference_forward(dequantized(hx, hs, QuantUsage::Rowwise), dequantized(hw, ws, QuantUsage::Rowwise),
                         to_doubles(host(), bias), c.counts, c.K, c.N),
-      DType::BF16, eps));
+      dt, eps));
   EXPECT_TRUE(y.untouched_outside(S));
   const std::vector<double> w_col = transposed(dequantized(hw, ws, QuantUsage::Columnwise), c.K, G * c.N);
   EXPECT_TRUE(matches_reference(
       "dx", dx.values(),
       reference_dgrad(dequantized(hdy, hs, QuantUsage::Rowwise), w_col, c.counts, c.K, c.N),
-      DType::BF16, eps));
+      dt, eps));
   EXPECT_TRUE(dx.untouched_outside(S));
   const std::vector<double> dy_c = transposed(dequantized(hdy, hs, QuantUsage::Columnwise), c.N, T);
   const std::vector<double> x_c = transposed(dequantized(hx, hs, QuantUsage::Columnwise), c.K, T);
   EXPECT_TRUE(matches_reference("dW (f32, accumulated)", to_doubles(gpu, dw32),
                                 reference_wgrad(dy_c, x_c, c.counts, c.K, c.N, to_doubles(host(), start)),
                                 DType::F32, eps));
-  EXPECT_TRUE(matches_reference("dW (bf16)", to_doubles(gpu, dw16),
-                                reference_wgrad(dy_c, x_c, c.counts, c.K, c.N), DType::BF16, eps));
+  EXPECT_TRUE(matches_reference(str("dW (", name(dt), ")"), to_doubles(gpu, dw16),
+                                reference_wgrad(dy_c, x_c, c.counts, c.K, c.N), dt, eps));
 }
 
 #define MOEKIT_REQUIRE_SM90()                                                     \
@@ -715,6 +730,7 @@ TEST(Fp8GemmCuda, FuzzedShapesMatchTheFp64ReferenceWithDeviceCounts) {
     c.tail = static_cast<int64_t>(rng() % 20);
     const Fp8Format format = trial % 2 ? Fp8Format::E4M3 : Fp8Format::Hybrid;
     c.recipe = trial % 4 < 2 ? Recipe::fp8_current(format) : Recipe::fp8_block(format, trial % 8 < 4);
+    c.dtype = trial % 3 == 2 ? DType::F16 : DType::BF16;
     check_fp8_gemms(gpu, c);
   }
 }
@@ -739,6 +755,8 @@ const Fp8Feature kFp8Features[] = {
     {"a_tail", {256, 256, {256, 128}, 9, Recipe::fp8_block(Fp8Format::Hybrid)}},
     {"fp32_scales", {256, 256, {192, 64}, 0, Recipe::fp8_block(Fp8Format::Hybrid, false)}},
     {"per_group_rows_end_mid_tile", {256, 256, {192, 64}, 0, Recipe::fp8_current(Fp8Format::Hybrid)}},
+    {"f16_layer", {256, 192, {192, 0, 64}, 5, Recipe::fp8_block(Fp8Format::Hybrid), DType::F16}},
+    {"f16_layer_per_group", {256, 192, {192, 0, 64}, 5, Recipe::fp8_current(Fp8Format::E4M3), DType::F16}},
 };
 
 void PrintTo(const Fp8Feature& f, std::ostream* os) {

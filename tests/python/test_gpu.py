@@ -168,14 +168,14 @@ def _recipe(name):
 
 @pytest.mark.parametrize("recipe_name", ["fp8-block-fp32-scales", "fp8-current"])
 def test_recipes_without_a_gpu_path_raise_naming_the_recipe(recipe_name):
-    """SPEC §6d: an fp8 recipe with fp32 scales in an fp16 layer has no GPU path yet (the FP8
-    GEMMs write bf16; the bf16 path needs power-of-two scales): NotImplementedError naming the
+    """SPEC §6d: an fp8 recipe with fp32 scales in an fp32 layer has no GPU path (the FP8 GEMMs
+    write bf16 or fp16; the bf16 path needs power-of-two scales): NotImplementedError naming the
     recipe, before any work (never a silent fallback)."""
     built_for("cuda")
-    F16 = torch.float16
-    layer = mt.GroupedLinear(2, 128, 128, bias=False, params_dtype=F16, device="cuda")
-    x = torch.randn(256, 128, dtype=F16, device="cuda")
-    out = torch.full((256, 128), 7.0, dtype=F16, device="cuda")
+    F32 = torch.float32
+    layer = mt.GroupedLinear(2, 128, 128, bias=False, params_dtype=F32, device="cuda")
+    x = torch.randn(256, 128, dtype=F32, device="cuda")
+    out = torch.full((256, 128), 7.0, dtype=F32, device="cuda")
     with mt.autocast(recipe=_recipe(recipe_name)):
         with pytest.raises(NotImplementedError, match=recipe_name.replace("-fp32-scales", "")):
             layer(x, [128, 128], out=out)
@@ -183,19 +183,19 @@ def test_recipes_without_a_gpu_path_raise_naming_the_recipe(recipe_name):
     assert torch.all(out == 7.0)  # nothing written
 
 
-def _gpu_matches_cpu(recipe_name, rtol, atol_of_scale):
+def _gpu_matches_cpu(recipe_name, rtol, atol_of_scale, dtype=BF16):
     built_for("cuda")
     G, K, N, T = 3, 128, 128, 256
     splits = [128, 0, 96]
-    cpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cpu")
-    gpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=BF16, device="cuda")
+    cpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=dtype, device="cpu")
+    gpu = mt.GroupedLinear(G, K, N, bias=True, params_dtype=dtype, device="cuda")
     with torch.no_grad():
         gpu.weight.copy_(cpu.weight)
         cpu.bias.normal_()
         gpu.bias.copy_(cpu.bias)
-    x = torch.randn(T, K, dtype=BF16, requires_grad=True)
+    x = torch.randn(T, K, dtype=dtype, requires_grad=True)
     xg = x.detach().cuda().requires_grad_(True)
-    dy = torch.randn(T, N, dtype=BF16)
+    dy = torch.randn(T, N, dtype=dtype)
     with mt.autocast(recipe=_recipe(recipe_name)):
         y = cpu(x, splits)
         yg = gpu(xg, torch.tensor(splits, dtype=torch.int32, device="cuda"))
@@ -226,6 +226,13 @@ def test_fp8_recipes_on_the_native_fp8_gemms_match_the_cpu(recipe_name):
     reference within the FP8 tensor cores' accumulation (products aligned to ~14 bits per MMA
     step) and one bf16 rounding."""
     _gpu_matches_cpu(recipe_name, 2 ** -7, 2 ** -9)
+
+
+@pytest.mark.parametrize("recipe_name", ["fp8-current", "fp8-block-fp32-scales"])
+def test_fp8_recipes_in_an_fp16_layer_run_on_the_native_fp8_gemms(recipe_name):
+    """SPEC §6d: an fp16 layer's FP8 GEMMs write fp16 (cuda-fp8's f16 instances); forward and
+    backward equal the CPU reference as in bf16 (fp16 rounds finer)."""
+    _gpu_matches_cpu(recipe_name, 2 ** -7, 2 ** -9, dtype=torch.float16)
 
 
 @pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4"])

@@ -9,8 +9,8 @@
 // the error word). The table tries quantized_gemm_bf16.cu's tensor-core path first (every recipe
 // with power-of-two scales and bf16 outputs: mxfp8 lands here only for f16 / f32 outputs or when
 // forced); fp8-current and fp8-block are refused here: they run on the sm_90a FP8 grouped GEMMs
-// (cuda-fp8, bf16 outputs) or, with power-of-two scales, on the bf16 path — an fp32-scaled one
-// with an f16 output waits for an f16 FP8 instance, not an emulation.
+// (cuda-fp8, bf16 or f16 outputs) or, with power-of-two scales, on the bf16 path — an f32 output
+// waits for an f32 FP8 instance, not an emulation.
 //
 // Tiles: 16×16 outputs per CTA of 16×16 threads, the reduction walked in steps of 16 through
 // shared memory, each thread summing its output in order (deterministic run to run). Group-M: a
@@ -100,7 +100,7 @@ std::string reject_unless_emulated(const Context& ctx, RecipeKind recipe) {
   if (recipe == RecipeKind::Mxfp8 || recipe == RecipeKind::Nvfp4) return "";
   return str("recipe ", Recipe{recipe}.name(),
              " has no GPU path for this call yet: the native sm_90a FP8 GEMMs (cuda-fp8) write "
-             "bf16 outputs, the bf16 tensor-core path (cuda-bf16) takes bf16 outputs with "
+             "bf16 or f16 outputs, the bf16 tensor-core path (cuda-bf16) takes bf16 outputs with "
              "power-of-two scales, and this fp32 emulation mxfp8 and nvfp4 only");
 }
 

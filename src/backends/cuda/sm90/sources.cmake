@@ -57,6 +57,8 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${_sm90}/instances/kernels_fp8_group_k.cu  # FP8 per-group scales: wgrad (4)
   ${_sm90}/instances/kernels_fp8_block_group_m.cu  # FP8 block scales: fprop / dgrad (3)
   ${_sm90}/instances/kernels_fp8_block_group_k.cu  # FP8 block scales: wgrad (4)
+  ${_sm90}/instances/kernels_fp8_f16.cu  # FP8 per-group scales, f16 outputs: fprop / dgrad / wgrad (5)
+  ${_sm90}/instances/kernels_fp8_block_f16.cu  # FP8 block scales, f16 outputs (5)
 )
 set_target_properties(moekit_sm90 PROPERTIES
   CUDA_ARCHITECTURES 90a-real     # sm_90a machine code only (wgmma, setmaxnreg); no PTX to JIT

@@ -16,7 +16,8 @@
 // The codes' products are accumulated by the tensor cores (fp32 registers; fprop with CUTLASS's
 // fast accumulation as TransformerEngine's forward, dgrad and wgrad with the accumulators promoted
 // to fp32 every four MMA k-blocks, as TE's split accumulator), scaled once by sa·sb (fp32),
-// bias added in fp32, rounded once to bf16 (or written / added in fp32 for an f32 dw).
+// bias added in fp32, rounded once to the output's bf16 or f16 (or written / added in fp32 for an
+// f32 dw).
 //
 // Block scaling (Fp8Scaling::Block): the same products, each 128-deep K block of the reduction
 // scaled by its own sa·sb in fp32 as it is added (CUTLASS's FP8 blockwise mainloop: every K
@@ -55,7 +56,7 @@ enum class Fp8Scaling : uint8_t { PerGroup, Block };
 enum class Fp8Code : uint8_t { E4M3, E5M2 };
 
 /// The base's a, b, bias, out, counts, k, n and schedule fields (raster, swizzle, order, pdl,
-/// k_order, sms) as GroupMProblem's; `dtype` is the output's (BF16); b_transposed, config and the
+/// k_order, sms) as GroupMProblem's; `dtype` is the output's (BF16 or F16); b_transposed, config and the
 /// fused-SwiGLU fields are unused.
 struct Fp8GroupMProblem : GroupMProblem {
   Fp8Code a_code = Fp8Code::E4M3, b_code = Fp8Code::E4M3;
@@ -70,7 +71,7 @@ struct Fp8GroupMProblem : GroupMProblem {
 };
 
 /// dy and x: the columnwise copies [n, ld] and [k, ld] (ld: their row length, T rounded up to 16 bytes); dw, counts, k, n,
-/// dw_dtype (F32 or BF16), accumulate and the schedule fields as GroupKProblem's.
+/// dw_dtype (F32, BF16 or F16), accumulate and the schedule fields as GroupKProblem's.
 struct Fp8GroupKProblem : GroupKProblem {
   Fp8Code dy_code = Fp8Code::E5M2, x_code = Fp8Code::E4M3;
   const float* scale_dy = nullptr;  // [groups] (Block: see above)
@@ -83,7 +84,7 @@ struct Fp8GroupKProblem : GroupKProblem {
 inline constexpr int64_t kFp8GroupKRowMultiple = 16;
 
 /// "" when the FP8 kernels can run p on `device`, else why not: not sm_90, a code pair with no
-/// instance (A e4m3 or e5m2, B e4m3), an output other than bf16 (group-M) or f32 / bf16 (group-K),
+/// instance (A e4m3 or e5m2, B e4m3), an output other than bf16 / f16 (group-M) or f32 / bf16 / f16 (group-K),
 /// k, n or the strides not multiples of 16, a pointer not 16-byte aligned, 32-bit extents.
 std::string rejects(const Fp8GroupMProblem& p, int device);
 size_t workspace_bytes(const Fp8GroupMProblem& p);

@@ -158,22 +158,38 @@ std::string rejects_fp8_extents(std::initializer_list<std::pair<const char*, int
   return "";
 }
 
+// The instance of each output dtype: {bf16, f16} (group-M), {f32, bf16, f16} (group-K).
+template <class Instance, size_t N>
+const Instance& of_dtype(DType dtype, const Instance* const (&by_dtype)[N]) {
+  if (dtype == DType::F16) return *by_dtype[N - 1];
+  return *by_dtype[N == 3 && dtype == DType::BF16 ? 1 : 0];
+}
+
 const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
+  using I = const Fp8GroupMInstance*;
   if (p.scaling == Fp8Scaling::Block) {
-    if (!p.b_scales_mn_major) return fp8_block_group_m_fprop;
-    return p.a_code == Fp8Code::E5M2 ? fp8_block_group_m_dgrad_e5m2 : fp8_block_group_m_dgrad_e4m3;
+    if (!p.b_scales_mn_major) return of_dtype(p.dtype, {I{&fp8_block_group_m_fprop}, &fp8_block_group_m_fprop_f16});
+    if (p.a_code == Fp8Code::E5M2) {
+      return of_dtype(p.dtype, {I{&fp8_block_group_m_dgrad_e5m2}, &fp8_block_group_m_dgrad_e5m2_f16});
+    }
+    return of_dtype(p.dtype, {I{&fp8_block_group_m_dgrad_e4m3}, &fp8_block_group_m_dgrad_e4m3_f16});
   }
-  if (p.a_code == Fp8Code::E5M2) return fp8_group_m_e5m2_promoted;
-  return p.fast_accumulation ? fp8_group_m_e4m3_fast : fp8_group_m_e4m3_promoted;
+  if (p.a_code == Fp8Code::E5M2) return of_dtype(p.dtype, {I{&fp8_group_m_e5m2_promoted}, &fp8_group_m_e5m2_promoted_f16});
+  if (p.fast_accumulation) return of_dtype(p.dtype, {I{&fp8_group_m_e4m3_fast}, &fp8_group_m_e4m3_fast_f16});
+  return of_dtype(p.dtype, {I{&fp8_group_m_e4m3_promoted}, &fp8_group_m_e4m3_promoted_f16});
 }
 const Fp8GroupKInstance& choose_fp8(const Fp8GroupKProblem& p) {
-  const bool f32 = p.dw_dtype == DType::F32;
+  using I = const Fp8GroupKInstance*;
   if (p.scaling == Fp8Scaling::Block) {
-    if (p.dy_code == Fp8Code::E5M2) return f32 ? fp8_block_group_k_e5m2_f32 : fp8_block_group_k_e5m2_bf16;
-    return f32 ? fp8_block_group_k_e4m3_f32 : fp8_block_group_k_e4m3_bf16;
+    if (p.dy_code == Fp8Code::E5M2) {
+      return of_dtype(p.dw_dtype, {I{&fp8_block_group_k_e5m2_f32}, &fp8_block_group_k_e5m2_bf16, &fp8_block_group_k_e5m2_f16});
+    }
+    return of_dtype(p.dw_dtype, {I{&fp8_block_group_k_e4m3_f32}, &fp8_block_group_k_e4m3_bf16, &fp8_block_group_k_e4m3_f16});
   }
-  if (p.dy_code == Fp8Code::E5M2) return f32 ? fp8_group_k_e5m2_f32 : fp8_group_k_e5m2_bf16;
-  return f32 ? fp8_group_k_e4m3_f32 : fp8_group_k_e4m3_bf16;
+  if (p.dy_code == Fp8Code::E5M2) {
+    return of_dtype(p.dw_dtype, {I{&fp8_group_k_e5m2_f32}, &fp8_group_k_e5m2_bf16, &fp8_group_k_e5m2_f16});
+  }
+  return of_dtype(p.dw_dtype, {I{&fp8_group_k_e4m3_f32}, &fp8_group_k_e4m3_bf16, &fp8_group_k_e4m3_f16});
 }
 
 }  // namespace
@@ -191,7 +207,9 @@ std::string rejects(const Fp8GroupMProblem& p, int device) {
   } else if (p.a_code == Fp8Code::E5M2 && p.fast_accumulation) {
     return "an e5m2 A (a gradient) runs with promoted accumulation only (dgrad)";
   }
-  if (p.dtype != DType::BF16) return str("the FP8 GEMMs write bf16, got ", name(p.dtype));
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    return str("the FP8 GEMMs write bf16 or f16, got ", name(p.dtype));
+  }
   if (!p.scale_a || !p.scale_b) return "the scales of A and B must be given";
   if (p.glu_z || p.dglu_dh) return "the FP8 GEMMs fuse no SwiGLU";
   if (std::string why = rejects_schedule(p); !why.empty()) return why;
@@ -222,8 +240,8 @@ std::string config_name(const Fp8GroupMProblem& p) { return choose_fp8(p).name; 
 std::string rejects(const Fp8GroupKProblem& p, int device) {
   (void)study_settings();
   if (p.x_code != Fp8Code::E4M3) return "x must be e4m3 (the compiled FP8 instances)";
-  if (p.dw_dtype != DType::F32 && p.dw_dtype != DType::BF16) {
-    return str("dw dtype f32 or bf16, got ", name(p.dw_dtype));
+  if (p.dw_dtype != DType::F32 && p.dw_dtype != DType::BF16 && p.dw_dtype != DType::F16) {
+    return str("dw dtype f32, bf16 or f16, got ", name(p.dw_dtype));
   }
   if (p.accumulate && p.dw_dtype != DType::F32) return "accumulating needs an f32 dw";
   if (!p.scale_dy || !p.scale_x) return "the scales of dy and x must be given";

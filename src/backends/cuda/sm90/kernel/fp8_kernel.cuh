@@ -102,8 +102,8 @@ typename Fp8AlphaLoad::Arguments fp8_alpha_arguments(const Arrays& arr) {
   return alpha;
 }
 
-// ---- group-M: out = alpha_g · (A_g · B_gᵀ) + bias_g, bf16 (block scales: no alpha) ----
-template <Fp8Code kA, Fp8Code kB, class Config_, class Scales = Fp8PerGroupScales>
+// ---- group-M: out = alpha_g · (A_g · B_gᵀ) + bias_g, bf16 or f16 (block scales: no alpha) ----
+template <Fp8Code kA, Fp8Code kB, DType kOut, class Config_, class Scales = Fp8PerGroupScales>
 struct Fp8GroupMParts {
   using Config = Config_;
   static constexpr bool kBlockScaled = Scales::kBlock;
@@ -112,7 +112,8 @@ struct Fp8GroupMParts {
   using ElementA = typename Fp8Element<kA>::type;
   using ElementB = typename Fp8Element<kB>::type;
   using Element = ElementA;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = typename CutlassElement<kOut>::type;
+  static_assert(kOut == DType::BF16 || kOut == DType::F16, "group-M writes the layer's 16-bit dtype");
   static constexpr bool kSwapAB = false;
   using LayoutA = cutlass::layout::RowMajor;     // [m_g, K], K-major
   using LayoutB = cutlass::layout::ColumnMajor;  // [N, K] with row stride ldb: K-major
@@ -139,8 +140,8 @@ struct Fp8GroupMParts {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
       ElementD, LayoutD*, kAlignD, typename Config::EpilogueSchedule, EpilogueOp>::CollectiveOp;
 };
-template <Fp8Code kA, Fp8Code kB, class Config, class Scales>
-using Fp8GroupMGemm = GroupedGemm<Fp8GroupMParts<kA, kB, Config, Scales>>;
+template <Fp8Code kA, Fp8Code kB, DType kOut, class Config, class Scales>
+using Fp8GroupMGemm = GroupedGemm<Fp8GroupMParts<kA, kB, kOut, Config, Scales>>;
 
 template <class G>
 struct Fp8GroupMArrays {
@@ -485,10 +486,11 @@ void fp8_group_k_launch(const Fp8GroupKProblem& p, void* workspace, cudaStream_t
 
 // Defines the instances declared in instances/fp8_instances.h.
 // `scales`: Fp8PerGroupScales or one of the Fp8*BlockScales (with ConfigFp8Block).
-#define MOEKIT_SM90_FP8_GROUP_M_INSTANCE(symbol, a_code, b_code, config, scales, label)           \
+#define MOEKIT_SM90_FP8_GROUP_M_INSTANCE(symbol, a_code, b_code, out_dtype, config, scales, label) \
   namespace {                                                                                   \
   using symbol##_gemm = ::moekit::cuda::sm90::Fp8GroupMGemm<::moekit::cuda::sm90::Fp8Code::a_code, \
-                                                            ::moekit::cuda::sm90::Fp8Code::b_code, config, scales>; \
+                                                            ::moekit::cuda::sm90::Fp8Code::b_code, \
+                                                            out_dtype, config, scales>;         \
   size_t symbol##_ws(const Fp8GroupMProblem& p) {                                               \
     return ::moekit::cuda::sm90::fp8_group_m_workspace_bytes<symbol##_gemm>(p);                 \
   }                                                                                             \
