@@ -9,8 +9,9 @@ within 3% of `moekit run` (Python overhead), and >= 1.15x the torch MLP.
 
 The moekit.torch step: ops.Sequential(GroupedLinear(E, H, 2F), ScaledSwiGLU(32), GroupedLinear(E,
 F, H)) in bf16 with device split counts (an int32 tensor), x [T, H] with the run's tail, probs [T]
-f32, y and dx into caller buffers (op_kwargs), y.backward(dy) through autograd (bf16 weight
-gradients, as `moekit run`). Timed as both peers: host wall clock around one forward + backward
+f32, y and dx into caller buffers (op_kwargs), y.backward(dy, inputs=[probs, W1, W2]) through
+autograd (bf16 weight gradients, as `moekit run`; dx is written into its buffer and not copied into
+a leaf's x.grad, see the step). Timed as both peers: host wall clock around one forward + backward
 followed by a device synchronisation, median of --steps after warm-up. `--device cpu` runs a
 CPU problem (a dry run of this script; no torch peer).
 """
@@ -58,7 +59,13 @@ def moekit_torch_step(run, device):
             p.grad = None
         y = mlp(x, splits, probs, splits,
                 op_kwargs={fc2: {"output": y_buf.detach()}, fc1: {"grad_input": dx_buf.detach()}})
-        y.backward(dy)
+        # dx goes into dx_buf and stops there, as in `moekit run` (and as an expert layer's input
+        # gradient goes on to the dispatch backward, x being no leaf there). A leaf x would add
+        # AccumulateGrad's clone of the buffer into x.grad (torch steals a gradient only when
+        # nothing else references it; the caller holds dx_buf): a [T, H] copy the C++ step does
+        # not make (~0.09 ms at qwen3 on an H100's bandwidth). Measured on the CPU, 2026-12-06:
+        # with `inputs` no aten::copy_ in the step; without, one.
+        y.backward(dy, inputs=[probs, fc1.weight, fc2.weight])
 
     return step, mlp
 
