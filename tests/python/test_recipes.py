@@ -87,11 +87,16 @@ def test_grouped_linear_per_recipe_matches_quantized_reference(name):
     assert not torch.equal(y[:S], y_plain[:S])
 
 
-def test_bf16_with_a_recipe():
-    recipe = MXFP8BlockScaling()
-    layer = mt.GroupedLinear(G, K, N, bias=False, params_dtype=torch.bfloat16, device="cpu")
-    x = torch.randn(T, K, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(T, N, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "mxfp8"), (torch.float16, "fp8-block"),
+                                        (torch.float16, "fp8-current")])
+def test_16_bit_layers_with_a_recipe(dtype, name):
+    """A bf16 or fp16 layer under a recipe (fp16: the dtype the FP8 GEMMs also write on a GPU):
+    forward and backward against the fp64 reference of the quantized operands, within one
+    16-bit rounding of the outputs."""
+    recipe = RECIPES[name]()
+    layer = mt.GroupedLinear(G, K, N, bias=False, params_dtype=dtype, device="cpu")
+    x = torch.randn(T, K, dtype=dtype, requires_grad=True)
+    dy = torch.randn(T, N, dtype=dtype)
     with mt.fp8_autocast(enabled=True, fp8_recipe=recipe):  # TE's older name
         y = layer(x, SPLITS)
     y.backward(dy)
