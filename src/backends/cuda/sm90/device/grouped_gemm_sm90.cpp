@@ -158,38 +158,37 @@ std::string rejects_fp8_extents(std::initializer_list<std::pair<const char*, int
   return "";
 }
 
-// The instance of each output dtype: {bf16, f16} (group-M), {f32, bf16, f16} (group-K).
-template <class Instance, size_t N>
-const Instance& of_dtype(DType dtype, const Instance* const (&by_dtype)[N]) {
-  if (dtype == DType::F16) return *by_dtype[N - 1];
-  return *by_dtype[N == 3 && dtype == DType::BF16 ? 1 : 0];
+// The instance of the output dtype: group-M bf16 or f16; group-K f32 (main_grad), bf16 or f16.
+template <class I>
+const I& of_dtype(DType dtype, const I& bf16, const I& f16) {
+  return dtype == DType::F16 ? f16 : bf16;
+}
+template <class I>
+const I& of_dtype(DType dtype, const I& f32, const I& bf16, const I& f16) {
+  return dtype == DType::F32 ? f32 : of_dtype(dtype, bf16, f16);
 }
 
 const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
-  using I = const Fp8GroupMInstance*;
+  const DType d = p.dtype;
   if (p.scaling == Fp8Scaling::Block) {
-    if (!p.b_scales_mn_major) return of_dtype(p.dtype, {I{&fp8_block_group_m_fprop}, &fp8_block_group_m_fprop_f16});
-    if (p.a_code == Fp8Code::E5M2) {
-      return of_dtype(p.dtype, {I{&fp8_block_group_m_dgrad_e5m2}, &fp8_block_group_m_dgrad_e5m2_f16});
-    }
-    return of_dtype(p.dtype, {I{&fp8_block_group_m_dgrad_e4m3}, &fp8_block_group_m_dgrad_e4m3_f16});
+    if (!p.b_scales_mn_major) return of_dtype(d, fp8_block_group_m_fprop, fp8_block_group_m_fprop_f16);
+    if (p.a_code == Fp8Code::E5M2) return of_dtype(d, fp8_block_group_m_dgrad_e5m2, fp8_block_group_m_dgrad_e5m2_f16);
+    return of_dtype(d, fp8_block_group_m_dgrad_e4m3, fp8_block_group_m_dgrad_e4m3_f16);
   }
-  if (p.a_code == Fp8Code::E5M2) return of_dtype(p.dtype, {I{&fp8_group_m_e5m2_promoted}, &fp8_group_m_e5m2_promoted_f16});
-  if (p.fast_accumulation) return of_dtype(p.dtype, {I{&fp8_group_m_e4m3_fast}, &fp8_group_m_e4m3_fast_f16});
-  return of_dtype(p.dtype, {I{&fp8_group_m_e4m3_promoted}, &fp8_group_m_e4m3_promoted_f16});
+  if (p.a_code == Fp8Code::E5M2) return of_dtype(d, fp8_group_m_e5m2_promoted, fp8_group_m_e5m2_promoted_f16);
+  if (p.fast_accumulation) return of_dtype(d, fp8_group_m_e4m3_fast, fp8_group_m_e4m3_fast_f16);
+  return of_dtype(d, fp8_group_m_e4m3_promoted, fp8_group_m_e4m3_promoted_f16);
 }
 const Fp8GroupKInstance& choose_fp8(const Fp8GroupKProblem& p) {
-  using I = const Fp8GroupKInstance*;
+  const DType d = p.dw_dtype;
   if (p.scaling == Fp8Scaling::Block) {
     if (p.dy_code == Fp8Code::E5M2) {
-      return of_dtype(p.dw_dtype, {I{&fp8_block_group_k_e5m2_f32}, &fp8_block_group_k_e5m2_bf16, &fp8_block_group_k_e5m2_f16});
+      return of_dtype(d, fp8_block_group_k_e5m2_f32, fp8_block_group_k_e5m2_bf16, fp8_block_group_k_e5m2_f16);
     }
-    return of_dtype(p.dw_dtype, {I{&fp8_block_group_k_e4m3_f32}, &fp8_block_group_k_e4m3_bf16, &fp8_block_group_k_e4m3_f16});
+    return of_dtype(d, fp8_block_group_k_e4m3_f32, fp8_block_group_k_e4m3_bf16, fp8_block_group_k_e4m3_f16);
   }
-  if (p.dy_code == Fp8Code::E5M2) {
-    return of_dtype(p.dw_dtype, {I{&fp8_group_k_e5m2_f32}, &fp8_group_k_e5m2_bf16, &fp8_group_k_e5m2_f16});
-  }
-  return of_dtype(p.dw_dtype, {I{&fp8_group_k_e4m3_f32}, &fp8_group_k_e4m3_bf16, &fp8_group_k_e4m3_f16});
+  if (p.dy_code == Fp8Code::E5M2) return of_dtype(d, fp8_group_k_e5m2_f32, fp8_group_k_e5m2_bf16, fp8_group_k_e5m2_f16);
+  return of_dtype(d, fp8_group_k_e4m3_f32, fp8_group_k_e4m3_bf16, fp8_group_k_e4m3_f16);
 }
 
 }  // namespace
