@@ -571,17 +571,20 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 }
 
 // Block scaling 1×128 and 128×1 (fp8-block's activations and gradients), both copies from one
-// read: one CTA per (group row block k, 128-column strip), grid-strided. 256 threads: 32 lanes × 4
-// columns × 8 warps; warp w owns rows 16w .. 16w + 15 of the tile. Each thread's 16 vectors of
-// the tile arrive by cp.async into slots of its own in shared memory and are read once into
+// read: one CTA per (group row block k, 128-column strip), grid-strided. 512 threads: 32 lanes × 4
+// columns × 16 warps; warp w owns rows 8w .. 8w + 7 of the tile (kPasses). Each thread's 8 vectors
+// of the tile arrive by cp.async into slots of its own in shared memory and are read once into
 // registers for the amaxes and both encodes; the next tile's loads then go into the same slots,
 // in flight while this one is cast (no thread reads another's slots, so a cp.async.wait_group is
 // the only wait; one stage: 2% faster than two on qwen3's x on an H100, 32 KiB less shared
-// memory; at 3 or 4 CTAs an SM the register cap spills and it is 18-80% slower). The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
+// memory; 512 threads at 2 CTAs an SM — 64 registers, no spills, 50% occupancy — took 7-11% off
+// each of qwen3's four quantizes against 256 threads, 25%, on an H100, bench/results/
+// 2026-12-06-nvidia-h100-bd37e0f-fp8-swiglu-quantize512.md; at 3 or 4 CTAs an SM the register cap
+// spills and it is 18-80% slower). The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
 // format as a constant and fix up NaN codes only in a warp that holds a NaN (warp-uniform
-// branches: the common path is the conversion alone). A row's 1×128 amax is one warp's (its 16
-// reductions interleaved), its scale computed by lane r % 16 (16 rows' scales at once) and stored
-// at [t, c / 128]; a column's 128×1 amax over 8 warps' partial maxima in shared memory, its scale
+// branches: the common path is the conversion alone). A row's 1×128 amax is one warp's (its
+// kPasses reductions interleaved), its scale computed by lane r % kPasses (kPasses rows' scales at once) and stored
+// at [t, c / 128]; a column's 128×1 amax over 16 warps' partial maxima in shared memory, its scale
 // stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows; the columnwise
 // ones are transposed four rows at a time by byte permutes, staged in shared memory one word a
 // column (the word order rotated by lane group: no bank conflicts) and stored along the copy's
@@ -589,7 +592,7 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 // register reuse, the packed maxima and the constant-format encodes: issue-bound, SM 67% vs
 // memory 42% of peak.) Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
 // else the one-copy kernels above).
-constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 256, kB1MinBlocks = 2;
+constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 512, kB1MinBlocks = 2;
 
 // The |x| maxima of a thread's vectors of 4: each vector's (a[i], its row's share) and each of
 // the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
@@ -682,9 +685,9 @@ struct B1Shared {
 };
 
 // Both copies of one tile from its values in registers: thread (warp, lane) holds rows
-// 16·warp .. 16·warp + 15 of the tile at columns 4·lane .. 4·lane + 3 (v[i]: row 16·warp + i;
-// rows and columns past the tile's: zeros, whose codes are never stored). Ends with the CTA's
-// shared memory free for the next tile.
+// kPasses·warp .. kPasses·warp + kPasses − 1 of the tile at columns 4·lane .. 4·lane + 3 (v[i]:
+// row kPasses·warp + i; rows and columns past the tile's: zeros, whose codes are never stored).
+// Ends with the CTA's shared memory free for the next tile.
 template <class T, class Vec>
 __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1Tile& cur,
                                                   const Vec (&v)[kB1Rows / (kB1Threads / 32)],
@@ -703,7 +706,7 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
   const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
   const auto dispatch = [&](auto&& body) { with_format_and_nan(e4, fix_nan, body); };
   if (p.row) {
-    // Every lane gets the warp's 16 row amaxes (independent butterflies); lane i computes row
+    // Every lane gets the warp's kPasses row amaxes (independent butterflies); lane i computes row
     // r0 + i's scale, then each row's codes with its factor from that lane.
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -777,7 +780,7 @@ template <class T>
 __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel(QuantParams p, bool col_words) {
   if (p.ws[0] < 0) return;
   constexpr int kV = 4, kLanes = kB1Cols / kV, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
-  static_assert(kLanes == 32 && kPasses == 16, "a warp spans one row of the strip, 16 rows a warp");
+  static_assert(kLanes == 32 && kPasses % 4 == 0, "a warp spans one row of the strip, whole quads of rows a warp");
   struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
   extern __shared__ __align__(16) unsigned char block1d_smem[];
   Vec* stage = reinterpret_cast<Vec*>(block1d_smem);  // [stage][pass][thread]
@@ -785,7 +788,7 @@ __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int c = static_cast<int>(threadIdx.x % 32) * kV;  // this thread's first column in the strip
   const int64_t tiles = b1_tiles(p);
-  const auto load = [&](const B1Tile& t) {  // this thread's 16 vectors of tile t → its slots
+  const auto load = [&](const B1Tile& t) {  // this thread's kPasses vectors of tile t → its slots
     if (c < t.cols) {
       const T* src = static_cast<const T*>(p.x) + (t.t0 + kPasses * warp) * p.C + t.c0 + c;
       Vec* dst = stage + threadIdx.x;
@@ -803,7 +806,7 @@ __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     const bool live = c < cur.cols;
     const int r0 = kPasses * warp;  // this warp's first row in the tile
-    // The thread's 16 vectors, read from its slots once (rows past the tile's: zeros, which
+    // The thread's kPasses vectors, read from its slots once (rows past the tile's: zeros, which
     // change no maximum, and whose codes are never stored); then the next tile's loads into the
     // same slots, in flight while this one is cast.
     Vec v[kPasses];
