@@ -213,6 +213,75 @@ TEST(CudaRuntime, AllocatorCountsAndFreesInStreamOrder) {
   EXPECT_EQ(empty.numel(), 0);
 }
 
+// Large blocks (>= 1 MiB) freed on a context's stream are kept for the next allocation of about
+// their size there (runtime.cpp, CudaAllocator; sizes rounded up to 2 MiB): the same block for the
+// same size and for a request up to an eighth smaller, not for one smaller still (the pool cannot
+// hand out its address either while the cache holds it); a reused block holds what its new owner
+// writes.
+TEST(CudaRuntime, AllocatorReusesALargeFreedBlockOnItsStream) {
+  MOEKIT_REQUIRE_GPU();
+  const Context ctx = Context::cuda(0);
+  const int64_t mib = int64_t{1} << 20, n = 9 * mib;  // 18 MiB of bf16
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({n}, DType::BF16, ctx);
+    first = t.data();
+    fill(ctx, t, 3.0);
+  }
+  {
+    Tensor t = Tensor::empty({n}, DType::BF16, ctx);
+    EXPECT_EQ(t.data(), first) << "the freed 18 MiB block was not reused for the same size";
+    fill(ctx, t, -2.0);
+    const std::vector<double> v = test::to_doubles(ctx, t);
+    EXPECT_EQ(std::count(v.begin(), v.end(), -2.0), n);
+  }
+  {
+    Tensor t = Tensor::empty({16 * mib}, DType::U8, ctx);  // 18 <= 16 + 16 / 8
+    EXPECT_EQ(t.data(), first) << "a 16 MiB request did not take the cached 18 MiB block";
+  }
+  {
+    Tensor smaller = Tensor::empty({14 * mib}, DType::U8, ctx);  // 18 > 14 + 14 / 8
+    EXPECT_NE(smaller.data(), first);
+    Tensor t = Tensor::empty({n}, DType::BF16, ctx);
+    EXPECT_EQ(t.data(), first);
+  }
+  ctx.synchronize();
+}
+
+// Stream capture bypasses the cache: a capture never takes a cached block (the graph would write
+// it at every replay while its next owner uses it); after the capture the cached block is reused.
+// (A block the capture allocated and freed is the graph's, and goes back to the pool.)
+TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
+  MOEKIT_REQUIRE_GPU();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  test::CudaGraphApi::Stream stream = nullptr;
+  ASSERT_EQ(api.stream_create(&stream, test::CudaGraphApi::kNonBlocking), 0);
+  {
+    const Context ctx = Context::cuda(0, stream);
+    const int64_t n = int64_t{4} << 20;
+    void* cached = nullptr;
+    {
+      Tensor t = Tensor::empty({n}, DType::BF16, ctx);
+      cached = t.data();
+    }
+    void* graph = nullptr;
+    void* in_graph = nullptr;
+    const std::string why = api.capture(stream, [&] {
+      Tensor t = Tensor::empty({n}, DType::BF16, ctx);
+      in_graph = t.data();
+      fill(ctx, t, 1.0);
+    }, &graph);
+    ASSERT_EQ(why, "");
+    EXPECT_NE(in_graph, cached) << "the capture took the cached block";
+    api.graph_destroy(graph);
+    Tensor after = Tensor::empty({n}, DType::BF16, ctx);
+    EXPECT_EQ(after.data(), cached) << "the block cached before the capture was not reused after it";
+    ctx.synchronize();
+  }
+  api.stream_destroy(stream);
+}
+
 TEST(CudaRuntime, RuntimeErrorNamesCallAndStatus) {
   MOEKIT_REQUIRE_GPU();
   auto e = caught([] { Tensor::empty({int64_t{1} << 50}, DType::U8, gpu()); });  // 1 PiB

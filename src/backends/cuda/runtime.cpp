@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/runtime.h"
@@ -48,31 +49,142 @@ cudaMemPool_t device_pool(int device) {
 // Stream-ordered allocator: memory is allocated and freed in the order of the context's stream,
 // so a tensor freed right after the kernels that use it were queued is reused only by work queued
 // after them. Work on other streams must be ordered with the context's stream by the caller.
+//
+// Large blocks (>= kCacheMinBytes) are also kept by the allocator when freed, for the next
+// allocation of about their size on the same stream (the same stream order makes the reuse safe,
+// as the pool's own reuse). The pool alone carves a freed large block for the next smaller
+// requests and then maps fresh memory for the large one: a training loop that drops its weight
+// gradients before the forward (zero_grad(set_to_none=True)) paid a 0.35-0.6 ms
+// cudaMallocFromPoolAsync per step at qwen3 for it (bench/results/2026-12-06-nvidia-h100-
+// c31ad62-pyperf-recipes-peers.md, "Host allocation"). Cached blocks are at most kCacheMaxShare of
+// the device's memory, the oldest evicted first, all released before an allocation the pool
+// cannot serve is retried. Stream capture bypasses the cache both ways: a block allocated in a
+// capture belongs to the graph, and a cached block handed to a capture would be reused by work
+// queued after it while the graph still writes it at every replay.
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(std::shared_ptr<CudaResources> res) : res_(std::move(res)) {}
+  explicit CudaAllocator(std::shared_ptr<CudaResources> res) : res_(std::move(res)) {
+    size_t free_bytes = 0, total = 0;
+    DeviceGuard guard(res_->device);
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) (void)cudaGetLastError();
+    cache_cap_ = total / kCacheMaxShare;
+  }
+  ~CudaAllocator() override {  // may run at process exit, after the runtime: errors ignored
+    int previous = -1;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != res_->device;
+    if (restore) (void)cudaSetDevice(res_->device);
+    release_cached();
+    if (restore) (void)cudaSetDevice(previous);
+    (void)cudaGetLastError();
+  }
   Device device() const override { return Device::cuda(res_->device); }
 
  protected:
   void* do_allocate(size_t bytes) override {
     DeviceGuard guard(res_->device);
+    const bool cacheable = bytes >= kCacheMinBytes && !capturing();
+    const size_t block = cacheable ? round_up(bytes) : bytes;
+    if (cacheable) {
+      if (void* p = take_cached(block)) return p;
+    }
     void* p = nullptr;
-    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, res_->pool, res_->stream);
+    cudaError_t e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
+    if (e != cudaSuccess && release_cached() > 0) {
+      (void)cudaGetLastError();
+      e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
+    }
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       throw_error(ErrorKind::Runtime,
                   str("cudaMallocFromPoolAsync of ", bytes, " bytes on cuda:", res_->device,
                       " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
     }
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[p] = block;
+    }
     return p;
   }
   void do_deallocate(void* p, size_t) noexcept override {
     DeviceGuard guard(res_->device);
-    if (cudaFreeAsync(p, res_->stream) != cudaSuccess) (void)cudaGetLastError();
+    size_t block = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = live_.find(p); it != live_.end()) {
+        block = it->second;
+        live_.erase(it);
+      }
+    }
+    if (block > 0 && !capturing()) {
+      std::vector<void*> evicted;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        cached_.push_back({p, block});
+        cached_bytes_ += block;
+        while (cached_bytes_ > cache_cap_ && !cached_.empty()) {  // the oldest first
+          evicted.push_back(cached_.front().p);
+          cached_bytes_ -= cached_.front().bytes;
+          cached_.erase(cached_.begin());
+        }
+      }
+      for (void* q : evicted) free_async(q);
+      return;
+    }
+    free_async(p);
   }
 
  private:
+  static constexpr size_t kCacheMinBytes = size_t{1} << 20;
+  static constexpr size_t kCacheRound = size_t{2} << 20;  // the driver's mapping granularity
+  static constexpr size_t kCacheMaxShare = 8;             // at most 1/8 of the device's memory
+  struct Cached {
+    void* p;
+    size_t bytes;
+  };
+  static size_t round_up(size_t bytes) { return (bytes + kCacheRound - 1) / kCacheRound * kCacheRound; }
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(res_->stream, &st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;  // unknown: as a capture (no cache)
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
+  // The smallest cached block of `block` bytes up to an eighth more (a size that moves a little
+  // from call to call, e.g. T with dropless routing, still hits), taken out of the cache.
+  void* take_cached(size_t block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t best = cached_.size();
+    for (size_t i = 0; i < cached_.size(); ++i) {
+      const size_t b = cached_[i].bytes;
+      if (b >= block && b <= block + block / 8 && (best == cached_.size() || b < cached_[best].bytes)) best = i;
+    }
+    if (best == cached_.size()) return nullptr;
+    const Cached c = cached_[best];
+    cached_.erase(cached_.begin() + static_cast<std::ptrdiff_t>(best));
+    cached_bytes_ -= c.bytes;
+    live_[c.p] = c.bytes;
+    return c.p;
+  }
+  size_t release_cached() noexcept {
+    std::vector<Cached> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all.swap(cached_);
+      cached_bytes_ = 0;
+    }
+    for (const Cached& c : all) free_async(c.p);
+    return all.size();
+  }
+  void free_async(void* p) noexcept {
+    if (cudaFreeAsync(p, res_->stream) != cudaSuccess) (void)cudaGetLastError();
+  }
+
   std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
+  std::mutex mutex_;
+  std::unordered_map<void*, size_t> live_;  // cacheable blocks in use: their (rounded) bytes
+  std::vector<Cached> cached_;              // freed blocks kept, oldest first
+  size_t cached_bytes_ = 0, cache_cap_ = 0;
 };
 
 }  // namespace
