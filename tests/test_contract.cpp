@@ -344,8 +344,11 @@ TEST_P(DeviceSplitsRule, EachRefusalOfTheGraphSafeKernelsIsAnErrorNamingIt) {
 TEST_P(DeviceSplitsRule, ForcedCublasInsideAGraphCaptureIsAnError) {
   const test::CudaGraphApi api;
   ASSERT_TRUE(api.ok) << "the CUDA runtime moekit loaded was not found";
-  void* stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, test::CudaGraphApi::kNonBlocking), 0);
+  // The context borrows the stream: it must outlive the context and every tensor allocated on it
+  // (their frees are queued on it), so it is destroyed last.
+  const test::OwnedStream owned(api);
+  void* stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   const Context base = Context::cuda(0, stream);
   const Context forced = base.with_backend("cublas");
   GroupedLinear fc = make_linear(forced, DType::BF16, kK, kN, 71);
@@ -363,7 +366,6 @@ TEST_P(DeviceSplitsRule, ForcedCublasInsideAGraphCaptureIsAnError) {
   EXPECT_EQ(e->kind(), ErrorKind::Unsupported);
   EXPECT_THAT(e->what(), HasSubstr("CUDA graph capture"));
   EXPECT_TRUE(test::bit_identical(bytes_of(base, out), before, DType::BF16));
-  api.stream_destroy(stream);
 }
 
 // CUDA only: on the CPU the counts are always on the host.

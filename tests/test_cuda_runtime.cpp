@@ -255,8 +255,9 @@ TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
   if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
-  test::CudaGraphApi::Stream stream = nullptr;
-  ASSERT_EQ(api.stream_create(&stream, test::CudaGraphApi::kNonBlocking), 0);
+  const test::OwnedStream owned(api);  // outlives the context (which borrows it) and its tensors
+  void* stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   {
     const Context ctx = Context::cuda(0, stream);
     const int64_t n = int64_t{4} << 20;
@@ -279,7 +280,6 @@ TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
     EXPECT_EQ(after.data(), cached) << "the block cached before the capture was not reused after it";
     ctx.synchronize();
   }
-  api.stream_destroy(stream);
 }
 
 TEST(CudaRuntime, RuntimeErrorNamesCallAndStatus) {
