@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -46,6 +48,15 @@ cudaMemPool_t device_pool(int device) {
   return pool;
 }
 
+// The bytes the allocators of a device hold in their caches together (CudaAllocator).
+std::atomic<size_t>& cached_on_device(int device) {
+  static std::mutex mutex;
+  static std::deque<std::atomic<size_t>> counters;  // a deque: the counters never move
+  std::lock_guard<std::mutex> lock(mutex);
+  while (counters.size() <= static_cast<size_t>(device)) counters.emplace_back(0);
+  return counters[static_cast<size_t>(device)];
+}
+
 // Stream-ordered allocator: memory is allocated and freed in the order of the context's stream,
 // so a tensor freed right after the kernels that use it were queued is reused only by work queued
 // after them. Work on other streams must be ordered with the context's stream by the caller.
@@ -56,8 +67,9 @@ cudaMemPool_t device_pool(int device) {
 // requests and then maps fresh memory for the large one: a training loop that drops its weight
 // gradients before the forward (zero_grad(set_to_none=True)) paid a 0.35-0.6 ms
 // cudaMallocFromPoolAsync per step at qwen3 for it (bench/results/2026-12-06-nvidia-h100-
-// c31ad62-pyperf-recipes-peers.md, "Host allocation"). Cached blocks are at most kCacheMaxShare of
-// the device's memory, the oldest evicted first, all released before an allocation the pool
+// c31ad62-pyperf-recipes-peers.md, "Host allocation"). The blocks every allocator of a device
+// caches are at most 1/kCacheMaxShare of its memory together (each allocator evicting its own
+// oldest first when a free would pass that), all released before an allocation the pool
 // cannot serve is retried. Stream capture bypasses the cache both ways: a block allocated in a
 // capture belongs to the graph, and a cached block handed to a capture would be reused by work
 // queued after it while the graph still writes it at every replay.
@@ -69,6 +81,8 @@ class CudaAllocator final : public Allocator {
     if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) (void)cudaGetLastError();
     cache_cap_ = total / kCacheMaxShare;
   }
+  CudaAllocator(const CudaAllocator&) = delete;
+  CudaAllocator& operator=(const CudaAllocator&) = delete;
   ~CudaAllocator() override {  // may run at process exit, after the runtime: errors ignored
     int previous = -1;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != res_->device;
@@ -120,10 +134,10 @@ class CudaAllocator final : public Allocator {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         cached_.push_back({p, block});
-        cached_bytes_ += block;
-        while (cached_bytes_ > cache_cap_ && !cached_.empty()) {  // the oldest first
+        device_cached_ += block;
+        while (device_cached_ > cache_cap_ && !cached_.empty()) {  // this allocator's oldest first
           evicted.push_back(cached_.front().p);
-          cached_bytes_ -= cached_.front().bytes;
+          device_cached_ -= cached_.front().bytes;
           cached_.erase(cached_.begin());
         }
       }
@@ -162,7 +176,7 @@ class CudaAllocator final : public Allocator {
     if (best == cached_.size()) return nullptr;
     const Cached c = cached_[best];
     cached_.erase(cached_.begin() + static_cast<std::ptrdiff_t>(best));
-    cached_bytes_ -= c.bytes;
+    device_cached_ -= c.bytes;
     live_[c.p] = c.bytes;
     return c.p;
   }
@@ -171,7 +185,7 @@ class CudaAllocator final : public Allocator {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       all.swap(cached_);
-      cached_bytes_ = 0;
+      for (const Cached& c : all) device_cached_ -= c.bytes;
     }
     for (const Cached& c : all) free_async(c.p);
     return all.size();
@@ -184,7 +198,8 @@ class CudaAllocator final : public Allocator {
   std::mutex mutex_;
   std::unordered_map<void*, size_t> live_;  // cacheable blocks in use: their (rounded) bytes
   std::vector<Cached> cached_;              // freed blocks kept, oldest first
-  size_t cached_bytes_ = 0, cache_cap_ = 0;
+  std::atomic<size_t>& device_cached_ = cached_on_device(res_->device);  // every allocator's
+  size_t cache_cap_ = 0;
 };
 
 }  // namespace
