@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "moekit/moekit.h"
+#include "core/block_cache.h"
 #include "core/checks.h"
 #include "support/test_util.h"
 
@@ -1298,6 +1299,62 @@ INSTANTIATE_TEST_SUITE_P(Devices, ExactGemm,
                            return std::get<0>(info.param) + "_" +
                                   std::string(name(std::get<1>(info.param)));
                          });
+
+// ================================================================ the allocator's block cache
+// core/block_cache.h: the policy of the CUDA allocator's cache of freed large blocks (pointers
+// and sizes only, so it is checked here on any machine; the CUDA allocator's own cases are in
+// test_cuda_runtime, CudaRuntime.Allocator*).
+char g_blocks[64];  // distinct addresses standing in for blocks
+void* blk(int i) { return &g_blocks[i]; }
+constexpr size_t kMiB = size_t{1} << 20;
+
+TEST(BlockCache, TakesTheSmallestKeptBlockUpToAnEighthLarger) {
+  std::atomic<size_t> total{0};
+  detail::BlockCache c(total, 1000 * kMiB, 100);
+  EXPECT_TRUE(c.put(blk(0), 18 * kMiB).empty());
+  EXPECT_TRUE(c.put(blk(1), 16 * kMiB).empty());
+  EXPECT_TRUE(c.put(blk(2), 40 * kMiB).empty());
+  EXPECT_EQ(total.load(), 74 * kMiB);
+  EXPECT_EQ(c.take(14 * kMiB).block, nullptr) << "16 MiB is more than an eighth above 14";
+  EXPECT_EQ(c.take(16 * kMiB).block, blk(1)) << "the smallest that fits";
+  EXPECT_EQ(c.take(16 * kMiB).block, blk(0)) << "18 <= 16 + 16 / 8";
+  EXPECT_EQ(c.take(16 * kMiB).block, nullptr);
+  EXPECT_EQ(c.take(41 * kMiB).block, nullptr) << "never a smaller block";
+  EXPECT_EQ(c.take(36 * kMiB).block, blk(2));
+  EXPECT_EQ(total.load(), 0u);
+  EXPECT_EQ(c.blocks(), 0u);
+}
+
+TEST(BlockCache, TheDevicesCapIsSharedAndEachCacheEvictsItsOwnOldestFirst) {
+  std::atomic<size_t> total{0};
+  detail::BlockCache a(total, 10 * kMiB, 100), b(total, 10 * kMiB, 100);
+  EXPECT_TRUE(a.put(blk(0), 4 * kMiB).empty());
+  EXPECT_TRUE(a.put(blk(1), 4 * kMiB).empty());
+  EXPECT_EQ(a.put(blk(2), 4 * kMiB), std::vector<void*>{blk(0)}) << "12 > 10: a's oldest";
+  // b's own block is evicted: the cap is full of a's.
+  EXPECT_EQ(b.put(blk(3), 4 * kMiB), std::vector<void*>{blk(3)});
+  EXPECT_EQ(total.load(), 8 * kMiB);
+  EXPECT_EQ(a.release_all(), (std::vector<void*>{blk(1), blk(2)}));
+  EXPECT_EQ(total.load(), 0u);
+  EXPECT_TRUE(b.put(blk(3), 4 * kMiB).empty()) << "room again";
+  EXPECT_EQ(b.release_all(), std::vector<void*>{blk(3)});
+}
+
+TEST(BlockCache, ABlockNotTakenWithinItsAgeGoesBack) {
+  std::atomic<size_t> total{0};
+  detail::BlockCache c(total, 1000 * kMiB, 3);
+  c.put(blk(0), 8 * kMiB);
+  c.put(blk(1), 2 * kMiB);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(c.take(100 * kMiB).evicted.empty());  // misses age both
+  EXPECT_EQ(c.take(2 * kMiB).block, blk(1)) << "taken at the third request: in time";
+  const detail::BlockCache::Taken t = c.take(100 * kMiB);  // the fourth: 8 MiB is too old
+  EXPECT_EQ(t.block, nullptr);
+  EXPECT_EQ(t.evicted, std::vector<void*>{blk(0)});
+  EXPECT_EQ(total.load(), 0u);
+  c.put(blk(2), 8 * kMiB);  // its age counts from its put
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(c.take(100 * kMiB).evicted.empty());
+  EXPECT_EQ(c.take(100 * kMiB).evicted, std::vector<void*>{blk(2)});
+}
 
 }  // namespace
 }  // namespace moekit

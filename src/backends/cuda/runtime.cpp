@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/block_cache.h"
 #include "core/runtime.h"
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_counts.h"
@@ -61,33 +62,32 @@ std::atomic<size_t>& cached_on_device(int device) {
 // so a tensor freed right after the kernels that use it were queued is reused only by work queued
 // after them. Work on other streams must be ordered with the context's stream by the caller.
 //
-// Large blocks (>= kCacheMinBytes) are also kept by the allocator when freed, for the next
-// allocation of about their size on the same stream (the same stream order makes the reuse safe,
-// as the pool's own reuse). The pool alone carves a freed large block for the next smaller
-// requests and then maps fresh memory for the large one: a training loop that drops its weight
-// gradients before the forward (zero_grad(set_to_none=True)) paid a 0.35-0.6 ms
-// cudaMallocFromPoolAsync per step at qwen3 for it (bench/results/2026-12-06-nvidia-h100-
-// c31ad62-pyperf-recipes-peers.md, "Host allocation"). The blocks every allocator of a device
-// caches are at most 1/kCacheMaxShare of its memory together (each allocator evicting its own
-// oldest first when a free would pass that), all released before an allocation the pool
-// cannot serve is retried. Stream capture bypasses the cache both ways: a block allocated in a
-// capture belongs to the graph, and a cached block handed to a capture would be reused by work
-// queued after it while the graph still writes it at every replay.
+// Large blocks (>= kCacheMinBytes, rounded up to kCacheRound) are also kept by the allocator when
+// freed, for the next allocation of about their size on the same stream (the same stream order
+// makes the reuse safe, as the pool's own reuse; the policy is core/block_cache.h's: a request
+// takes a kept block up to an eighth larger, the device's caches hold at most 1/kCacheMaxShare of
+// its memory together, a block not taken within kCacheMaxAge requests goes back to the pool). The
+// pool alone carves a freed large block for the next smaller requests and then maps fresh memory
+// for the large one: a training loop that drops its weight gradients before the forward
+// (zero_grad(set_to_none=True)) paid a 0.35-0.6 ms cudaMallocFromPoolAsync per step at qwen3 for
+// it (bench/results/2026-12-06-nvidia-h100-c31ad62-pyperf-recipes-peers.md, "Host allocation").
+// An allocation the pool refuses is retried once after the kept blocks are released. Stream
+// capture bypasses the cache both ways: a block allocated in a capture belongs to the graph, and
+// a kept block handed to a capture would be reused by work queued after it while the graph still
+// writes it at every replay.
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(std::shared_ptr<CudaResources> res) : res_(std::move(res)) {
-    size_t free_bytes = 0, total = 0;
-    DeviceGuard guard(res_->device);
-    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) (void)cudaGetLastError();
-    cache_cap_ = total / kCacheMaxShare;
-  }
+  explicit CudaAllocator(std::shared_ptr<CudaResources> res)
+      : res_(std::move(res)),
+        cache_(cached_on_device(res_->device), device_memory(res_->device) / kCacheMaxShare,
+               kCacheMaxAge) {}
   CudaAllocator(const CudaAllocator&) = delete;
   CudaAllocator& operator=(const CudaAllocator&) = delete;
   ~CudaAllocator() override {  // may run at process exit, after the runtime: errors ignored
     int previous = -1;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != res_->device;
     if (restore) (void)cudaSetDevice(res_->device);
-    release_cached();
+    free_all(cache_.release_all());
     if (restore) (void)cudaSetDevice(previous);
     (void)cudaGetLastError();
   }
@@ -97,15 +97,30 @@ class CudaAllocator final : public Allocator {
   void* do_allocate(size_t bytes) override {
     DeviceGuard guard(res_->device);
     const bool cacheable = bytes >= kCacheMinBytes && !capturing();
-    const size_t block = cacheable ? round_up(bytes) : bytes;
+    const size_t block = cacheable ? (bytes + kCacheRound - 1) / kCacheRound * kCacheRound : bytes;
     if (cacheable) {
-      if (void* p = take_cached(block)) return p;
+      detail::BlockCache::Taken taken;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        taken = cache_.take(block);
+        if (taken.block) live_[taken.block] = block;
+      }
+      free_all(taken.evicted);
+      if (taken.block) return taken.block;
     }
     void* p = nullptr;
     cudaError_t e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
-    if (e != cudaSuccess && release_cached() > 0) {
-      (void)cudaGetLastError();
-      e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
+    if (e != cudaSuccess) {
+      std::vector<void*> kept;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        kept = cache_.release_all();
+      }
+      if (!kept.empty()) {
+        (void)cudaGetLastError();
+        free_all(kept);
+        e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
+      }
     }
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
@@ -133,15 +148,9 @@ class CudaAllocator final : public Allocator {
       std::vector<void*> evicted;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        cached_.push_back({p, block});
-        device_cached_ += block;
-        while (device_cached_ > cache_cap_ && !cached_.empty()) {  // this allocator's oldest first
-          evicted.push_back(cached_.front().p);
-          device_cached_ -= cached_.front().bytes;
-          cached_.erase(cached_.begin());
-        }
+        evicted = cache_.put(p, block);
       }
-      for (void* q : evicted) free_async(q);
+      free_all(evicted);
       return;
     }
     free_async(p);
@@ -151,11 +160,13 @@ class CudaAllocator final : public Allocator {
   static constexpr size_t kCacheMinBytes = size_t{1} << 20;
   static constexpr size_t kCacheRound = size_t{2} << 20;  // the driver's mapping granularity
   static constexpr size_t kCacheMaxShare = 8;             // at most 1/8 of the device's memory
-  struct Cached {
-    void* p;
-    size_t bytes;
-  };
-  static size_t round_up(size_t bytes) { return (bytes + kCacheRound - 1) / kCacheRound * kCacheRound; }
+  static constexpr uint64_t kCacheMaxAge = 4096;          // requests (a step makes ~6 per layer)
+  static size_t device_memory(int device) {
+    size_t free_bytes = 0, total = 0;
+    DeviceGuard guard(device);
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) (void)cudaGetLastError();
+    return total;
+  }
   bool capturing() const {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(res_->stream, &st) != cudaSuccess) {
@@ -164,42 +175,17 @@ class CudaAllocator final : public Allocator {
     }
     return st != cudaStreamCaptureStatusNone;
   }
-  // The smallest cached block of `block` bytes up to an eighth more (a size that moves a little
-  // from call to call, e.g. T with dropless routing, still hits), taken out of the cache.
-  void* take_cached(size_t block) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t best = cached_.size();
-    for (size_t i = 0; i < cached_.size(); ++i) {
-      const size_t b = cached_[i].bytes;
-      if (b >= block && b <= block + block / 8 && (best == cached_.size() || b < cached_[best].bytes)) best = i;
-    }
-    if (best == cached_.size()) return nullptr;
-    const Cached c = cached_[best];
-    cached_.erase(cached_.begin() + static_cast<std::ptrdiff_t>(best));
-    device_cached_ -= c.bytes;
-    live_[c.p] = c.bytes;
-    return c.p;
-  }
-  size_t release_cached() noexcept {
-    std::vector<Cached> all;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      all.swap(cached_);
-      for (const Cached& c : all) device_cached_ -= c.bytes;
-    }
-    for (const Cached& c : all) free_async(c.p);
-    return all.size();
-  }
   void free_async(void* p) noexcept {
     if (cudaFreeAsync(p, res_->stream) != cudaSuccess) (void)cudaGetLastError();
+  }
+  void free_all(const std::vector<void*>& blocks) noexcept {
+    for (void* p : blocks) free_async(p);
   }
 
   std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
   std::mutex mutex_;
   std::unordered_map<void*, size_t> live_;  // cacheable blocks in use: their (rounded) bytes
-  std::vector<Cached> cached_;              // freed blocks kept, oldest first
-  std::atomic<size_t>& device_cached_ = cached_on_device(res_->device);  // every allocator's
-  size_t cache_cap_ = 0;
+  detail::BlockCache cache_;                // freed blocks kept (under mutex_)
 };
 
 }  // namespace

@@ -1,0 +1,98 @@
+// Internal: the policy of a stream-ordered allocator's cache of freed large blocks (the CUDA
+// allocator's, backends/cuda/runtime.cpp; design/ARCHITECTURE.md "Context"). Pointers and sizes
+// only — the allocator frees what this hands back — so the policy is tested on any machine
+// (tests/test_core.cpp, BlockCache.*).
+//
+//   - take(bytes): the smallest kept block of bytes .. bytes + bytes / 8 (a size that moves a little
+//     from call to call, e.g. T with dropless routing, still hits), or null;
+//   - put(p, bytes): keeps a freed block; the caches of a device share one cap (their total in
+//     `device_total`), each evicting its own oldest blocks past it;
+//   - age: a block not taken within max_age takes (hits or misses) of its cache is evicted, so
+//     blocks of sizes no longer asked for go back to the pool, where any size can use them;
+//   - release_all(): every kept block (before an allocation is retried, and at the end).
+// Every call returns the blocks to free. Not thread-safe: the allocator holds its lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace moekit::detail {
+
+class BlockCache {
+ public:
+  BlockCache(std::atomic<size_t>& device_total, size_t cap, uint64_t max_age)
+      : device_total_(device_total), cap_(cap), max_age_(max_age) {}
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+
+  struct Taken {
+    void* block = nullptr;       // null: none of that size kept
+    std::vector<void*> evicted;  // blocks aged out by this take: to free
+  };
+  Taken take(size_t bytes) {
+    Taken out;
+    ++takes_;
+    size_t best = kept_.size();
+    for (size_t i = 0; i < kept_.size(); ++i) {
+      const size_t b = kept_[i].bytes;
+      if (b >= bytes && b <= bytes + bytes / 8 && (best == kept_.size() || b < kept_[best].bytes)) {
+        best = i;
+      }
+    }
+    if (best != kept_.size()) {
+      out.block = kept_[best].p;
+      remove(best);
+    }
+    for (size_t i = 0; i < kept_.size();) {  // the oldest first: stop at the first young one
+      if (takes_ - kept_[i].since <= max_age_) break;
+      out.evicted.push_back(kept_[i].p);
+      remove(i);
+    }
+    return out;
+  }
+
+  // Keeps p (`bytes`: what take() will compare); returns the blocks evicted by the cap (p among
+  // them when the device's other caches already hold the cap).
+  std::vector<void*> put(void* p, size_t bytes) {
+    std::vector<void*> evicted;
+    kept_.push_back({p, bytes, takes_});
+    device_total_ += bytes;
+    while (device_total_ > cap_ && !kept_.empty()) {
+      evicted.push_back(kept_.front().p);
+      remove(0);
+    }
+    return evicted;
+  }
+
+  std::vector<void*> release_all() {
+    std::vector<void*> all;
+    while (!kept_.empty()) {
+      all.push_back(kept_.front().p);
+      remove(0);
+    }
+    return all;
+  }
+
+  size_t blocks() const { return kept_.size(); }
+
+ private:
+  struct Kept {
+    void* p;
+    size_t bytes;
+    uint64_t since;  // takes_ when it was put
+  };
+  void remove(size_t i) {
+    device_total_ -= kept_[i].bytes;
+    kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  std::atomic<size_t>& device_total_;
+  size_t cap_;
+  uint64_t max_age_;
+  uint64_t takes_ = 0;
+  std::vector<Kept> kept_;  // oldest first
+};
+
+}  // namespace moekit::detail
