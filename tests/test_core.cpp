@@ -879,6 +879,23 @@ TEST(Context, CudaIsUnsupportedWithoutTheBackendOrInvalidForABadIndex) {
   EXPECT_EQ(Context::best_available().device(), n > 0 ? Device::cuda(0) : Device::cpu());
 }
 
+// Context::release_cached_memory reaches the context's allocator (on the CPU nothing else: no pool).
+TEST(Context, ReleaseCachedMemoryAsksTheContextsAllocator) {
+  struct Keeping final : Allocator {
+    int releases = 0;
+    Device device() const override { return Device::cpu(); }
+    void* do_allocate(size_t bytes) override { return std::malloc(bytes > 0 ? bytes : 1); }
+    void do_deallocate(void* p, size_t) noexcept override { std::free(p); }
+    void release_cached() override { ++releases; }
+  };
+  auto keeping = std::make_shared<Keeping>();
+  const Context ctx = Context::cpu().with_allocator(keeping);
+  ctx.release_cached_memory();
+  ctx.release_cached_memory();
+  EXPECT_EQ(keeping->releases, 2);
+  Context::cpu().release_cached_memory();  // the default CPU allocator keeps nothing
+}
+
 TEST(Context, WithAllocatorRejectsNullAndForeignDevices) {
   Context ctx = Context::cpu();
   auto e = caught([&] { ctx.with_allocator(nullptr); });

@@ -282,6 +282,39 @@ TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
   }
 }
 
+// Context::release_cached_memory gives the kept blocks and the pool's unused memory back to the
+// driver: the device's free memory grows by at least the kept block; the next allocation still
+// works. Under stream capture it refuses (it would wait for the stream) and the capture holds.
+TEST(CudaRuntime, ReleaseCachedMemoryGivesKeptBlocksBackAndRefusesUnderCapture) {
+  MOEKIT_REQUIRE_GPU();
+  const test::CudaGraphApi& api = test::CudaGraphApi::get();
+  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  const test::OwnedStream owned(api);  // outlives the context (which borrows it) and its tensors
+  ASSERT_NE(owned.get(), nullptr);
+  {
+    const Context ctx = Context::cuda(0, owned.get());
+    const int64_t bytes = int64_t{64} << 20;
+    { Tensor t = Tensor::empty({bytes}, DType::U8, ctx); }  // kept by the allocator
+    ctx.synchronize();
+    size_t free_before = 0, free_after = 0, total = 0;
+    ASSERT_EQ(api.mem_get_info(&free_before, &total), 0);
+    ctx.release_cached_memory();
+    ASSERT_EQ(api.mem_get_info(&free_after, &total), 0);
+    EXPECT_GE(free_after, free_before + static_cast<size_t>(bytes))
+        << "free device memory before " << free_before << ", after " << free_after;
+    const int64_t n = bytes / 2;  // bf16 elements
+    Tensor again = Tensor::empty({n}, DType::BF16, ctx);
+    fill(ctx, again, 5.0);
+    EXPECT_EQ(test::to_doubles(ctx, again.rows(n - 1, n))[0], 5.0);
+    void* graph = nullptr;
+    const std::string why = api.capture(owned.get(), [&] { ctx.release_cached_memory(); }, &graph);
+    EXPECT_THAT(why, HasSubstr("being captured")) << "the refusal's message";
+    EXPECT_THAT(why, ::testing::Not(HasSubstr("invalidated"))) << "the capture was broken";
+    if (graph) api.graph_destroy(graph);
+    ctx.synchronize();
+  }
+}
+
 TEST(CudaRuntime, RuntimeErrorNamesCallAndStatus) {
   MOEKIT_REQUIRE_GPU();
   auto e = caught([] { Tensor::empty({int64_t{1} << 50}, DType::U8, gpu()); });  // 1 PiB

@@ -224,6 +224,9 @@ NB_MODULE(_moekit, m) {
                    [](const moekit::Context& c) { return reinterpret_cast<uintptr_t>(c.stream()); })
       .def("with_backend", &moekit::Context::with_backend, "name"_a)
       .def("synchronize", &moekit::Context::synchronize, nb::call_guard<nb::gil_scoped_release>())
+      .def("release_cached_memory", &moekit::Context::release_cached_memory,
+           nb::call_guard<nb::gil_scoped_release>(),
+           "Gives back the memory moekit keeps for reuse on this context's device (a host sync)")
       .def("device_error_bits", &moekit::Context::device_error_bits,
            nb::call_guard<nb::gil_scoped_release>())
       .def("check_device_errors", &moekit::Context::check_device_errors,

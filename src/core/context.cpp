@@ -116,6 +116,14 @@ void Context::synchronize() const {
   if (device().is_cuda()) detail::cuda_synchronize(*this);
 }
 
+void Context::release_cached_memory() const {
+  if (device().is_cuda()) {
+    detail::cuda_release_cached_memory(*this);  // the allocator's too, after its checks
+  } else {
+    impl_->allocator->release_cached();
+  }
+}
+
 uint32_t Context::device_error_bits() const {
   return device().is_cuda() ? detail::cuda_take_error_bits(*this) : 0;
 }

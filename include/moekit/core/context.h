@@ -54,6 +54,12 @@ class Context {
   int sm_margin() const;
   /// Waits for all work queued on the context's stream.
   void synchronize() const;
+  /// Gives back the memory moekit keeps for reuse on this context's device (SPEC §1b, Memory):
+  /// the blocks this context's allocator keeps (and its side stream's), then, once the context's
+  /// streams have finished their queued work (a host sync), every byte of the device's pool that
+  /// no tensor uses. For a caller whose other allocator (e.g. torch's) runs out of memory. CPU
+  /// contexts: nothing to give back.
+  void release_cached_memory() const;
 
   /// Device-side argument errors (SPEC §1). Kernels that read device split counts without a host
   /// round trip (graph-capturable paths) check them where they read them: an invalid count makes

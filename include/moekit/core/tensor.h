@@ -42,6 +42,8 @@ class Allocator {
   Stats stats() const;
   void reset_stats();
   virtual Device device() const = 0;
+  /// Frees the memory the allocator keeps for reuse, if any (Context::release_cached_memory).
+  virtual void release_cached() {}
 
  protected:
   virtual void* do_allocate(size_t bytes) = 0;

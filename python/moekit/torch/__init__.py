@@ -11,9 +11,13 @@ Expert parallelism (issue 41): `moekit.torch.ep` — ExpertParallel's dispatch /
 autograd over a group the caller runs (caller_communicator: its symmetric region and collectives);
 the combine's input and the dispatch-backward's input are the `output` / `grad_input` buffers the
 grouped MLP writes (zero copy).
+
+Memory: moekit allocates from its own stream-ordered pool and keeps freed blocks for reuse;
+`moekit.torch.empty_cache()` gives them back (beside torch.cuda.empty_cache()).
 """
 from . import ep  # noqa: F401
 from . import ops  # noqa: F401
 from . import recipe  # noqa: F401
+from ._common import empty_cache  # noqa: F401
 from .module import GroupedLinear  # noqa: F401
 from .recipe import autocast, fp8_autocast, is_autocast_enabled  # noqa: F401

@@ -11,6 +11,16 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _contexts: dict = {}
 
 
+def empty_cache():
+    """moekit's torch.cuda.empty_cache(): every context moekit.torch made gives back the memory
+    moekit keeps for reuse (Context.release_cached_memory: the freed blocks its allocator keeps,
+    then what its device's pool holds unused) — for a torch allocator that runs out of memory
+    beside moekit's. Waits for those contexts' streams. Not while one of them is being captured
+    into a CUDA graph (moekit raises)."""
+    for ctx in list(_contexts.values()):
+        ctx.release_cached_memory()
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     if dtype not in _DTYPES:
         raise ValueError(f"moekit: unsupported dtype {dtype} (expected float32, float16 or bfloat16)")

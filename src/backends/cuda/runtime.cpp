@@ -92,6 +92,15 @@ class CudaAllocator final : public Allocator {
     (void)cudaGetLastError();
   }
   Device device() const override { return Device::cuda(res_->device); }
+  void release_cached() override {
+    DeviceGuard guard(res_->device);
+    std::vector<void*> kept;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      kept = cache_.release_all();
+    }
+    free_all(kept);
+  }
 
  protected:
   void* do_allocate(size_t bytes) override {
@@ -423,6 +432,26 @@ void cuda_synchronize(const Context& ctx) {
   auto& res = cuda::resources(ctx);
   cuda::DeviceGuard guard(res.device);
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+}
+
+void cuda_release_cached_memory(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  for (cudaStream_t s : {res.stream, res.side ? res.side->stream : nullptr}) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (s && cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+      throw_error(ErrorKind::Unsupported,
+                  "release_cached_memory: the context's stream is being captured into a CUDA "
+                  "graph (the call waits for the stream; run it outside the capture)");
+    }
+  }
+  ctx.allocator().release_cached();
+  if (res.side_allocator) res.side_allocator->release_cached();
+  // The kept blocks' frees (and every free queued before) complete, then the pool lets go of
+  // what no allocation holds: it never trims by itself (device_pool's release threshold).
+  if (res.side && res.side->stream) MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.side->stream));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+  MOEKIT_CUDA_CHECK(cudaMemPoolTrimTo(res.pool, 0));
 }
 
 }  // namespace detail
