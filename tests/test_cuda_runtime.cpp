@@ -254,7 +254,7 @@ TEST(CudaRuntime, AllocatorReusesALargeFreedBlockOnItsStream) {
 TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen (the runtime libmoekit loaded)";
   const test::OwnedStream owned(api);  // outlives the context (which borrows it) and its tensors
   void* stream = owned.get();
   ASSERT_NE(stream, nullptr);
@@ -288,7 +288,7 @@ TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
 TEST(CudaRuntime, ReleaseCachedMemoryGivesKeptBlocksBackAndRefusesUnderCapture) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen (the runtime libmoekit loaded)";
   const test::OwnedStream owned(api);  // outlives the context (which borrows it) and its tensors
   ASSERT_NE(owned.get(), nullptr);
   {
@@ -669,7 +669,7 @@ TEST(CudaGroupedGemm, BitwiseReproducibleRunToRun) {
 TEST(CudaGroupedGemm, SmMarginOnCublasMatchesReferenceInsideGuardBands) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen (the runtime libmoekit loaded)";
   const int sms = api.sm_count(0);
   ASSERT_GT(sms, 17);
   const DType dt = DType::BF16;
@@ -824,7 +824,7 @@ TEST(CudaDeviceSplits, InvalidCountsAreRejectedBeforeAnyWrite) {
 TEST(CudaDeviceSplits, GraphCapturedActivationAndBiasKernelsReplayWithNewCounts) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
-  if (!api.ok) GTEST_SKIP() << "libcudart entry points not found through dlopen";
+  ASSERT_TRUE(api.ok) << "libcudart entry points not found through dlopen (the runtime libmoekit loaded)";
   const test::OwnedStream owned(api);
   void* const stream = owned.get();
   ASSERT_NE(stream, nullptr);

@@ -87,19 +87,14 @@ class CudaAllocator final : public Allocator {
     int previous = -1;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != res_->device;
     if (restore) (void)cudaSetDevice(res_->device);
-    free_all(cache_.release_all());
+    release_kept();
     if (restore) (void)cudaSetDevice(previous);
     (void)cudaGetLastError();
   }
   Device device() const override { return Device::cuda(res_->device); }
   void release_cached() override {
     DeviceGuard guard(res_->device);
-    std::vector<void*> kept;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      kept = cache_.release_all();
-    }
-    free_all(kept);
+    release_kept();
   }
 
  protected:
@@ -119,17 +114,9 @@ class CudaAllocator final : public Allocator {
     }
     void* p = nullptr;
     cudaError_t e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
-    if (e != cudaSuccess) {
-      std::vector<void*> kept;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        kept = cache_.release_all();
-      }
-      if (!kept.empty()) {
-        (void)cudaGetLastError();
-        free_all(kept);
-        e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
-      }
+    if (e != cudaSuccess && release_kept() > 0) {  // retried once without the kept blocks
+      (void)cudaGetLastError();
+      e = cudaMallocFromPoolAsync(&p, block, res_->pool, res_->stream);
     }
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
@@ -145,24 +132,21 @@ class CudaAllocator final : public Allocator {
   }
   void do_deallocate(void* p, size_t) noexcept override {
     DeviceGuard guard(res_->device);
-    size_t block = 0;
+    bool kept = false;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = live_.find(p); it != live_.end()) {
-        block = it->second;
+        const size_t block = it->second;
         live_.erase(it);
+        if (!capturing()) {
+          evicted = cache_.put(p, block);
+          kept = true;
+        }
       }
     }
-    if (block > 0 && !capturing()) {
-      std::vector<void*> evicted;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        evicted = cache_.put(p, block);
-      }
-      free_all(evicted);
-      return;
-    }
-    free_async(p);
+    free_all(evicted);
+    if (!kept) free_async(p);
   }
 
  private:
@@ -189,6 +173,16 @@ class CudaAllocator final : public Allocator {
   }
   void free_all(const std::vector<void*>& blocks) noexcept {
     for (void* p : blocks) free_async(p);
+  }
+  // Every kept block back to the pool (on the current device); how many there were.
+  size_t release_kept() noexcept {
+    std::vector<void*> kept;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      kept = cache_.release_all();
+    }
+    free_all(kept);
+    return kept.size();
   }
 
   std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
