@@ -1334,7 +1334,9 @@ TEST(BlockCache, TakesTheSmallestKeptBlockUpToAnEighthLarger) {
   EXPECT_EQ(total.load(), 74 * kMiB);
   EXPECT_EQ(c.take(14 * kMiB).block, nullptr) << "16 MiB is more than an eighth above 14";
   EXPECT_EQ(c.take(16 * kMiB).block, blk(1)) << "the smallest that fits";
-  EXPECT_EQ(c.take(16 * kMiB).block, blk(0)) << "18 <= 16 + 16 / 8";
+  const detail::BlockCache::Taken larger = c.take(16 * kMiB);
+  EXPECT_EQ(larger.block, blk(0)) << "18 <= 16 + 16 / 8";
+  EXPECT_EQ(larger.bytes, 18 * kMiB) << "the block's own size (put back as such), not the request's";
   EXPECT_EQ(c.take(16 * kMiB).block, nullptr);
   EXPECT_EQ(c.take(41 * kMiB).block, nullptr) << "never a smaller block";
   EXPECT_EQ(c.take(36 * kMiB).block, blk(2));

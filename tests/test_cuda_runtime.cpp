@@ -283,8 +283,10 @@ TEST(CudaRuntime, AllocatorCacheIsBypassedUnderStreamCapture) {
 }
 
 // Context::release_cached_memory gives the kept blocks and the pool's unused memory back to the
-// driver: the device's free memory grows by at least the kept block; the next allocation still
-// works. Under stream capture it refuses (it would wait for the stream) and the capture holds.
+// driver: the pool's reserved memory (Context::memory_reserved, this process's own: the device's
+// free memory moves with the other test processes) falls by at least the kept block; the next
+// allocation still works. Under stream capture it refuses (it would wait for the stream) and the
+// capture holds.
 TEST(CudaRuntime, ReleaseCachedMemoryGivesKeptBlocksBackAndRefusesUnderCapture) {
   MOEKIT_REQUIRE_GPU();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
@@ -293,16 +295,22 @@ TEST(CudaRuntime, ReleaseCachedMemoryGivesKeptBlocksBackAndRefusesUnderCapture) 
   ASSERT_NE(owned.get(), nullptr);
   {
     const Context ctx = Context::cuda(0, owned.get());
-    const int64_t bytes = int64_t{64} << 20;
-    { Tensor t = Tensor::empty({bytes}, DType::U8, ctx); }  // kept by the allocator
+    const size_t bytes = size_t{64} << 20;
+    const size_t reserved_before_alloc = ctx.memory_reserved();
+    size_t reserved_in_use = 0;
+    {
+      Tensor t = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, ctx);
+      reserved_in_use = ctx.memory_reserved();
+    }  // kept by the allocator
     ctx.synchronize();
-    size_t free_before = 0, free_after = 0, total = 0;
-    ASSERT_EQ(api.mem_get_info(&free_before, &total), 0);
+    EXPECT_GE(reserved_in_use, reserved_before_alloc + bytes) << "the pool reserved the block";
+    const size_t reserved_kept = ctx.memory_reserved();
+    EXPECT_EQ(reserved_kept, reserved_in_use) << "a kept block stays reserved";
     ctx.release_cached_memory();
-    ASSERT_EQ(api.mem_get_info(&free_after, &total), 0);
-    EXPECT_GE(free_after, free_before + static_cast<size_t>(bytes))
-        << "free device memory before " << free_before << ", after " << free_after;
-    const int64_t n = bytes / 2;  // bf16 elements
+    const size_t reserved_after = ctx.memory_reserved();
+    EXPECT_LE(reserved_after + bytes, reserved_kept)
+        << "reserved with the block kept " << reserved_kept << ", after the release " << reserved_after;
+    const int64_t n = static_cast<int64_t>(bytes / 2);  // bf16 elements
     Tensor again = Tensor::empty({n}, DType::BF16, ctx);
     fill(ctx, again, 5.0);
     EXPECT_EQ(test::to_doubles(ctx, again.rows(n - 1, n))[0], 5.0);
@@ -313,6 +321,7 @@ TEST(CudaRuntime, ReleaseCachedMemoryGivesKeptBlocksBackAndRefusesUnderCapture) 
     if (graph) api.graph_destroy(graph);
     ctx.synchronize();
   }
+  EXPECT_EQ(Context::cpu().memory_reserved(), 0u);
 }
 
 TEST(CudaRuntime, RuntimeErrorNamesCallAndStatus) {

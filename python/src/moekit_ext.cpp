@@ -227,6 +227,8 @@ NB_MODULE(_moekit, m) {
       .def("release_cached_memory", &moekit::Context::release_cached_memory,
            nb::call_guard<nb::gil_scoped_release>(),
            "Gives back the memory moekit keeps for reuse on this context's device (a host sync)")
+      .def_prop_ro("memory_reserved", &moekit::Context::memory_reserved,
+                   "Bytes moekit's pool for this context's device holds from the driver (0: CPU)")
       .def("device_error_bits", &moekit::Context::device_error_bits,
            nb::call_guard<nb::gil_scoped_release>())
       .def("check_device_errors", &moekit::Context::check_device_errors,

@@ -4,7 +4,7 @@
 // (tests/test_core.cpp, BlockCache.*).
 //
 //   - take(bytes): the smallest kept block of bytes .. bytes + bytes / 8 (a size that moves a little
-//     from call to call, e.g. T with dropless routing, still hits), or null;
+//     from call to call, e.g. T with dropless routing, still hits) and its own size, or null;
 //   - put(p, bytes): keeps a freed block; the caches of a device share one cap (their total in
 //     `device_total`), each evicting its own oldest blocks past it;
 //   - age: a block not taken within max_age takes (hits or misses) of its cache is evicted, so
@@ -29,6 +29,7 @@ class BlockCache {
 
   struct Taken {
     void* block = nullptr;       // null: none of that size kept
+    size_t bytes = 0;            // the block's own size (what put() must be given back)
     std::vector<void*> evicted;  // blocks aged out by this take: to free
   };
   Taken take(size_t bytes) {
@@ -43,6 +44,7 @@ class BlockCache {
     }
     if (best != kept_.size()) {
       out.block = kept_[best].p;
+      out.bytes = kept_[best].bytes;
       remove(best);
     }
     for (size_t i = 0; i < kept_.size();) {  // the oldest first: stop at the first young one

@@ -124,6 +124,10 @@ void Context::release_cached_memory() const {
   }
 }
 
+size_t Context::memory_reserved() const {
+  return device().is_cuda() ? detail::cuda_memory_reserved(*this) : 0;
+}
+
 uint32_t Context::device_error_bits() const {
   return device().is_cuda() ? detail::cuda_take_error_bits(*this) : 0;
 }

@@ -17,6 +17,7 @@ void cuda_fill(const Context&, const Tensor&, double) { no_cuda(); }
 void cuda_zero_tail(const Context&, void*, size_t, int64_t, const Splits&) { no_cuda(); }
 void cuda_synchronize(const Context&) { no_cuda(); }
 void cuda_release_cached_memory(const Context&) { no_cuda(); }
+size_t cuda_memory_reserved(const Context&) { no_cuda(); }
 uint32_t cuda_take_error_bits(const Context&) { no_cuda(); }
 int cuda_sm_count(const Context&) { no_cuda(); }
 std::shared_ptr<ContextImpl> cuda_side_context(const Context&) { no_cuda(); }

@@ -59,6 +59,8 @@ void cuda_zero_tail(const Context& ctx, void* data, size_t row_bytes, int64_t ro
 void cuda_synchronize(const Context& ctx);
 /// Context::release_cached_memory's CUDA part (the side stream's allocator, the pool's trim).
 void cuda_release_cached_memory(const Context& ctx);
+/// Context::memory_reserved on a CUDA context: the device pool's reserved bytes.
+size_t cuda_memory_reserved(const Context& ctx);
 /// Reads and clears the CUDA context's device error word (synchronises its stream).
 uint32_t cuda_take_error_bits(const Context& ctx);
 /// The SM count of a CUDA context's device.

@@ -52,7 +52,6 @@ struct CudaGraphApi {
   int (*event_record)(void*, Stream) = nullptr;            // cudaEventRecord
   int (*stream_wait_event)(Stream, void*, unsigned) = nullptr;  // cudaStreamWaitEvent
   int (*set_device)(int) = nullptr;                        // cudaSetDevice
-  int (*mem_get_info)(size_t*, size_t*) = nullptr;         // cudaMemGetInfo (free, total)
   bool ok = false;
 
   CudaGraphApi() {
@@ -74,8 +73,8 @@ struct CudaGraphApi {
          get(kernel_params, "cudaGraphKernelNodeGetParams") &&
          get(device_attribute, "cudaDeviceGetAttribute") &&
          get(event_create, "cudaEventCreateWithFlags") && get(event_destroy, "cudaEventDestroy") &&
-         get(event_record, "cudaEventRecord") && get(stream_wait_event, "cudaStreamWaitEvent") && get(set_device, "cudaSetDevice") &&
-         get(mem_get_info, "cudaMemGetInfo");
+         get(event_record, "cudaEventRecord") && get(stream_wait_event, "cudaStreamWaitEvent") &&
+         get(set_device, "cudaSetDevice");
   }
 
   /// Each kernel node's launch of a captured graph, in the graph's node order (empty on error).

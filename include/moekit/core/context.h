@@ -60,6 +60,11 @@ class Context {
   /// no tensor uses. For a caller whose other allocator (e.g. torch's) runs out of memory. CPU
   /// contexts: nothing to give back.
   void release_cached_memory() const;
+  /// The bytes moekit's memory pool for this context's device holds from the driver: what tensors
+  /// use, what allocators keep for reuse and what the pool caches (every moekit context of the
+  /// device shares the pool; SPEC §1b, Memory). release_cached_memory brings it down to what
+  /// tensors use. 0 for CPU contexts.
+  size_t memory_reserved() const;
 
   /// Device-side argument errors (SPEC §1). Kernels that read device split counts without a host
   /// round trip (graph-capturable paths) check them where they read them: an invalid count makes

@@ -18,6 +18,6 @@ Memory: moekit allocates from its own stream-ordered pool and keeps freed blocks
 from . import ep  # noqa: F401
 from . import ops  # noqa: F401
 from . import recipe  # noqa: F401
-from ._common import empty_cache  # noqa: F401
+from ._common import empty_cache, memory_reserved  # noqa: F401
 from .module import GroupedLinear  # noqa: F401
 from .recipe import autocast, fp8_autocast, is_autocast_enabled  # noqa: F401

@@ -21,6 +21,18 @@ def empty_cache():
         ctx.release_cached_memory()
 
 
+def memory_reserved(device=None) -> int:
+    """moekit's torch.cuda.memory_reserved(): the bytes moekit's memory pool for `device` (default:
+    the current CUDA device) holds from the driver — what moekit's tensors use, what its allocators
+    keep for reuse and what the pool caches (all moekit contexts of a device share the pool).
+    empty_cache() brings it down to what moekit's tensors use. 0 on the CPU."""
+    device = default_device(device)
+    for key, ctx in _contexts.items():
+        if key[0] == "cuda" and key[1] == device.index:
+            return ctx.memory_reserved
+    return 0  # no moekit.torch context there: moekit.torch has made no memory on it
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     if dtype not in _DTYPES:
         raise ValueError(f"moekit: unsupported dtype {dtype} (expected float32, float16 or bfloat16)")

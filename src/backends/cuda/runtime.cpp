@@ -107,7 +107,7 @@ class CudaAllocator final : public Allocator {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         taken = cache_.take(block);
-        if (taken.block) live_[taken.block] = block;
+        if (taken.block) live_[taken.block] = taken.bytes;  // its own size, not the request's
       }
       free_all(taken.evicted);
       if (taken.block) return taken.block;
@@ -446,6 +446,14 @@ void cuda_release_cached_memory(const Context& ctx) {
   if (res.side && res.side->stream) MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.side->stream));
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(res.stream));
   MOEKIT_CUDA_CHECK(cudaMemPoolTrimTo(res.pool, 0));
+}
+
+size_t cuda_memory_reserved(const Context& ctx) {
+  auto& res = cuda::resources(ctx);
+  cuda::DeviceGuard guard(res.device);
+  uint64_t reserved = 0;  // the attribute is a cuuint64_t (64 bits)
+  MOEKIT_CUDA_CHECK(cudaMemPoolGetAttribute(res.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  return static_cast<size_t>(reserved);
 }
 
 }  // namespace detail
