@@ -352,19 +352,34 @@ __global__ void tile_blocks_kernel(QuantParams p) {
 
 // Stores a tile's columnwise codes, staged as codes[column][row] (rows [0, rows) of kRows), into
 // the copy: column c0 + j of the tile is row c0 + j of the copy, from its column t0. With `words`
-// (t0, col_ld and the copy 4-byte aligned) whole 4-byte words, then the tail's bytes.
-template <int kRows, int kThreads>
+// (t0, col_ld and the copy 4-byte aligned) whole 4-byte words, then the tail's bytes: a thread
+// keeps one word position w of the columns j0, j0 + kPass, ... (a warp: kRows / 4 consecutive
+// words of a column, whole 128-byte lines at kRows = 128), its addresses stepped, not recomputed
+// (the index arithmetic of a word a pass was ~20% of the 1×128 quantize's instructions, ncu on
+// an H100, bench/results/2026-12-06-nvidia-h100-c7352e2-quantize-instructions.md).
+template <int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void store_columnwise(const QuantParams& p, const uint8_t (*codes)[kRows + 4],
                                                  int64_t t0, int rows, int64_t c0, int cols, bool words) {
   if (words) {
+    constexpr int kWords = kRows / 4, kPass = kThreads / kWords;
+    static_assert(kThreads % kWords == 0 && kCols % kPass == 0, "whole passes of whole columns");
+    const int w = static_cast<int>(threadIdx.x) % kWords, j0 = static_cast<int>(threadIdx.x) / kWords;
     const int whole = rows / 4;
-    for (int e = threadIdx.x; e < cols * (kRows / 4); e += kThreads) {
-      const int j = e / (kRows / 4), w = e % (kRows / 4);
-      uint8_t* out = p.col + (c0 + j) * p.col_ld + t0;
-      if (w < whole) {
-        reinterpret_cast<uint32_t*>(out)[w] = *reinterpret_cast<const uint32_t*>(&codes[j][4 * w]);
-      } else if (w == whole) {
-        for (int r = 4 * w; r < rows; ++r) out[r] = codes[j][r];
+    uint8_t* out = p.col + (c0 + j0) * p.col_ld + t0 + 4 * w;
+    const int64_t step = int64_t{kPass} * p.col_ld;
+    if (w < whole) {
+#pragma unroll
+      for (int q = 0; q < kCols / kPass; ++q) {
+        if (j0 + q * kPass < cols) {
+          *reinterpret_cast<uint32_t*>(out + q * step) =
+              *reinterpret_cast<const uint32_t*>(&codes[j0 + q * kPass][4 * w]);
+        }
+      }
+    } else if (w == whole) {
+      for (int q = 0; q < kCols / kPass; ++q) {
+        if (j0 + q * kPass < cols) {
+          for (int r = 4 * w; r < rows; ++r) out[q * step + r - 4 * w] = codes[j0 + q * kPass][r];
+        }
       }
     }
   } else {
@@ -377,8 +392,8 @@ __device__ __forceinline__ void store_columnwise(const QuantParams& p, const uin
 
 // Four codes of x · f, e4m3 (kE4) or e5m2, as one little-endian word: encode_fp8_pair with the
 // format a constant and, without kNan (no NaN among x's elements), no NaN fix-up.
-template <bool kE4, bool kNan, class Vec>
-__device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&f)[4]) {
+template <bool kE4, bool kNan>
+__device__ __forceinline__ uint32_t encode_fp8_quad_f(const float (&x)[4], const float (&f)[4]) {
   const auto pair = [](float a, float b) {
     uint16_t r = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kE4 ? __NV_E4M3 : __NV_E5M2);
     if constexpr (kNan) {
@@ -388,8 +403,12 @@ __device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&
     }
     return uint32_t{r};
   };
-  return pair(to_float(x.v[0]) * f[0], to_float(x.v[1]) * f[1]) |
-         (pair(to_float(x.v[2]) * f[2], to_float(x.v[3]) * f[3]) << 16);
+  return pair(x[0] * f[0], x[1] * f[1]) | (pair(x[2] * f[2], x[3] * f[3]) << 16);
+}
+template <bool kE4, bool kNan, class Vec>
+__device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&f)[4]) {
+  const float v[4] = {to_float(x.v[0]), to_float(x.v[1]), to_float(x.v[2]), to_float(x.v[3])};
+  return encode_fp8_quad_f<kE4, kNan>(v, f);
 }
 
 // The packed pair type of a 16-bit element type.
@@ -497,7 +516,7 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
       codes[c][r] = q;
     }
     __syncthreads();
-    if (p.col) store_columnwise<kPgRows, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
+    if (p.col) store_columnwise<kPgRows, kPgCols, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
     __syncthreads();  // factor and codes reused by the next tile
   }
 }
@@ -565,7 +584,7 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
       }
     });
     __syncthreads();
-    if (p.col) store_columnwise<kPgRows, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
+    if (p.col) store_columnwise<kPgRows, kPgCols, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
     __syncthreads();  // factor and codes reused by the next tile
   }
 }
@@ -594,13 +613,51 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 // else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 512, kB1MinBlocks = 2;
 
-// The |x| maxima of a thread's vectors of 4: each vector's (a[i], its row's share) and each of
-// the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
+// A thread's vector of 4 elements of x as raw words (the 1×128 kernel's registers): 16-bit types
+// as two packed pairs (uint2), f32 as uint4. Kept packed, the pairs feed the packed maxima and are
+// widened once per use (a shift or a mask for bf16): as a struct of four 16-bit elements they were
+// split into 16-bit registers and packed again (~8% of the kernel's instructions, ncu on an H100,
+// bench/results/2026-12-06-nvidia-h100-c7352e2-quantize-instructions.md).
+template <class T>
+struct RawVec {
+  using type = uint2;
+};
+template <>
+struct RawVec<float> {
+  using type = uint4;
+};
+template <class T, class R>
+__device__ __forceinline__ float raw_elem(const R& r, int j) {  // j a constant after unrolling
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w);
+  } else {
+    const uint32_t w = j < 2 ? r.x : r.y;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);  // bf16 is f32's top half
+    } else {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 == 0 ? w : w >> 16)));
+    }
+  }
+}
+template <class T, class R>
+__device__ __forceinline__ void raw_floats(const R& r, float (&x)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] = raw_elem<T>(r, j);
+}
+template <class P>
+__device__ __forceinline__ P as_pair(uint32_t w) {
+  P q;
+  __builtin_memcpy(&q, &w, sizeof(q));
+  return q;
+}
+
+// The |x| maxima of a thread's raw vectors of 4: each vector's (a[i], its row's share) and each
+// of the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
 // CPU's loop (from 0, so an all-NaN row's is 0) — and whether any element is NaN. 16-bit types on
 // the packed pairs: |x| clears the sign bits, max keeps the non-NaN operand (fmax's rule), both
 // exact in the element type, so the results are the f32 loop's; f32 per element.
-template <class T, class Vec, int N>
-__device__ __forceinline__ void block1d_amax(const Vec (&v)[N], float (&a)[N], float (&cmax)[4], bool& nan) {
+template <class T, class R, int N>
+__device__ __forceinline__ void block1d_amax(const R (&v)[N], float (&a)[N], float (&cmax)[4], bool& nan) {
   if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) cmax[j] = 0.0f;
@@ -609,7 +666,7 @@ __device__ __forceinline__ void block1d_amax(const Vec (&v)[N], float (&a)[N], f
       a[i] = 0.0f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float m = qm::abs_f(v[i].v[j]);
+        const float m = qm::abs_f(raw_elem<T>(v[i], j));
         nan |= m != m;
         if (m > a[i]) a[i] = m;
         if (m > cmax[j]) cmax[j] = m;
@@ -625,8 +682,7 @@ __device__ __forceinline__ void block1d_amax(const Vec (&v)[N], float (&a)[N], f
     P c01 = zero, c23 = zero, seen = zero;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const P* pr = reinterpret_cast<const P*>(&v[i]);
-      const P x01 = __habs2(pr[0]), x23 = __habs2(pr[1]);
+      const P x01 = __habs2(as_pair<P>(v[i].x)), x23 = __habs2(as_pair<P>(v[i].y));
       c01 = __hmax2(c01, x01);
       c23 = __hmax2(c23, x23);
       seen = __hmax2_nan(seen, __hmax2_nan(x01, x23));  // NaN-propagating: did one occur?
@@ -688,9 +744,9 @@ struct B1Shared {
 // kPasses·warp .. kPasses·warp + kPasses − 1 of the tile at columns 4·lane .. 4·lane + 3 (v[i]:
 // row kPasses·warp + i; rows and columns past the tile's: zeros, whose codes are never stored).
 // Ends with the CTA's shared memory free for the next tile.
-template <class T, class Vec>
+template <class T, class R>
 __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1Tile& cur,
-                                                  const Vec (&v)[kB1Rows / (kB1Threads / 32)],
+                                                  const R (&v)[kB1Rows / (kB1Threads / 32)],
                                                   B1Shared& sh, bool col_words) {
   constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -706,15 +762,13 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
   const bool e4 = p.format == QuantFormat::E4M3, fix_nan = __any_sync(0xffffffffu, nan);
   const auto dispatch = [&](auto&& body) { with_format_and_nan(e4, fix_nan, body); };
   if (p.row) {
-    // Every lane gets the warp's kPasses row amaxes (independent butterflies); lane i computes row
-    // r0 + i's scale, then each row's codes with its factor from that lane.
+    // Every lane gets the warp's kPasses row amaxes, one redux.sync each: a maximum here is never
+    // NaN and never negative, so its f32 bits order as unsigned integers as the values do (one
+    // instruction a row where the butterflies took fifteen); lane i computes row r0 + i's scale,
+    // then each row's codes with its factor from that lane.
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const float other = __shfl_xor_sync(0xffffffffu, a[i], o);
-        if (other > a[i]) a[i] = other;
-      }
+    for (int i = 0; i < kPasses; ++i) {
+      a[i] = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(a[i])));
     }
     float mine = 0.0f;
 #pragma unroll
@@ -731,8 +785,10 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
       for (int i = 0; i < kPasses; ++i) {
         if (live && r0 + i < cur.rows) {
           const float fs[kV] = {f[i], f[i], f[i], f[i]};
+          float x[kV];
+          raw_floats<T>(v[i], x);
           *reinterpret_cast<uint32_t*>(p.row + (cur.t0 + r0 + i) * p.row_ld + cur.c0 + c) =
-              encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[i], fs);
+              encode_fp8_quad_f<decltype(kE4)::value, decltype(kNan)::value>(x, fs);
         }
       }
     });
@@ -755,11 +811,14 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
       dispatch([&](auto kE4, auto kNan) {
 #pragma unroll
         for (int q = 0; q < kPasses / 4; ++q) {  // rows r0 + 4q .. r0 + 4q + 3: one word a column
-          uint32_t w[kV];
-          transpose_bytes(encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q], fs),
-                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 1], fs),
-                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 2], fs),
-                          encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(v[4 * q + 3], fs), w);
+          uint32_t w[kV], code[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            float x[kV];
+            raw_floats<T>(v[4 * q + k], x);
+            code[k] = encode_fp8_quad_f<decltype(kE4)::value, decltype(kNan)::value>(x, fs);
+          }
+          transpose_bytes(code[0], code[1], code[2], code[3], w);
 #pragma unroll
           for (int j = 0; j < kV; ++j) {
             const int jj = (j + rot) & 3;
@@ -770,7 +829,7 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
       });
     }
     __syncthreads();
-    store_columnwise<kB1Rows, kB1Threads>(p, sh.codes, cur.t0, cur.rows, cur.c0, cur.cols,
+    store_columnwise<kB1Rows, kB1Cols, kB1Threads>(p, sh.codes, cur.t0, cur.rows, cur.c0, cur.cols,
                                           col_words && cur.t0 % 4 == 0);
     __syncthreads();  // part, col_factor and codes reused by the next tile
   }
@@ -809,11 +868,13 @@ __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel
     // The thread's kPasses vectors, read from its slots once (rows past the tile's: zeros, which
     // change no maximum, and whose codes are never stored); then the next tile's loads into the
     // same slots, in flight while this one is cast.
-    Vec v[kPasses];
+    using R = typename RawVec<T>::type;
+    static_assert(sizeof(R) == sizeof(Vec), "a raw vector is a slot");
+    R v[kPasses];
     {
-      const Vec* x = stage + threadIdx.x;  // pass i at x[i * kB1Threads]
+      const R* x = reinterpret_cast<const R*>(stage) + threadIdx.x;  // pass i at x[i * kB1Threads]
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) v[i] = live && r0 + i < cur.rows ? x[i * kB1Threads] : Vec{};
+      for (int i = 0; i < kPasses; ++i) v[i] = live && r0 + i < cur.rows ? x[i * kB1Threads] : R{};
     }
     const int64_t next = tile + gridDim.x;
     B1Tile nxt = cur;
