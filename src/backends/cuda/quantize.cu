@@ -356,7 +356,7 @@ __global__ void tile_blocks_kernel(QuantParams p) {
 // keeps one word position w of the columns j0, j0 + kPass, ... (a warp: kRows / 4 consecutive
 // words of a column, whole 128-byte lines at kRows = 128), its addresses stepped, not recomputed
 // (the index arithmetic of a word a pass was ~20% of the 1×128 quantize's instructions, ncu on
-// an H100, bench/results/2026-12-06-nvidia-h100-c7352e2-quantize-instructions.md).
+// an H100, bench/results/2026-12-06-nvidia-h100-2d0ebb6-quantize-instructions.md).
 template <int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void store_columnwise(const QuantParams& p, const uint8_t (*codes)[kRows + 4],
                                                  int64_t t0, int rows, int64_t c0, int cols, bool words) {
@@ -599,25 +599,27 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 // memory; 512 threads at 2 CTAs an SM — 64 registers, no spills, 50% occupancy — took 7-11% off
 // each of qwen3's four quantizes against 256 threads, 25%, on an H100, bench/results/
 // 2026-12-06-nvidia-h100-bd37e0f-fp8-swiglu-quantize512.md; at 3 or 4 CTAs an SM the register cap
-// spills and it is 18-80% slower). The maxima of 16-bit inputs run on packed pairs (block1d_amax); the encodes have the
-// format as a constant and fix up NaN codes only in a warp that holds a NaN (warp-uniform
-// branches: the common path is the conversion alone). A row's 1×128 amax is one warp's (its
-// kPasses reductions interleaved), its scale computed by lane r % kPasses (kPasses rows' scales at once) and stored
-// at [t, c / 128]; a column's 128×1 amax over 16 warps' partial maxima in shared memory, its scale
-// stored at [row block k, c]. Rowwise codes go out as 4-byte words along the rows; the columnwise
-// ones are transposed four rows at a time by byte permutes, staged in shared memory one word a
-// column (the word order rotated by lane group: no bank conflicts) and stored along the copy's
-// rows (words when the tile's first row t0 and col_ld allow). (ncu at 07ec4f1, before the
-// register reuse, the packed maxima and the constant-format encodes: issue-bound, SM 67% vs
-// memory 42% of peak.) Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all checks;
-// else the one-copy kernels above).
+// spills and it is 18-80% slower). The maxima of 16-bit inputs run on packed pairs (block1d_amax);
+// the encodes have the format as a constant and fix up NaN codes only in a warp that holds a NaN
+// (warp-uniform branches: the common path is the conversion alone). A row's 1×128 amax is one
+// warp's (a redux.sync a row), its scale computed by lane r % kPasses (kPasses rows' scales at
+// once) and stored at [t, c / 128]; a column's 128×1 amax over 16 warps' partial maxima in shared
+// memory, its scale stored at [row block k, c]. Rowwise codes go out as 4-byte words along the
+// rows; the columnwise ones are transposed four rows at a time by byte permutes, staged in shared
+// memory one word a column (the word order rotated by lane group: no bank conflicts) and stored
+// along the copy's rows (words when the tile's first row t0 and col_ld allow). Instructions are
+// what bounds it (ncu, qwen3 on an H100: issue slots 72% busy, DRAM 60%, at 98.5 M instructions
+// for x; the raw vectors, the redux maxima and the stepped column stores took them to 77.4 M and
+// x from 134 to 113 µs, 88% of the copy ceiling: bench/results/2026-12-06-nvidia-h100-2d0ebb6-
+// quantize-instructions.md). Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all
+// checks; else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 512, kB1MinBlocks = 2;
 
 // A thread's vector of 4 elements of x as raw words (the 1×128 kernel's registers): 16-bit types
 // as two packed pairs (uint2), f32 as uint4. Kept packed, the pairs feed the packed maxima and are
 // widened once per use (a shift or a mask for bf16): as a struct of four 16-bit elements they were
 // split into 16-bit registers and packed again (~8% of the kernel's instructions, ncu on an H100,
-// bench/results/2026-12-06-nvidia-h100-c7352e2-quantize-instructions.md).
+// bench/results/2026-12-06-nvidia-h100-2d0ebb6-quantize-instructions.md).
 template <class T>
 struct RawVec {
   using type = uint2;
