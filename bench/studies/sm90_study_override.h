@@ -25,8 +25,8 @@ struct Key {
   std::array<std::string_view, 8> values;  // the first `count` are the key's values
   int count;
 };
-inline const std::array<Key, 13>& keys() {
-  static const std::array<Key, 13> k{{
+inline const std::array<Key, 14>& keys() {
+  static const std::array<Key, 14> k{{
       {"config", &StudySettings::config, {"large", "small"}, 2},
       {"order", &StudySettings::order, {"auto", "cutlass", "blocked", "chunk2", "chunk4", "chunk8", "balanced"}, 7},
       {"raster", &StudySettings::raster, {"m", "n"}, 2},
@@ -40,6 +40,7 @@ inline const std::array<Key, 13>& keys() {
       {"group_k_own", &StudySettings::group_k_own, {"0", "1"}, 2},
       {"fused_forward", &StudySettings::fused_forward, {"0", "1"}, 2},
       {"fused_backward", &StudySettings::fused_backward, {"0", "1"}, 2},
+      {"fp8_fast", &StudySettings::fp8_fast, {"pingpong12", "pingpong21", "coop256"}, 3},
   }};
   return k;
 }

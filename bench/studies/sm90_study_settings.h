@@ -23,6 +23,8 @@ struct StudySettings {
   int group_k_own = -1;          // 0 | 1: 0 never the own group-K kernel, 1 for every bf16 -> bf16 below the wide groups
   int fused_forward = -1;        // 0 | 1: 0 declines fc1 + SwiGLU in one kernel
   int fused_backward = -1;       // 0 | 1: 1 accepts fc2 dgrad + SwiGLU backward in one kernel
+  int fp8_fast = -1;             // pingpong12 | pingpong21 | coop256: the tile of fp8-current's
+                                 // fast-accumulation group-M GEMM (fprop; sm90_fp8_fast_study.cu)
 };
 
 /// The settings of this process: all automatic in a product build; a study build's parsed once

@@ -18,6 +18,9 @@
 #include "backends/cuda/sm90/instances/group_m_instances.h"
 #include "backends/cuda/sm90/scheduler/tile_units.h"
 #include "../../../../../bench/studies/sm90_study_settings.h"  // study_settings(): every field -1 in the product
+#if MOEKIT_SM90_STUDY_OVERRIDE
+#include "../../../../../bench/studies/sm90_fp8_fast_study.h"  // a study build's FP8 fprop tiles
+#endif
 #include "moekit/core/error.h"
 
 namespace moekit::cuda::sm90 {
@@ -176,6 +179,11 @@ const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
     return of_dtype(d, fp8_block_group_m_dgrad_e4m3, fp8_block_group_m_dgrad_e4m3_f16);
   }
   if (p.a_code == Fp8Code::E5M2) return of_dtype(d, fp8_group_m_e5m2_promoted, fp8_group_m_e5m2_promoted_f16);
+#if MOEKIT_SM90_STUDY_OVERRIDE
+  if (p.fast_accumulation && d == DType::BF16 && study_settings().fp8_fast > 0) {
+    return study_settings().fp8_fast == 1 ? fp8_group_m_e4m3_fast_pingpong21 : fp8_group_m_e4m3_fast_coop256;
+  }
+#endif
   if (p.fast_accumulation) return of_dtype(d, fp8_group_m_e4m3_fast, fp8_group_m_e4m3_fast_f16);
   return of_dtype(d, fp8_group_m_e4m3_promoted, fp8_group_m_e4m3_promoted_f16);
 }
