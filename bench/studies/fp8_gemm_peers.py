@@ -17,7 +17,13 @@ pass (fprop: a no-grad forward; dgrad: the input requires grad, the weight not; 
 reverse; a backward step's first GEMM is its forward's, not counted), after warm-up. A study: the numbers feed design/PERFORMANCE.md's FP8 row.
 
     PYTHONPATH=<build>/python python3 bench/studies/fp8_gemm_peers.py [--shapes a,b]
-        [--cutlass DIR] [--reps 10] [--out table.md]
+        [--passes fprop,dgrad,wgrad] [--recipes fp8-block,fp8-current] [--cutlass DIR] [--reps 10]
+        [--out table.md]
+
+--passes / --recipes narrow a run (a recipe left out shows "—" and runs no peer of its own): e.g.
+a study build's tiles of fp8-current's fprop, one process per MOEKIT_SM90_STUDY value (the
+override is read once a process): `MOEKIT_SM90_STUDY=fp8_fast=coop256 ... --passes fprop
+--recipes fp8-current` (bench/studies/sm90_fp8_fast_study.h).
 
 Shapes (bench/grouped_gemm_bench.cu's suite; E experts, T rows, K -> N):
 """
@@ -47,6 +53,9 @@ def pass_mnk(p, T, E, K, N):
     """The per-group GEMM (m, n, k) of a pass: fprop x·Wᵀ, dgrad dy·W, wgrad dyᵀ·x."""
     m = T // E
     return {"fprop": (m, N, K), "dgrad": (m, K, N), "wgrad": (N, K, m)}[p]
+
+
+SHOW_KERNELS = False  # --show-kernels: print the GEMM kernel's tile and cluster shapes once per pass
 
 
 def moekit_pass_ms(recipe, p, E, T, K, N, reps):
@@ -81,6 +90,10 @@ def moekit_pass_ms(recipe, p, E, T, K, N, reps):
                    if ev.device_type == torch.autograd.DeviceType.CUDA and "cutlass13device_kernel" in ev.name),
                   key=lambda ev: ev.time_range.start)
     per_call = 1 if p == "fprop" else 2  # a backward step runs its forward's GEMM first
+    if SHOW_KERNELS and gemm:  # e.g. a study tile (MOEKIT_SM90_STUDY): which kernel ran
+        shapes = list(dict.fromkeys(re.findall(r"C<(\d+)>, (?:cute::)?C<(\d+)>, (?:cute::)?C<(\d+)>", gemm[-1].name)))
+        sched = re.findall(r"KernelPtrArrayTmaWarpSpecialized\w+", gemm[-1].name)
+        print(f"moekit {recipe} {p}: {sched[:1]} shapes {shapes[:3]}", flush=True)
     if len(gemm) != per_call * reps:
         raise RuntimeError(f"moekit {recipe} {p}: {len(gemm)} GEMM kernels in {reps} calls, expected {per_call * reps}")
     return statistics.median(ev.device_time / 1e3 for ev in gemm[per_call - 1::per_call])
@@ -111,7 +124,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--cutlass", help="the folder bench/studies/cutlass_fp8_peers.sh built ex57 / ex68 in")
+    ap.add_argument("--passes", default=",".join(PASSES))
+    ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--show-kernels", action="store_true", help="print each pass's GEMM schedule and shapes")
     ap.add_argument("--out", help="also write the table (markdown) here")
     args = ap.parse_args()
     lines = [f"# FP8 grouped GEMMs: moekit (cuda-fp8) beside stock CUTLASS and torch — "
@@ -122,26 +138,33 @@ def main():
              "block / it | fp8-current ms | ex57 ms | current / ex57 (≥ 1.0) | like-for-like ms | current / it | "
              "torch._scaled_grouped_mm ms | current / torch (≥ 1.1) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    global SHOW_KERNELS
+    SHOW_KERNELS = args.show_kernels
+    passes, recipes = args.passes.split(","), args.recipes.split(",")
+    for bad in [p for p in passes if p not in PASSES] + [r for r in recipes if r not in RECIPES]:
+        ap.error(f"unknown pass or recipe {bad!r} (passes {', '.join(PASSES)}; recipes {', '.join(RECIPES)})")
     for name in args.shapes.split(","):
         E, T, K, N = SHAPES[name]
         flop = 2.0 * T * N * K
-        for p in PASSES:
-            blk = moekit_pass_ms("fp8-block", p, E, T, K, N, args.reps)
-            cur = moekit_pass_ms("fp8-current", p, E, T, K, N, args.reps)
+        for p in [p for p in PASSES if p in passes]:
+            blk = moekit_pass_ms("fp8-block", p, E, T, K, N, args.reps) if "fp8-block" in recipes else None
+            cur = moekit_pass_ms("fp8-current", p, E, T, K, N, args.reps) if "fp8-current" in recipes else None
             m, n, k = pass_mnk(p, T, E, K, N)
             # the stock examples (the issue's targets) and, for the backward passes, the variants
             # that accumulate / scale as moekit's do (like for like)
             b_like, c_like = ("ex68r" if p == "wgrad" else "ex68"), ("ex57" if p == "fprop" else "ex57p")
             run = lambda b: peer(lambda: cutlass_ms(f"{args.cutlass}/{b}", m, n, k, E)) if args.cutlass else None
-            ex68, ex57 = run("ex68"), run("ex57")
-            ex68l = ex68 if b_like == "ex68" else run(b_like)
-            ex57l = ex57 if c_like == "ex57" else run(c_like)
-            tsg = scaled_grouped_mm_ms(E, T, K, N, args.reps) if p == "fprop" else None
+            ex68 = run("ex68") if blk is not None else None
+            ex57 = run("ex57") if cur is not None else None
+            ex68l = ex68 if b_like == "ex68" or blk is None else run(b_like)
+            ex57l = ex57 if c_like == "ex57" or cur is None else run(c_like)
+            tsg = scaled_grouped_mm_ms(E, T, K, N, args.reps) if p == "fprop" and cur is not None else None
             fmt = lambda v: "—" if v is None else f"{v:.3f}"
-            ratio = lambda peer, ours: "—" if peer is None else f"{peer / ours:.2f}"
-            lines.append(f"| {name} | {p} | {blk:.3f} ({flop / blk / 1e9:.0f} TF) | {fmt(ex68)} | "
+            ours = lambda v: "—" if v is None else f"{v:.3f} ({flop / v / 1e9:.0f} TF)"
+            ratio = lambda peer, mine: "—" if peer is None or mine is None else f"{peer / mine:.2f}"
+            lines.append(f"| {name} | {p} | {ours(blk)} | {fmt(ex68)} | "
                          f"{ratio(ex68, blk)} | {fmt(ex68l)} ({b_like}) | {ratio(ex68l, blk)} | "
-                         f"{cur:.3f} ({flop / cur / 1e9:.0f} TF) | {fmt(ex57)} | {ratio(ex57, cur)} | "
+                         f"{ours(cur)} | {fmt(ex57)} | {ratio(ex57, cur)} | "
                          f"{fmt(ex57l)} ({c_like}) | {ratio(ex57l, cur)} | {fmt(tsg)} | {ratio(tsg, cur)} |")
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
