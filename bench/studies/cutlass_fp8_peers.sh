@@ -3,8 +3,10 @@
 # example 57 (per-tensor FP8 grouped GEMM, e4m3 x e5m2, its cooperative and ping-pong kernels) and
 # example 68 (block-scaled FP8 grouped GEMM, Sm90BlockwiseScaleConfig<1,128,128>, the mainloop
 # moekit's fp8-block GEMMs use), from the CUTLASS source the build's headers come from; and the
-# like-for-like variants of moekit's backward passes: ex57p (promoted accumulation, not FastAccum)
-# and ex68r (B scaled per row: Sm90BlockwiseScaleConfig<1,1,128>).
+# like-for-like variants of moekit's passes: ex57p (promoted accumulation, not FastAccum), ex68r
+# (B scaled per row: Sm90BlockwiseScaleConfig<1,1,128>, moekit's wgrad), ex68f and ex68d (the
+# scales' majors of moekit's fprop, A and B K-major, and dgrad, A K-major and B MN-major; stock
+# ex68 reads both MN-major).
 #
 #   bench/studies/cutlass_fp8_peers.sh DIR      # any machine with nvcc (no GPU needed)
 #
@@ -54,7 +56,17 @@ build ex68 $ex68_dir $ex68_dir.cu & pids+=($!)
 # ex68r: example 68 with B scaled per row too (1x128 blocks along K for both operands: moekit's
 # fp8-block wgrad, where both dy and x carry 128x1 blocks along the rows)
 build ex68r $ex68_dir $ex68_dir.cu "constexpr int ScaleGranularityN = 128;" "constexpr int ScaleGranularityN = 1;" & pids+=($!)
+# ex68f / ex68d: the scale layouts moekit's fprop and dgrad read (fp8_kernel.cuh's
+# Fp8FpropBlockScales <1,128> K / K and Fp8DgradBlockScales <1,128> K / MN: the 1x128 row scales
+# as the quantize writes them, [row, k block])
+sfa_sfb="cutlass::detail::Sm90BlockwiseScaleConfig<ScaleGranularityM, ScaleGranularityN, ScaleGranularityK>;"
 rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done  # the first four, then two more (each nvcc takes GBs)
+pids=()
+build ex68f $ex68_dir $ex68_dir.cu "$sfa_sfb" \
+  "cutlass::detail::Sm90BlockwiseScaleConfig<ScaleGranularityM, ScaleGranularityN, ScaleGranularityK, cute::GMMA::Major::K, cute::GMMA::Major::K>;" & pids+=($!)
+build ex68d $ex68_dir $ex68_dir.cu "$sfa_sfb" \
+  "cutlass::detail::Sm90BlockwiseScaleConfig<ScaleGranularityM, ScaleGranularityN, ScaleGranularityK, cute::GMMA::Major::K, cute::GMMA::Major::MN>;" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 (( rc == 0 )) || { echo "cutlass_fp8_peers.sh: a build failed" >&2; exit 1; }
-ls -la "$out"/ex57 "$out"/ex57p "$out"/ex68 "$out"/ex68r
+ls -la "$out"/ex57 "$out"/ex57p "$out"/ex68 "$out"/ex68r "$out"/ex68f "$out"/ex68d

@@ -5,9 +5,11 @@ moekit's native FP8 grouped GEMMs (cuda-fp8: fp8-current's per-expert scales, fp
 device splits, bf16), beside
   - CUTLASS example 68 (block-scaled, the mainloop moekit's fp8-block uses) and example 57
     (per-tensor FP8), stock (the issue's targets), timing only, at each pass's per-group (m, n,
-    k), and beside them the variant that computes as moekit's pass does (like for like: fprop the
-    stock ones — FastAccum, as moekit's forward; dgrad, wgrad: ex57p, promoted accumulation as
-    TE's split accumulator; wgrad: ex68r, B scaled per row as x's 128x1 blocks) — built by
+    k), and beside them the variant that computes as moekit's pass does (like for like: ex57
+    stock for fprop — FastAccum, as moekit's forward; dgrad, wgrad: ex57p, promoted accumulation as
+    TE's split accumulator; ex68f / ex68d: the scale layouts moekit's fprop / dgrad read, A's
+    1x128 scales K-major where ex68 reads MN-major; wgrad: ex68r, B scaled per row as x's 128x1
+    blocks) — built by
     bench/studies/cutlass_fp8_peers.sh DIR, given as --cutlass DIR; each timed by its own loop
     (--iterations runs of initialize() + run() between two events), example 57 its best kernel;
   - torch._scaled_grouped_mm (rowwise scales, fast accumulation) for fprop.
@@ -152,11 +154,13 @@ def main():
             m, n, k = pass_mnk(p, T, E, K, N)
             # the stock examples (the issue's targets) and, for the backward passes, the variants
             # that accumulate / scale as moekit's do (like for like)
-            b_like, c_like = ("ex68r" if p == "wgrad" else "ex68"), ("ex57" if p == "fprop" else "ex57p")
+            # (ex68f / ex68d: the scales' majors moekit's fprop / dgrad read; ex68r: B per row, wgrad)
+            b_like = {"fprop": "ex68f", "dgrad": "ex68d", "wgrad": "ex68r"}[p]
+            c_like = "ex57" if p == "fprop" else "ex57p"
             run = lambda b: peer(lambda: cutlass_ms(f"{args.cutlass}/{b}", m, n, k, E)) if args.cutlass else None
             ex68 = run("ex68") if blk is not None else None
             ex57 = run("ex57") if cur is not None else None
-            ex68l = ex68 if b_like == "ex68" or blk is None else run(b_like)
+            ex68l = None if blk is None else run(b_like)
             ex57l = ex57 if c_like == "ex57" or cur is None else run(c_like)
             tsg = scaled_grouped_mm_ms(E, T, K, N, args.reps) if p == "fprop" and cur is not None else None
             fmt = lambda v: "—" if v is None else f"{v:.3f}"
