@@ -791,6 +791,54 @@ TEST(QuantizeCuda, Fp8CodesOfEdgesAndAMillionRandomFloatsEqualTheCpu) {
   }
 }
 
+// The 16-bit inputs' edges through fp8-current's and fp8-block's quantizes, bit for bit against
+// the reference: rows holding every bf16 / f16 bit pattern (NaNs, infinities, subnormals, ±0 —
+// blocks whose amax is infinite, scale 1), and rows of normal values with one NaN, one infinity,
+// a -0 or a subnormal among them (NaN never wins a maximum; an infinite one gives scale 1), in
+// groups of 0 rows and of row counts off the 128-row blocks. On the GPU these are the 16-bit
+// paths of the one-read kernels (packed |x| maxima, a row's maximum by redux.sync on its f32
+// bits, NaN fix-ups only in warps holding one).
+void check_sixteen_bit_edges(const Context& ctx) {
+  const std::vector<int64_t> counts = {200, 0, 131, 181};
+  const int64_t T = 512, C = 1024;  // C % 4 == 0: the vector paths
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    Tensor x = random_normal({T, C}, dt, 77, 3.0);
+    uint16_t* u = x.data_as<uint16_t>();
+    const uint16_t inf = dt == DType::BF16 ? 0x7F80 : 0x7C00, nan = dt == DType::BF16 ? 0x7FC1 : 0x7E01;
+    std::mt19937 rng(5);
+    uint32_t pattern = 0;
+    for (int64_t r = 0; r < T; ++r) {
+      uint16_t* row = u + r * C;
+      const int64_t at = static_cast<int64_t>(rng() % C);
+      switch (r % 4) {
+        case 0:  // the next C of the 65536 patterns (every one appears twice)
+          for (int64_t c = 0; c < C; ++c) row[c] = static_cast<uint16_t>(pattern++);
+          break;
+        case 1: row[at] = static_cast<uint16_t>(nan | (rng() % 2 ? 0x8000 : 0)); break;
+        case 2: row[at] = static_cast<uint16_t>(inf | (rng() % 2 ? 0x8000 : 0)); break;
+        default: row[at] = rng() % 2 ? uint16_t{0x8000} : uint16_t{0x0001}; break;  // -0, subnormal
+      }
+    }
+    ASSERT_GE(pattern, 65536u * 2);
+    const Tensor x_d = ctx.device().is_cuda() ? to_device(ctx, x) : x;
+    for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::Hybrid}) {
+      for (const QuantSpec spec : {Recipe::fp8_current(f).spec(QuantRole::GradOutput),
+                                   Recipe::fp8_block(f).spec(QuantRole::GradOutput)}) {
+        SCOPED_TRACE(str(name(dt), spec.format == QuantFormat::E4M3 ? " e4m3" : " e5m2",
+                         spec.scaling == Scaling::PerGroup ? " per group" : " 1x128 blocks"));
+        QuantizedTensor q = quantize(ctx, x_d, Splits::host(counts), spec, QuantUsage::Both);
+        if (ctx.device().is_cuda()) q = host_copy(ctx, q);
+        EXPECT_TRUE(matches_reference(q, ref_quantize(floats_of(x), T, C, counts, spec, dt), counts));
+      }
+    }
+  }
+}
+TEST(QuantizeCpu, SixteenBitEdgesAndEveryBitPatternEqualTheReference) { check_sixteen_bit_edges(host()); }
+TEST(QuantizeCuda, SixteenBitEdgesAndEveryBitPatternEqualTheCpu) {
+  MOEKIT_REQUIRE_CUDA();
+  check_sixteen_bit_edges(Context::cuda(0));
+}
+
 TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
   MOEKIT_REQUIRE_CUDA();
   const Context gpu = Context::cuda(0);
