@@ -13,7 +13,8 @@ the combine's input and the dispatch-backward's input are the `output` / `grad_i
 grouped MLP writes (zero copy).
 
 Memory: moekit allocates from its own stream-ordered pool and keeps freed blocks for reuse;
-`moekit.torch.empty_cache()` gives them back (beside torch.cuda.empty_cache()).
+`moekit.torch.empty_cache()` gives them back (beside torch.cuda.empty_cache());
+`moekit.torch.memory_reserved()` says how much the pool holds.
 """
 from . import ep  # noqa: F401
 from . import ops  # noqa: F401
