@@ -1325,18 +1325,26 @@ char g_blocks[64];  // distinct addresses standing in for blocks
 void* blk(int i) { return &g_blocks[i]; }
 constexpr size_t kMiB = size_t{1} << 20;
 
+// A block the allocator got from its pool and then freed: what the cap evicted.
+std::vector<void*> keep(detail::BlockCache& c, void* p, size_t bytes) {
+  c.allocated(p, bytes);
+  detail::BlockCache::Freed f = c.freed(p, true);
+  EXPECT_TRUE(f.kept);
+  return f.evicted;
+}
+
 TEST(BlockCache, TakesTheSmallestKeptBlockUpToAnEighthLarger) {
   std::atomic<size_t> total{0};
   detail::BlockCache c(total, 1000 * kMiB, 100);
-  EXPECT_TRUE(c.put(blk(0), 18 * kMiB).empty());
-  EXPECT_TRUE(c.put(blk(1), 16 * kMiB).empty());
-  EXPECT_TRUE(c.put(blk(2), 40 * kMiB).empty());
+  EXPECT_TRUE(keep(c, blk(0), 18 * kMiB).empty());
+  EXPECT_TRUE(keep(c, blk(1), 16 * kMiB).empty());
+  EXPECT_TRUE(keep(c, blk(2), 40 * kMiB).empty());
   EXPECT_EQ(total.load(), 74 * kMiB);
   EXPECT_EQ(c.take(14 * kMiB).block, nullptr) << "16 MiB is more than an eighth above 14";
   EXPECT_EQ(c.take(16 * kMiB).block, blk(1)) << "the smallest that fits";
   const detail::BlockCache::Taken larger = c.take(16 * kMiB);
   EXPECT_EQ(larger.block, blk(0)) << "18 <= 16 + 16 / 8";
-  EXPECT_EQ(larger.bytes, 18 * kMiB) << "the block's own size (put back as such), not the request's";
+  EXPECT_EQ(larger.bytes, 18 * kMiB);
   EXPECT_EQ(c.take(16 * kMiB).block, nullptr);
   EXPECT_EQ(c.take(41 * kMiB).block, nullptr) << "never a smaller block";
   EXPECT_EQ(c.take(36 * kMiB).block, blk(2));
@@ -1344,33 +1352,64 @@ TEST(BlockCache, TakesTheSmallestKeptBlockUpToAnEighthLarger) {
   EXPECT_EQ(c.blocks(), 0u);
 }
 
+// The bug CudaRuntime.AllocatorReusesALargeFreedBlockOnItsStream found on an H100 (2026-12-06):
+// a larger block taken for a smaller request was booked at the request's size, came back as that,
+// and the next request of its own size missed it.
+TEST(BlockCache, ATakenBlockComesBackAtItsOwnSize) {
+  std::atomic<size_t> total{0};
+  detail::BlockCache c(total, 1000 * kMiB, 100);
+  EXPECT_TRUE(keep(c, blk(0), 18 * kMiB).empty());
+  EXPECT_EQ(c.take(16 * kMiB).block, blk(0));
+  const detail::BlockCache::Freed back = c.freed(blk(0), true);
+  EXPECT_TRUE(back.kept);
+  EXPECT_EQ(total.load(), 18 * kMiB) << "kept at its own 18 MiB";
+  EXPECT_EQ(c.take(18 * kMiB).block, blk(0)) << "an 18 MiB request takes it again";
+  EXPECT_EQ(c.take(18 * kMiB).block, nullptr);
+}
+
+// freed(): a block not booked here (a small one, or one allocated under stream capture) and a
+// booked one handed back with keep false (freed under capture) are the caller's to free; the
+// latter is forgotten, so a second hand-back does not keep it either.
+TEST(BlockCache, OnlyBookedBlocksAreKeptAndOnlyWhenAsked) {
+  std::atomic<size_t> total{0};
+  detail::BlockCache c(total, 1000 * kMiB, 100);
+  detail::BlockCache::Freed f = c.freed(blk(5), true);
+  EXPECT_FALSE(f.kept);
+  EXPECT_TRUE(f.evicted.empty());
+  c.allocated(blk(6), 4 * kMiB);
+  EXPECT_FALSE(c.freed(blk(6), false).kept) << "keep false: the caller frees it";
+  EXPECT_FALSE(c.freed(blk(6), true).kept) << "no longer booked";
+  EXPECT_EQ(c.blocks(), 0u);
+  EXPECT_EQ(total.load(), 0u);
+}
+
 TEST(BlockCache, TheDevicesCapIsSharedAndEachCacheEvictsItsOwnOldestFirst) {
   std::atomic<size_t> total{0};
   detail::BlockCache a(total, 10 * kMiB, 100), b(total, 10 * kMiB, 100);
-  EXPECT_TRUE(a.put(blk(0), 4 * kMiB).empty());
-  EXPECT_TRUE(a.put(blk(1), 4 * kMiB).empty());
-  EXPECT_EQ(a.put(blk(2), 4 * kMiB), std::vector<void*>{blk(0)}) << "12 > 10: a's oldest";
+  EXPECT_TRUE(keep(a, blk(0), 4 * kMiB).empty());
+  EXPECT_TRUE(keep(a, blk(1), 4 * kMiB).empty());
+  EXPECT_EQ(keep(a, blk(2), 4 * kMiB), std::vector<void*>{blk(0)}) << "12 > 10: a's oldest";
   // b's own block is evicted: the cap is full of a's.
-  EXPECT_EQ(b.put(blk(3), 4 * kMiB), std::vector<void*>{blk(3)});
+  EXPECT_EQ(keep(b, blk(3), 4 * kMiB), std::vector<void*>{blk(3)});
   EXPECT_EQ(total.load(), 8 * kMiB);
   EXPECT_EQ(a.release_all(), (std::vector<void*>{blk(1), blk(2)}));
   EXPECT_EQ(total.load(), 0u);
-  EXPECT_TRUE(b.put(blk(3), 4 * kMiB).empty()) << "room again";
+  EXPECT_TRUE(keep(b, blk(3), 4 * kMiB).empty()) << "room again";
   EXPECT_EQ(b.release_all(), std::vector<void*>{blk(3)});
 }
 
 TEST(BlockCache, ABlockNotTakenWithinItsAgeGoesBack) {
   std::atomic<size_t> total{0};
   detail::BlockCache c(total, 1000 * kMiB, 3);
-  c.put(blk(0), 8 * kMiB);
-  c.put(blk(1), 2 * kMiB);
+  keep(c, blk(0), 8 * kMiB);
+  keep(c, blk(1), 2 * kMiB);
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(c.take(100 * kMiB).evicted.empty());  // misses age both
   EXPECT_EQ(c.take(2 * kMiB).block, blk(1)) << "taken at the third request: in time";
   const detail::BlockCache::Taken t = c.take(100 * kMiB);  // the fourth: 8 MiB is too old
   EXPECT_EQ(t.block, nullptr);
   EXPECT_EQ(t.evicted, std::vector<void*>{blk(0)});
   EXPECT_EQ(total.load(), 0u);
-  c.put(blk(2), 8 * kMiB);  // its age counts from its put
+  keep(c, blk(2), 8 * kMiB);  // its age counts from when it was kept
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(c.take(100 * kMiB).evicted.empty());
   EXPECT_EQ(c.take(100 * kMiB).evicted, std::vector<void*>{blk(2)});
 }

@@ -1,12 +1,16 @@
 // Internal: the policy of a stream-ordered allocator's cache of freed large blocks (the CUDA
-// allocator's, backends/cuda/runtime.cpp; design/ARCHITECTURE.md "Context"). Pointers and sizes
-// only — the allocator frees what this hands back — so the policy is tested on any machine
-// (tests/test_core.cpp, BlockCache.*).
+// allocator's, backends/cuda/runtime.cpp; design/ARCHITECTURE.md "Context"), and its books of the
+// cacheable blocks in use. Pointers and sizes only — the allocator frees what this hands back —
+// so the policy is tested on any machine (tests/test_core.cpp, BlockCache.*).
 //
+//   - allocated(p, bytes): a cacheable block the allocator got from its pool, booked in use;
 //   - take(bytes): the smallest kept block of bytes .. bytes + bytes / 8 (a size that moves a little
-//     from call to call, e.g. T with dropless routing, still hits) and its own size, or null;
-//   - put(p, bytes): keeps a freed block; the caches of a device share one cap (their total in
-//     `device_total`), each evicting its own oldest blocks past it;
+//     from call to call, e.g. T with dropless routing, still hits), booked in use at its own size
+//     (booked at the request's, a larger block came back smaller and the next request of its own
+//     size missed it: caught on an H100, 2026-12-06), or null;
+//   - freed(p, keep): a block handed back. One booked here is kept when `keep` (the caches of a
+//     device share one cap, their total in `device_total`, each evicting its own oldest blocks past
+//     it); otherwise (not kept, or not booked here) the caller frees it;
 //   - age: a block not taken within max_age takes (hits or misses) of its cache is evicted, so
 //     blocks of sizes no longer asked for go back to the pool, where any size can use them;
 //   - release_all(): every kept block (before an allocation is retried, and at the end).
@@ -16,6 +20,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace moekit::detail {
@@ -27,9 +32,11 @@ class BlockCache {
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
 
+  void allocated(void* p, size_t bytes) { live_[p] = bytes; }
+
   struct Taken {
     void* block = nullptr;       // null: none of that size kept
-    size_t bytes = 0;            // the block's own size (what put() must be given back)
+    size_t bytes = 0;            // the block's own size (as booked)
     std::vector<void*> evicted;  // blocks aged out by this take: to free
   };
   Taken take(size_t bytes) {
@@ -45,6 +52,7 @@ class BlockCache {
     if (best != kept_.size()) {
       out.block = kept_[best].p;
       out.bytes = kept_[best].bytes;
+      live_[out.block] = out.bytes;
       remove(best);
     }
     for (size_t i = 0; i < kept_.size();) {  // the oldest first: stop at the first young one
@@ -55,17 +63,26 @@ class BlockCache {
     return out;
   }
 
-  // Keeps p (`bytes`: what take() will compare); returns the blocks evicted by the cap (p among
-  // them when the device's other caches already hold the cap).
-  std::vector<void*> put(void* p, size_t bytes) {
-    std::vector<void*> evicted;
+  struct Freed {
+    bool kept = false;           // false: the caller frees the block
+    std::vector<void*> evicted;  // blocks the cap evicted (the freed one among them when the
+                                 // device's other caches already hold the cap): to free
+  };
+  Freed freed(void* p, bool keep) {
+    Freed out;
+    const auto it = live_.find(p);
+    if (it == live_.end()) return out;  // not a cacheable block of this allocator's
+    const size_t bytes = it->second;
+    live_.erase(it);
+    if (!keep) return out;
+    out.kept = true;
     kept_.push_back({p, bytes, takes_});
     device_total_ += bytes;
     while (device_total_ > cap_ && !kept_.empty()) {
-      evicted.push_back(kept_.front().p);
+      out.evicted.push_back(kept_.front().p);
       remove(0);
     }
-    return evicted;
+    return out;
   }
 
   std::vector<void*> release_all() {
@@ -83,7 +100,7 @@ class BlockCache {
   struct Kept {
     void* p;
     size_t bytes;
-    uint64_t since;  // takes_ when it was put
+    uint64_t since;  // takes_ when it was kept
   };
   void remove(size_t i) {
     device_total_ -= kept_[i].bytes;
@@ -94,7 +111,8 @@ class BlockCache {
   size_t cap_;
   uint64_t max_age_;
   uint64_t takes_ = 0;
-  std::vector<Kept> kept_;  // oldest first
+  std::vector<Kept> kept_;                  // oldest first
+  std::unordered_map<void*, size_t> live_;  // cacheable blocks in use: their own bytes
 };
 
 }  // namespace moekit::detail

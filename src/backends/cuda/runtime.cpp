@@ -7,7 +7,6 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/block_cache.h"
@@ -107,7 +106,6 @@ class CudaAllocator final : public Allocator {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         taken = cache_.take(block);
-        if (taken.block) live_[taken.block] = taken.bytes;  // its own size, not the request's
       }
       free_all(taken.evicted);
       if (taken.block) return taken.block;
@@ -126,27 +124,19 @@ class CudaAllocator final : public Allocator {
     }
     if (cacheable) {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_[p] = block;
+      cache_.allocated(p, block);
     }
     return p;
   }
   void do_deallocate(void* p, size_t) noexcept override {
     DeviceGuard guard(res_->device);
-    bool kept = false;
-    std::vector<void*> evicted;
+    detail::BlockCache::Freed freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (auto it = live_.find(p); it != live_.end()) {
-        const size_t block = it->second;
-        live_.erase(it);
-        if (!capturing()) {
-          evicted = cache_.put(p, block);
-          kept = true;
-        }
-      }
+      freed = cache_.freed(p, !capturing());
     }
-    free_all(evicted);
-    if (!kept) free_async(p);
+    free_all(freed.evicted);
+    if (!freed.kept) free_async(p);
   }
 
  private:
@@ -187,8 +177,7 @@ class CudaAllocator final : public Allocator {
 
   std::shared_ptr<CudaResources> res_;  // keeps the stream alive while tensors are
   std::mutex mutex_;
-  std::unordered_map<void*, size_t> live_;  // cacheable blocks in use: their (rounded) bytes
-  detail::BlockCache cache_;                // freed blocks kept (under mutex_)
+  detail::BlockCache cache_;  // freed blocks kept, and the cacheable ones in use (under mutex_)
 };
 
 }  // namespace
