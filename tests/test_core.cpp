@@ -1325,10 +1325,13 @@ char g_blocks[64];  // distinct addresses standing in for blocks
 void* blk(int i) { return &g_blocks[i]; }
 constexpr size_t kMiB = size_t{1} << 20;
 
+constexpr auto kKeep = [] { return true; };   // freed(): keep it (no stream capture)
+constexpr auto kDrop = [] { return false; };  // freed(): the caller frees it (a capture)
+
 // A block the allocator got from its pool and then freed: what the cap evicted.
 std::vector<void*> keep(detail::BlockCache& c, void* p, size_t bytes) {
   c.allocated(p, bytes);
-  detail::BlockCache::Freed f = c.freed(p, true);
+  detail::BlockCache::Freed f = c.freed(p, kKeep);
   EXPECT_TRUE(f.kept);
   return f.evicted;
 }
@@ -1360,7 +1363,7 @@ TEST(BlockCache, ATakenBlockComesBackAtItsOwnSize) {
   detail::BlockCache c(total, 1000 * kMiB, 100);
   EXPECT_TRUE(keep(c, blk(0), 18 * kMiB).empty());
   EXPECT_EQ(c.take(16 * kMiB).block, blk(0));
-  const detail::BlockCache::Freed back = c.freed(blk(0), true);
+  const detail::BlockCache::Freed back = c.freed(blk(0), kKeep);
   EXPECT_TRUE(back.kept);
   EXPECT_EQ(total.load(), 18 * kMiB) << "kept at its own 18 MiB";
   EXPECT_EQ(c.take(18 * kMiB).block, blk(0)) << "an 18 MiB request takes it again";
@@ -1373,12 +1376,14 @@ TEST(BlockCache, ATakenBlockComesBackAtItsOwnSize) {
 TEST(BlockCache, OnlyBookedBlocksAreKeptAndOnlyWhenAsked) {
   std::atomic<size_t> total{0};
   detail::BlockCache c(total, 1000 * kMiB, 100);
-  detail::BlockCache::Freed f = c.freed(blk(5), true);
+  int asked = 0;
+  detail::BlockCache::Freed f = c.freed(blk(5), [&] { return ++asked > 0; });
+  EXPECT_EQ(asked, 0) << "keep_if is asked only for a booked block";
   EXPECT_FALSE(f.kept);
   EXPECT_TRUE(f.evicted.empty());
   c.allocated(blk(6), 4 * kMiB);
-  EXPECT_FALSE(c.freed(blk(6), false).kept) << "keep false: the caller frees it";
-  EXPECT_FALSE(c.freed(blk(6), true).kept) << "no longer booked";
+  EXPECT_FALSE(c.freed(blk(6), kDrop).kept) << "keep_if false: the caller frees it";
+  EXPECT_FALSE(c.freed(blk(6), kKeep).kept) << "no longer booked";
   EXPECT_EQ(c.blocks(), 0u);
   EXPECT_EQ(total.load(), 0u);
 }

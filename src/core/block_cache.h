@@ -8,9 +8,10 @@
 //     from call to call, e.g. T with dropless routing, still hits), booked in use at its own size
 //     (booked at the request's, a larger block came back smaller and the next request of its own
 //     size missed it: caught on an H100, 2026-12-06), or null;
-//   - freed(p, keep): a block handed back. One booked here is kept when `keep` (the caches of a
-//     device share one cap, their total in `device_total`, each evicting its own oldest blocks past
-//     it); otherwise (not kept, or not booked here) the caller frees it;
+//   - freed(p, keep_if): a block handed back. One booked here is kept when keep_if() — asked only
+//     for such a block (the allocator's is a driver call: not for every small free) — the caches of
+//     a device sharing one cap, their total in `device_total`, each evicting its own oldest blocks
+//     past it; otherwise (not kept, or not booked here) the caller frees it;
 //   - age: a block not taken within max_age takes (hits or misses) of its cache is evicted, so
 //     blocks of sizes no longer asked for go back to the pool, where any size can use them;
 //   - release_all(): every kept block (before an allocation is retried, and at the end).
@@ -68,13 +69,14 @@ class BlockCache {
     std::vector<void*> evicted;  // blocks the cap evicted (the freed one among them when the
                                  // device's other caches already hold the cap): to free
   };
-  Freed freed(void* p, bool keep) {
+  template <class KeepIf>
+  Freed freed(void* p, const KeepIf& keep_if) {
     Freed out;
     const auto it = live_.find(p);
     if (it == live_.end()) return out;  // not a cacheable block of this allocator's
     const size_t bytes = it->second;
     live_.erase(it);
-    if (!keep) return out;
+    if (!keep_if()) return out;
     out.kept = true;
     kept_.push_back({p, bytes, takes_});
     device_total_ += bytes;

@@ -133,7 +133,7 @@ class CudaAllocator final : public Allocator {
     detail::BlockCache::Freed freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      freed = cache_.freed(p, !capturing());
+      freed = cache_.freed(p, [this] { return !capturing(); });
     }
     free_all(freed.evicted);
     if (!freed.kept) free_async(p);
