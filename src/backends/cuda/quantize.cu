@@ -405,11 +405,6 @@ __device__ __forceinline__ uint32_t encode_fp8_quad_f(const float (&x)[4], const
   };
   return pair(x[0] * f[0], x[1] * f[1]) | (pair(x[2] * f[2], x[3] * f[3]) << 16);
 }
-template <bool kE4, bool kNan, class Vec>
-__device__ __forceinline__ uint32_t encode_fp8_quad(const Vec& x, const float (&f)[4]) {
-  const float v[4] = {to_float(x.v[0]), to_float(x.v[1]), to_float(x.v[2]), to_float(x.v[3])};
-  return encode_fp8_quad_f<kE4, kNan>(v, f);
-}
 
 // The packed pair type of a 16-bit element type.
 template <class T>
@@ -433,16 +428,57 @@ __device__ __forceinline__ void transpose_bytes(uint32_t c0, uint32_t c1, uint32
   w[3] = __byte_perm(t1, t3, 0x7632);
 }
 
-// Whether any element of a thread's vectors is NaN (16-bit types: a NaN-propagating max over the
+// A thread's vector of 4 elements of x as raw words (the one-read kernels' registers): 16-bit types
+// as two packed pairs (uint2), f32 as uint4. Kept packed, the pairs feed the packed maxima and are
+// widened once per use (a shift or a mask for bf16): as a struct of four 16-bit elements they were
+// split into 16-bit registers and packed again (~8% of the kernel's instructions, ncu on an H100,
+// bench/results/2026-12-06-nvidia-h100-2d0ebb6-quantize-instructions.md).
+template <class T>
+struct RawVec {
+  using type = uint2;
+};
+template <>
+struct RawVec<float> {
+  using type = uint4;
+};
+template <class T, class R>
+__device__ __forceinline__ float raw_elem(const R& r, int j) {  // j a constant after unrolling
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w);
+  } else {
+    const uint32_t w = j < 2 ? r.x : r.y;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);  // bf16 is f32's top half
+    } else {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 == 0 ? w : w >> 16)));
+    }
+  }
+}
+template <class T, class R>
+__device__ __forceinline__ void raw_floats(const R& r, float (&x)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] = raw_elem<T>(r, j);
+}
+template <class P>
+__device__ __forceinline__ P as_pair(uint32_t w) {
+  P q;
+  __builtin_memcpy(&q, &w, sizeof(q));
+  return q;
+}
+
+// Whether any element of a thread's raw vectors is NaN (16-bit types: a NaN-propagating max over the
 // packed |x| pairs; f32: per element).
-template <class T, class Vec, int N>
-__device__ __forceinline__ bool any_nan(const Vec (&v)[N]) {
+template <class T, class R, int N>
+__device__ __forceinline__ bool any_nan(const R (&v)[N]) {
   if constexpr (std::is_same_v<T, float>) {
     bool nan = false;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) nan |= v[i].v[j] != v[i].v[j];
+      for (int j = 0; j < 4; ++j) {
+        const float e = raw_elem<T>(v[i], j);
+        nan |= e != e;
+      }
     }
     return nan;
   } else {
@@ -452,8 +488,7 @@ __device__ __forceinline__ bool any_nan(const Vec (&v)[N]) {
     else seen = __float2bfloat162_rn(0.0f);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const P* pr = reinterpret_cast<const P*>(&v[i]);
-      seen = __hmax2_nan(seen, __hmax2_nan(__habs2(pr[0]), __habs2(pr[1])));
+      seen = __hmax2_nan(seen, __hmax2_nan(__habs2(as_pair<P>(v[i].x)), __habs2(as_pair<P>(v[i].y))));
     }
     return __hisnan(seen.x) || __hisnan(seen.y);
   }
@@ -533,7 +568,8 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
   static_assert(kPgCols == 32 * kV && kRowsPerWarp % 4 == 0, "a warp spans a row, whole words of rows");
   __shared__ float factor[kPgRows];
   __shared__ __align__(16) uint8_t codes[kPgCols][kPgRows + 4];  // [column][row]: the copy's layout
-  struct alignas(kV * sizeof(T)) Vec { T v[kV]; };
+  using R = typename RawVec<T>::type;  // 4 elements of x, packed (RawVec)
+  static_assert(sizeof(R) == kV * sizeof(T), "a raw vector holds 4 elements");
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int c = lane * kV, r0 = warp * kRowsPerWarp;
   const bool e4 = p.format == QuantFormat::E4M3;
@@ -543,11 +579,11 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
     const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
     const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
     const bool live = c < cols;
-    Vec x[kRowsPerWarp];  // rows past the tile's: zeros, whose codes are never stored
+    R x[kRowsPerWarp];  // rows past the tile's: zeros, whose codes are never stored
     const T* src = static_cast<const T*>(p.x) + (t0 + r0) * p.C + c0 + c;
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
-      x[i] = live && r0 + i < rows ? *reinterpret_cast<const Vec*>(src + i * p.C) : Vec{};
+      x[i] = live && r0 + i < rows ? *reinterpret_cast<const R*>(src + i * p.C) : R{};
     }
     if (threadIdx.x < rows) {
       const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
@@ -563,7 +599,9 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) {
         const float fs[kV] = {f[i], f[i], f[i], f[i]};
-        code[i] = encode_fp8_quad<decltype(kE4)::value, decltype(kNan)::value>(x[i], fs);
+        float xf[kV];
+        raw_floats<T>(x[i], xf);
+        code[i] = encode_fp8_quad_f<decltype(kE4)::value, decltype(kNan)::value>(xf, fs);
         if (p.row && live && r0 + i < rows) {
           *reinterpret_cast<uint32_t*>(p.row + (t0 + r0 + i) * p.row_ld + c0 + c) = code[i];
         }
@@ -614,44 +652,6 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 // quantize-instructions.md). Needs C % 4 == 0 and 4-element-aligned x / row copy (launch_all
 // checks; else the one-copy kernels above).
 constexpr int kB1Rows = 128, kB1Cols = 128, kB1Threads = 512, kB1MinBlocks = 2;
-
-// A thread's vector of 4 elements of x as raw words (the 1×128 kernel's registers): 16-bit types
-// as two packed pairs (uint2), f32 as uint4. Kept packed, the pairs feed the packed maxima and are
-// widened once per use (a shift or a mask for bf16): as a struct of four 16-bit elements they were
-// split into 16-bit registers and packed again (~8% of the kernel's instructions, ncu on an H100,
-// bench/results/2026-12-06-nvidia-h100-2d0ebb6-quantize-instructions.md).
-template <class T>
-struct RawVec {
-  using type = uint2;
-};
-template <>
-struct RawVec<float> {
-  using type = uint4;
-};
-template <class T, class R>
-__device__ __forceinline__ float raw_elem(const R& r, int j) {  // j a constant after unrolling
-  if constexpr (std::is_same_v<T, float>) {
-    return __uint_as_float(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w);
-  } else {
-    const uint32_t w = j < 2 ? r.x : r.y;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);  // bf16 is f32's top half
-    } else {
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 == 0 ? w : w >> 16)));
-    }
-  }
-}
-template <class T, class R>
-__device__ __forceinline__ void raw_floats(const R& r, float (&x)[4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[j] = raw_elem<T>(r, j);
-}
-template <class P>
-__device__ __forceinline__ P as_pair(uint32_t w) {
-  P q;
-  __builtin_memcpy(&q, &w, sizeof(q));
-  return q;
-}
 
 // The |x| maxima of a thread's raw vectors of 4: each vector's (a[i], its row's share) and each
 // of the 4 columns' (cmax), NaN never winning — a NaN element leaves a maximum as it was, as in the
