@@ -3,13 +3,15 @@ recipe through GroupedLinear forward / backward against an fp64 reference built 
 reference quantize (moekit.quantize_dequantize: what each GEMM's operands are, SPEC §6b), that
 quantize itself against plain-torch quantizers (fp8-current, mxfp8), caller buffers, the weight
 cache after an in-place optimizer step, and the errors of unsupported fields."""
+import dataclasses
+
 import pytest
 import torch
 
 import moekit
 import moekit.torch as mt
 from moekit.torch import ops
-from moekit.torch.recipe import (Float8BlockScaling, Float8CurrentScaling, Format,
+from moekit.torch.recipe import (Float8BlockScaling, Float8CurrentScaling, Format, MMParams,
                                  MXFP8BlockScaling, NVFP4BlockScaling)
 
 F32 = torch.float32
@@ -265,10 +267,33 @@ class DelayedScaling:  # TE's default recipe, which moekit does not have
     (lambda: Float8CurrentScaling(amax_epsilon=-1.0), "amax_epsilon"),
     (lambda: Float8CurrentScaling(fp8_dpa=True), "fp8_dpa"),
     (lambda: Float8CurrentScaling(fp8_mha=True), "fp8_mha"),
+    (lambda: Float8CurrentScaling(fp8_gemm_fprop=MMParams()), "fp8_gemm_fprop"),
+    (lambda: Float8CurrentScaling(fp8_gemm_dgrad=MMParams(use_split_accumulator=False)), "fp8_gemm_dgrad"),
+    (lambda: Float8CurrentScaling(fp8_gemm_wgrad=MMParams(False)), "fp8_gemm_wgrad"),
+    (lambda: Float8CurrentScaling(fp8_gemm_wgrad=None), "fp8_gemm_wgrad"),
+    (lambda: Float8BlockScaling(fp8_gemm_fprop=MMParams(False)), "fp8_gemm_fprop"),
+    (lambda: Float8BlockScaling(fp8_gemm_dgrad=MMParams(False)), "fp8_gemm_dgrad"),
 ])
 def test_unsupported_fields_are_errors_naming_them(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_gemm_params_are_te_s_and_take_te_s_defaults():
+    """TE's fp8_gemm_fprop / dgrad / wgrad MMParams fields, with the accumulation moekit's FP8
+    kernels compute (TE's defaults): spelled out, a TE user's recipe constructs; set otherwise,
+    or changed later, it is a ValueError naming the field; MMParams itself cannot be changed."""
+    r = Float8CurrentScaling()
+    assert (r.fp8_gemm_fprop, r.fp8_gemm_dgrad, r.fp8_gemm_wgrad) == (
+        MMParams(use_split_accumulator=False), MMParams(True), MMParams(True))
+    Float8CurrentScaling(fp8_gemm_fprop=MMParams(use_split_accumulator=False),
+                         fp8_gemm_dgrad=MMParams(use_split_accumulator=True), fp8_gemm_wgrad=MMParams())
+    b = Float8BlockScaling(fp8_gemm_fprop=MMParams(True))
+    assert b.fp8_gemm_dgrad.use_split_accumulator and b.fp8_gemm_wgrad.use_split_accumulator
+    with pytest.raises(ValueError, match="fp8_gemm_dgrad"):
+        r.fp8_gemm_dgrad = MMParams(False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.fp8_gemm_wgrad.use_split_accumulator = False
 
 
 def test_changed_field_is_checked_again():

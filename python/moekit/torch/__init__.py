@@ -4,7 +4,7 @@ te.pytorch.GroupedLinear: forward(inp, m_splits, out=None, dgrad_out=None)) and 
 torch.autograd.Function; tensors reach moekit through DLPack (no torch C++ ABI).
 
 Quantized recipes (issue 40) as TE's: `moekit.torch.recipe` (Float8CurrentScaling,
-Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Format) and `autocast(recipe=...)` /
+Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Format, MMParams) and `autocast(recipe=...)` /
 `fp8_autocast(fp8_recipe=...)`, read by the modules at forward.
 
 Expert parallelism (issue 41): `moekit.torch.ep` — ExpertParallel's dispatch / combine with

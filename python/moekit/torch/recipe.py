@@ -86,6 +86,28 @@ class Recipe:
         object.__setattr__(self, "_ready", True)
 
 
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """TE's recipe.MMParams: how an FP8 GEMM accumulates. use_split_accumulator: the tensor cores'
+    partial sums promoted to fp32 as the GEMM goes (TE's split accumulator) rather than kept in
+    their own accumulation. moekit's FP8 kernels compute TE's defaults, and only those: fp8-current
+    fprop fast (False), dgrad and wgrad promoted (True); fp8-block promoted everywhere (TE requires
+    it). Another value is a ValueError naming the field. Frozen: a recipe's GEMMs change only by
+    assigning the recipe's field, which is checked again."""
+    use_split_accumulator: bool = True
+
+
+def _check_gemms(recipe, fprop_split: bool):
+    """The recipe's fp8_gemm_* fields: MMParams with the accumulation moekit's kernels compute."""
+    for field, split in (("fp8_gemm_fprop", fprop_split), ("fp8_gemm_dgrad", True),
+                         ("fp8_gemm_wgrad", True)):
+        value = getattr(recipe, field)  # moekit's MMParams or TE's (the same field)
+        if getattr(value, "use_split_accumulator", None) != split:
+            _unsupported(recipe, field, value,
+                         f"MMParams(use_split_accumulator={split}): the accumulation moekit's "
+                         f"FP8 kernels compute, TE's default")
+
+
 def _fp8_format(recipe, allowed):
     if recipe.fp8_format not in allowed:
         _unsupported(recipe, "fp8_format", recipe.fp8_format,
@@ -98,11 +120,15 @@ class Float8CurrentScaling(Recipe):
     """TE's Float8CurrentScaling: one fp32 scale per expert (group) from its current amax.
     fp8_format HYBRID (e4m3 x, W; e5m2 dy) or E4M3. use_power_2_scales, amax_epsilon: TE's
     QParams fields (one value for every operand in moekit). margin: moekit's (scale =
-    fp8_max / amax / 2^margin), default 0 as TE."""
+    fp8_max / amax / 2^margin), default 0 as TE. fp8_gemm_fprop / dgrad / wgrad: TE's MMParams,
+    TE's defaults only (fprop fast, dgrad and wgrad with the split accumulator)."""
     fp8_format: Format = Format.HYBRID
     use_power_2_scales: bool = False
     amax_epsilon: float = 0.0
     margin: int = 0
+    fp8_gemm_fprop: MMParams = dataclasses.field(default_factory=lambda: MMParams(False))
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
     _name = "fp8-current"
@@ -110,6 +136,7 @@ class Float8CurrentScaling(Recipe):
     def _check(self):
         self._check_common()
         _fp8_format(self, (Format.HYBRID, Format.E4M3))
+        _check_gemms(self, fprop_split=False)
 
     def _cpp_args(self):
         return dict(fp8_format=_fp8_format(self, (Format.HYBRID, Format.E4M3)),
@@ -120,13 +147,17 @@ class Float8CurrentScaling(Recipe):
 @dataclasses.dataclass(eq=False)
 class Float8BlockScaling(Recipe):
     """TE's Float8BlockScaling (DeepSeek-V3's): x and dy in 1×128 blocks, W in 128×128 blocks,
-    fp32 scales, power-of-two by default. Other block dimensions are not supported."""
+    fp32 scales, power-of-two by default. Other block dimensions are not supported.
+    fp8_gemm_fprop / dgrad / wgrad: TE's MMParams, split accumulation (TE requires it too)."""
     fp8_format: Format = Format.E4M3
     use_power_2_scales: bool = True
     amax_epsilon: float = 0.0
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
     _name = "fp8-block"
@@ -134,6 +165,7 @@ class Float8BlockScaling(Recipe):
     def _check(self):
         self._check_common()
         _fp8_format(self, (Format.E4M3, Format.HYBRID))
+        _check_gemms(self, fprop_split=True)
         for field, want in (("x_block_scaling_dim", 1), ("w_block_scaling_dim", 2),
                             ("grad_block_scaling_dim", 1)):
             if getattr(self, field) != want:
