@@ -273,6 +273,8 @@ class DelayedScaling:  # TE's default recipe, which moekit does not have
     (lambda: Float8CurrentScaling(fp8_gemm_wgrad=None), "fp8_gemm_wgrad"),
     (lambda: Float8BlockScaling(fp8_gemm_fprop=MMParams(False)), "fp8_gemm_fprop"),
     (lambda: Float8BlockScaling(fp8_gemm_dgrad=MMParams(False)), "fp8_gemm_dgrad"),
+    (lambda: Float8CurrentScaling(backward_override="high_precision"), "backward_override"),
+    (lambda: MXFP8BlockScaling(backward_override="dequantized"), "backward_override"),
 ])
 def test_unsupported_fields_are_errors_naming_them(make, field):
     with pytest.raises(ValueError, match=field):

@@ -17,7 +17,9 @@ is a ValueError naming the field at construction (NotImplementedError for a TE r
 moekit does not have, e.g. DelayedScaling). moekit's defaults differ from TE's only where TE's is
 a feature moekit lacks: NVFP4BlockScaling's disable_rht / disable_stochastic_rounding /
 disable_2d_quantization default to True (moekit has no random Hadamard transform, stochastic
-rounding or 2-D weight blocks yet; TE's default False is an error).
+rounding or 2-D weight blocks yet; TE's default False is an error). backward_override (TE's
+'high_precision' / 'dequantized' backward) is None only, and moekit does not read TE's
+NVTE_BACKWARD_OVERRIDE default from the environment.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class Recipe:
         for field in ("fp8_dpa", "fp8_mha"):
             if getattr(self, field, False):
                 _unsupported(self, field, True, "False: moekit has no attention")
+        if self.backward_override is not None:
+            _unsupported(self, "backward_override", self.backward_override,
+                         "None: moekit's backward reads the quantized operands (TE's default)")
         fmt = getattr(self, "fp8_format", Format.E4M3)
         if not isinstance(fmt, Format):
             raise ValueError(f"moekit: {type(self).__name__}.fp8_format must be a "
@@ -131,6 +136,7 @@ class Float8CurrentScaling(Recipe):
     fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = None
     _name = "fp8-current"
 
     def _check(self):
@@ -160,6 +166,7 @@ class Float8BlockScaling(Recipe):
     fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = None
     _name = "fp8-block"
 
     def _check(self):
@@ -184,6 +191,7 @@ class MXFP8BlockScaling(Recipe):
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = None
     _name = "mxfp8"
 
     def _check(self):
@@ -208,6 +216,7 @@ class NVFP4BlockScaling(Recipe):
     disable_2d_quantization: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = None
     _name = "nvfp4"
 
     def _check(self):
