@@ -41,3 +41,14 @@ inline void check_cublas(cublasStatus_t s, const char* call, const char* file, i
 #define MOEKIT_CUBLAS_CHECK(call) ::moekit::cuda::check_cublas((call), #call, __FILE__, __LINE__)
 #define MOEKIT_CUDA_CHECK_LAUNCH() \
   ::moekit::cuda::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+namespace moekit::cuda {
+
+// Whether work queued on `stream` is being captured into a CUDA graph (a failed query throws).
+inline bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace moekit::cuda

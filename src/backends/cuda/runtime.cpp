@@ -323,9 +323,7 @@ std::shared_ptr<ContextImpl> cuda_side_context(const Context& ctx) {
   auto& res = cuda::resources(ctx);
   if (!res.side) {
     cuda::DeviceGuard guard(res.device);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    if (cuda::stream_capturing(res.stream)) return nullptr;
     int priority = 0;  // the side stream's work is as urgent as its owner's
     MOEKIT_CUDA_CHECK(cudaStreamGetPriority(res.stream, &priority));
     cudaStream_t side_stream = nullptr;
@@ -366,9 +364,7 @@ bool cuda_stream_capturing(const Context& ctx) {
   if (!ctx.device().is_cuda()) return false;
   auto& res = cuda::resources(ctx);
   cuda::DeviceGuard guard(res.device);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(res.stream, &capture));
-  return capture != cudaStreamCaptureStatusNone;
+  return cuda::stream_capturing(res.stream);
 }
 
 void cuda_order_after(const Context& to, const Context& from) {
@@ -421,8 +417,7 @@ void cuda_release_cached_memory(const Context& ctx) {
   auto& res = cuda::resources(ctx);
   cuda::DeviceGuard guard(res.device);
   for (cudaStream_t s : {res.stream, res.side ? res.side->stream : nullptr}) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (s && cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+    if (s && cuda::stream_capturing(s)) {
       throw_error(ErrorKind::Unsupported,
                   "release_cached_memory: the context's stream is being captured into a CUDA "
                   "graph (the call waits for the stream; run it outside the capture)");

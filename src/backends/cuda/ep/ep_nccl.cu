@@ -242,9 +242,7 @@ void nccl_barrier(NcclRank& r) {
 std::vector<std::string> nccl_all_gather(NcclRank& r, std::string_view bytes) {
   cuda::DeviceGuard guard(r.ctx.device().index);
   const cudaStream_t s = stream_of(r.ctx);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
+  if (cuda::stream_capturing(s)) {
     throw_error(ErrorKind::Unsupported,
                 "nccl_communicator: all_gather (host metadata, which every ExpertParallel call "
                 "agrees on) synchronises the stream, so it cannot run while a CUDA graph is "
