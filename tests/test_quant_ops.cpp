@@ -755,8 +755,13 @@ const Fp8Feature kFp8Features[] = {
     {"a_tail", {256, 256, {256, 128}, 9, Recipe::fp8_block(Fp8Format::Hybrid)}},
     {"fp32_scales", {256, 256, {192, 64}, 0, Recipe::fp8_block(Fp8Format::Hybrid, false)}},
     {"per_group_rows_end_mid_tile", {256, 256, {192, 64}, 0, Recipe::fp8_current(Fp8Format::Hybrid)}},
+    // groups of >= 256 rows on average: the forward on the 256x128 tile (heuristics.h,
+    // takes_fp8_fast_coop256), a group ending mid-tile, an empty one, a tail; many tiles per CTA
+    {"per_group_256_row_tiles", {384, 256, {448, 0, 336}, 7, Recipe::fp8_current(Fp8Format::E4M3)}},
+    {"per_group_256_row_tiles_many", {512, 2048, {512, 528, 496}, 0, Recipe::fp8_current(Fp8Format::Hybrid)}},
     {"f16_layer", {256, 192, {192, 0, 64}, 5, Recipe::fp8_block(Fp8Format::Hybrid), DType::F16}},
     {"f16_layer_per_group", {256, 192, {192, 0, 64}, 5, Recipe::fp8_current(Fp8Format::E4M3), DType::F16}},
+    {"f16_layer_per_group_256_row_tiles", {256, 192, {448, 0, 336}, 5, Recipe::fp8_current(Fp8Format::E4M3), DType::F16}},
 };
 
 void PrintTo(const Fp8Feature& f, std::ostream* os) {

@@ -420,6 +420,8 @@ TEST(Heuristics, RulesSwitchAtTheirThresholds) {
   EXPECT_TRUE(takes_small_swap(1024));
   EXPECT_TRUE(takes_small_swap(2048));
   EXPECT_FALSE(takes_small_swap(1280));  // 256 columns past n: more than n / 8
+  EXPECT_TRUE(takes_fp8_fast_coop256(256 * 4, 4));
+  EXPECT_FALSE(takes_fp8_fast_coop256(255 * 4, 4));
   EXPECT_TRUE(takes_group_k_wide(2048 * 4, 4));
   EXPECT_FALSE(takes_group_k_wide(2047 * 4, 4));
   int asked = 0;

@@ -1,4 +1,4 @@
-// bench/studies/sm90_fp8_fast_study.cu — the study tiles of fp8-current's fast-accumulation
+// bench/studies/sm90_fp8_fast_study.cu — the study tile of fp8-current's fast-accumulation
 // group-M GEMM (sm90_fp8_fast_study.h). A study build's translation unit of moekit_sm90
 // (src/backends/cuda/sm90/sources.cmake); the product never compiles it.
 #include "backends/cuda/sm90/kernel/fp8_kernel.cuh"
@@ -13,18 +13,8 @@ struct ConfigFp8FastPingpong21 {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
-// Example 57's cooperative: 256x128x128, cluster 1x2 — each consumer warpgroup 128x128 of the tile.
-struct ConfigFp8FastCoop256 {
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using Tile = cute::Shape<cute::_256, cute::_128, cute::_128>;
-  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-};
 }  // namespace
 MOEKIT_SM90_FP8_GROUP_M_INSTANCE(fp8_group_m_e4m3_fast_pingpong21, E4M3, E4M3, DType::BF16, ConfigFp8FastPingpong21,
                                  Fp8PerGroupScales,
                                  "e4m3 x e4m3 -> bf16 pingpong 128x128x128 cluster 2x1, fast accumulation (study)")
-MOEKIT_SM90_FP8_GROUP_M_INSTANCE(fp8_group_m_e4m3_fast_coop256, E4M3, E4M3, DType::BF16, ConfigFp8FastCoop256,
-                                 Fp8PerGroupScales,
-                                 "e4m3 x e4m3 -> bf16 cooperative 256x128x128 cluster 1x2, fast accumulation (study)")
 }  // namespace moekit::cuda::sm90

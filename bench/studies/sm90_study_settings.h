@@ -24,7 +24,8 @@ struct StudySettings {
   int fused_forward = -1;        // 0 | 1: 0 declines fc1 + SwiGLU in one kernel
   int fused_backward = -1;       // 0 | 1: 1 accepts fc2 dgrad + SwiGLU backward in one kernel
   int fp8_fast = -1;             // pingpong12 | pingpong21 | coop256: the tile of fp8-current's
-                                 // fast-accumulation group-M GEMM (fprop; sm90_fp8_fast_study.cu)
+                                 // fast-accumulation group-M GEMM (fprop; pingpong21 a study tile,
+                                 // sm90_fp8_fast_study.cu; the other two the product's, forced)
 };
 
 /// The settings of this process: all automatic in a product build; a study build's parsed once

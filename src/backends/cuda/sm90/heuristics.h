@@ -44,6 +44,15 @@ constexpr bool takes_small_swap(int64_t n) {
   return 8 * ((n + kSwapSlice - 1) / kSwapSlice * kSwapSlice - n) <= n;
 }
 
+// ---- FP8 group-M (fp8-current's forward, fast accumulation): the configuration ----
+
+// Groups of >= kFp8Coop256Rows rows on average take cooperative 256x128 (CUTLASS example 57's
+// tile: B read once for 256 rows); smaller ones ping-pong 128x128, cluster 1x2. On an H100 the
+// 256-row tile was 7-14% faster on 5 of the suite's 7 shapes, 4.5% slower at dsv3_fc2 (K 2048,
+// 4096 rows a group) and 21% at small_E64 (64 rows) (PERFORMANCE.md, "FP8": fp8-current's fprop).
+inline constexpr int64_t kFp8Coop256Rows = 256;
+constexpr bool takes_fp8_fast_coop256(int64_t rows, int64_t groups) { return rows >= kFp8Coop256Rows * groups; }
+
 // ---- group-K (wgrad): the configuration ----
 
 // bf16 groups of >= kWideGroupKRows rows on average take cooperative 128x256 with a 2x1 cluster:

@@ -54,6 +54,7 @@ add_library(moekit_sm90 OBJECT  # one TU per dtype: 6 instances each (see kernel
   ${_sm90}/instances/kernels_small_swap.cu  # bf16 fprop/dgrad of small groups, A and B swapped (2)
   ${_sm90}/instances/kernels_group_k_own.cu  # bf16 -> bf16 group-K on the own ping-pong kernel (1)
   ${_sm90}/instances/kernels_fp8_group_m.cu  # FP8 per-group scales: fprop / dgrad (3)
+  ${_sm90}/instances/kernels_fp8_fast_coop256.cu  # FP8 per-group scales: fprop of large groups (2)
   ${_sm90}/instances/kernels_fp8_group_k.cu  # FP8 per-group scales: wgrad (4)
   ${_sm90}/instances/kernels_fp8_block_group_m.cu  # FP8 block scales: fprop / dgrad (3)
   ${_sm90}/instances/kernels_fp8_block_group_k.cu  # FP8 block scales: wgrad (4)

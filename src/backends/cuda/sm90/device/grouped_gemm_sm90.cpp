@@ -179,12 +179,15 @@ const Fp8GroupMInstance& choose_fp8(const Fp8GroupMProblem& p) {
     return of_dtype(d, fp8_block_group_m_dgrad_e4m3, fp8_block_group_m_dgrad_e4m3_f16);
   }
   if (p.a_code == Fp8Code::E5M2) return of_dtype(d, fp8_group_m_e5m2_promoted, fp8_group_m_e5m2_promoted_f16);
+  if (p.fast_accumulation) {
+    const int study = study_settings().fp8_fast;  // pingpong12 | pingpong21 | coop256; -1: the rule
 #if MOEKIT_SM90_STUDY_OVERRIDE
-  if (p.fast_accumulation && d == DType::BF16 && study_settings().fp8_fast > 0) {
-    return study_settings().fp8_fast == 1 ? fp8_group_m_e4m3_fast_pingpong21 : fp8_group_m_e4m3_fast_coop256;
-  }
+    if (study == 1 && d == DType::BF16) return fp8_group_m_e4m3_fast_pingpong21;
 #endif
-  if (p.fast_accumulation) return of_dtype(d, fp8_group_m_e4m3_fast, fp8_group_m_e4m3_fast_f16);
+    const bool coop256 = study < 0 ? takes_fp8_fast_coop256(p.counts.rows, p.counts.groups) : study == 2;
+    if (coop256) return of_dtype(d, fp8_group_m_e4m3_fast_coop256, fp8_group_m_e4m3_fast_coop256_f16);
+    return of_dtype(d, fp8_group_m_e4m3_fast, fp8_group_m_e4m3_fast_f16);
+  }
   return of_dtype(d, fp8_group_m_e4m3_promoted, fp8_group_m_e4m3_promoted_f16);
 }
 const Fp8GroupKInstance& choose_fp8(const Fp8GroupKProblem& p) {

@@ -21,11 +21,12 @@ struct Fp8GroupKInstance {
   void (*run)(const Fp8GroupKProblem& p, void* workspace, cudaStream_t stream);
 };
 
-// group-M: fprop (e4m3 x e4m3, fast accumulation); dgrad (dy e4m3 or e5m2 x W e4m3, promoted);
-// bf16 out, or f16 (_f16: kernels_fp8_f16.cu).
+// group-M: fprop (e4m3 x e4m3, fast accumulation; _coop256 for large groups:
+// kernels_fp8_fast_coop256.cu); dgrad (dy e4m3 or e5m2 x W e4m3, promoted); bf16 out, or f16
+// (_f16: kernels_fp8_f16.cu).
 extern const Fp8GroupMInstance fp8_group_m_e4m3_fast, fp8_group_m_e4m3_promoted,
     fp8_group_m_e5m2_promoted, fp8_group_m_e4m3_fast_f16, fp8_group_m_e4m3_promoted_f16,
-    fp8_group_m_e5m2_promoted_f16;
+    fp8_group_m_e5m2_promoted_f16, fp8_group_m_e4m3_fast_coop256, fp8_group_m_e4m3_fast_coop256_f16;
 // group-K: dy e4m3 or e5m2 x x e4m3 into an f32 (main_grad), a bf16 or an f16 dw.
 extern const Fp8GroupKInstance fp8_group_k_e4m3_f32, fp8_group_k_e4m3_bf16, fp8_group_k_e5m2_f32,
     fp8_group_k_e5m2_bf16, fp8_group_k_e4m3_f16, fp8_group_k_e5m2_f16;

@@ -43,6 +43,15 @@ struct ConfigFp8Fast {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
 };
+// fprop of groups of >= 256 rows on average (heuristics.h, takes_fp8_fast_coop256): CUTLASS
+// example 57's cooperative 256x128x128, cluster 1x2 — each consumer warpgroup 128x128 of the tile,
+// the B tile read once for 256 rows.
+struct ConfigFp8FastCoop256 {
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+};
 // dgrad and wgrad: the accumulators promoted to fp32 every four MMA k-blocks (CUTLASS's FP8
 // mainloop under the plain schedule: TE's split accumulator), which doubles them — cooperative,
 // each consumer warpgroup 64x128 of the tile (64 + 64 registers a thread). Ping-pong's 128 + 128
