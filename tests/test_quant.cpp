@@ -17,6 +17,7 @@
 #include "moekit/primitives/quantize.h"
 #include "primitives/bind.h"
 #include "support/cuda_graph.h"
+#include "support/reference.h"
 #include "support/test_util.h"
 
 namespace moekit {
@@ -684,6 +685,75 @@ TEST(QuantizeCpu, ChecksNameTheRuleAndTheArgument) {
       [&] { quantize(quant_ctx(), x, Splits::host({6}), QuantSpec{}, QuantUsage::Rowwise); });
   ASSERT_TRUE(e);
   EXPECT_THAT(e->what(), HasSubstr("'spec'"));
+  // The bias gradient beside it: db [G, C] in a compute dtype, not over x.
+  const QuantSpec grad = Recipe::fp8_block().spec(QuantRole::GradOutput);
+  const QuantizedTensor q = allocate_quantized(quant_ctx(), grad, DType::BF16, 6, 16, 2, QuantUsage::Both);
+  e = caught([&] {
+    detail::bind_quantize(quant_ctx(), x, Splits::host({3, 3}), q, Tensor::empty({2, 15}, DType::F32, host()));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'db'"), HasSubstr("[2, 16]"), HasSubstr("[2, 15]")));
+  e = caught([&] {
+    detail::bind_quantize(quant_ctx(), x, Splits::host({3, 3}), q, Tensor::empty({2, 16}, DType::I32, host()));
+  });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'db'"), HasSubstr("i32")));
+  e = caught([&] { detail::bind_quantize(quant_ctx(), x, Splits::host({3, 3}), q, x.rows(0, 2)); });
+  ASSERT_TRUE(e);
+  EXPECT_THAT(e->what(), AllOf(HasSubstr("'db'"), HasSubstr("'x'")));
+}
+
+// bind_quantize's db, the bias gradient of a layer whose output gradient x is: the column sums of
+// each group's rows, from the quantize's own read of x on the GPU's fp8-current and fp8-block
+// one-read kernels (their kDb instances), else by grouped_bias_grad beside it. Every spec, the
+// three dtypes, C on (160) and off (130) the GPU's vector paths, zero-row groups, groups over a
+// tile of rows, a tail of huge values, host and device counts: the copies equal the quantize's
+// without db byte for byte (unwritten bytes included: a poisoned context), db the fp64 column sums
+// under the fp32 accumulation bound (an empty group's exactly 0), db's guard rows untouched.
+void check_quantize_with_db(const Context& ctx) {
+  const std::vector<int64_t> counts = {130, 0, 18, 256, 2, 66};  // even: NVFP4's columnwise copy
+  const int64_t S = sum_of(counts), T = S + 5, G = static_cast<int64_t>(counts.size());
+  const Tensor counts_d = to_device(ctx, counts_tensor(counts, DType::I32));
+  int round = 0;
+  for (int64_t C : {160, 130}) {
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+      Tensor x = random_normal({T, C}, dt, 70 + C, 2.0);
+      const Tensor huge = random_normal({T, C}, dt, 71, 1e4);
+      const size_t es = size_of(dt);
+      std::memcpy(static_cast<char*>(x.data()) + S * C * es, static_cast<const char*>(huge.data()) + S * C * es,
+                  static_cast<size_t>((T - S) * C) * es);
+      const Tensor x_d = to_device(ctx, x);
+      std::vector<double> xs = to_doubles(host(), x);
+      xs.resize(static_cast<size_t>(S * C));
+      const Reference want = reference_dbias(xs, counts, C);
+      for (const NamedSpec& ns : every_spec()) {
+        const bool device_counts = round++ % 2 == 1;
+        const DType db_dt = round % 3 == 0 ? DType::F32 : dt;
+        SCOPED_TRACE(str(ns.name, " C=", C, " x ", name(dt), " db ", name(db_dt),
+                         device_counts ? " device counts" : " host counts"));
+        const Splits splits = device_counts ? Splits::device(counts_d) : Splits::host(counts);
+        const QuantizedTensor plain = quantize(ctx, x_d, splits, ns.spec, QuantUsage::Both);
+        const QuantizedTensor q = allocate_quantized(ctx, ns.spec, dt, T, C, G, QuantUsage::Both);
+        GuardedBuffer db(ctx, {G, C}, db_dt);
+        detail::bind_quantize(ctx, x_d, splits, q, db.view).run();
+        for (auto [a, b] : {std::pair{&plain.rowwise, &q.rowwise}, {&plain.columnwise, &q.columnwise},
+                            {&plain.rowwise_scale_inv, &q.rowwise_scale_inv},
+                            {&plain.columnwise_scale_inv, &q.columnwise_scale_inv}, {&plain.amax, &q.amax},
+                            {&plain.group_scale_inv, &q.group_scale_inv}}) {
+          if (a->defined()) {
+            ASSERT_EQ(bytes_of(ctx, *a), bytes_of(ctx, *b));
+          }
+        }
+        EXPECT_TRUE(matches_reference("db", db.values(), want, db_dt));
+        EXPECT_TRUE(db.untouched_outside(G));
+        EXPECT_EQ(ctx.device_error_bits(), 0u);
+      }
+    }
+  }
+}
+
+TEST(QuantizeCpu, TheBiasGradientBesideTheQuantizeIsTheColumnSumsOfEachGroup) {
+  check_quantize_with_db(quant_ctx());
 }
 
 // ---------------------------------------------------------------- the GPU quantize
@@ -870,6 +940,11 @@ TEST(QuantizeCuda, FuzzedShapesEqualTheCpuQuantizeBitForBit) {
   }
 }
 
+TEST(QuantizeCuda, TheBiasGradientBesideTheQuantizeIsTheColumnSumsOfEachGroup) {
+  MOEKIT_REQUIRE_CUDA();
+  check_quantize_with_db(poisoned(Context::cuda(0)));
+}
+
 TEST(QuantizeCuda, GraphCapturedQuantizeReplaysWithNewDeviceCounts) {
   MOEKIT_REQUIRE_CUDA();
   const test::CudaGraphApi& api = test::CudaGraphApi::get();
@@ -885,7 +960,8 @@ TEST(QuantizeCuda, GraphCapturedQuantizeReplaysWithNewDeviceCounts) {
     SCOPED_TRACE(r);
     const QuantSpec spec = Recipe::parse(r).spec(QuantRole::Input);
     const QuantizedTensor q = allocate_quantized(gpu, spec, DType::BF16, T, C, 4, QuantUsage::Both);
-    const detail::Plan plan = detail::bind_quantize(gpu, x_d, Splits::device(counts_d), q);
+    GuardedBuffer db(gpu, {4, C}, DType::F32);  // the bias gradient beside it (fused: fp8-*)
+    const detail::Plan plan = detail::bind_quantize(gpu, x_d, Splits::device(counts_d), q, db.view);
     gpu.synchronize();
     void* graph = nullptr;
     void* exec = nullptr;
@@ -901,6 +977,11 @@ TEST(QuantizeCuda, GraphCapturedQuantizeReplaysWithNewDeviceCounts) {
       EXPECT_TRUE(matches_reference(
           host_copy(gpu, q), ref_quantize(floats_of(x), T, C, counts, spec, DType::BF16), counts))
           << "replay with counts " << ::testing::PrintToString(counts);
+      std::vector<double> xs = to_doubles(host(), x);
+      xs.resize(static_cast<size_t>(sum_of(counts) * C));
+      EXPECT_TRUE(matches_reference("db", db.values(), reference_dbias(xs, counts, C), DType::F32))
+          << "replay with counts " << ::testing::PrintToString(counts);
+      EXPECT_TRUE(db.untouched_outside(4));
     }
     EXPECT_EQ(gpu.device_error_bits(), 0u);
     api.exec_destroy(exec);
@@ -917,6 +998,14 @@ TEST(QuantizeCuda, InvalidDeviceCountsWriteNothingAndSetTheErrorWord) {
       host_copy(gpu, quantize(gpu, x_d, Splits::device(counts_d),
                               Recipe::fp8_block().spec(QuantRole::Input), QuantUsage::Both));
   EXPECT_EQ(gpu.device_error_bits(), Context::kCountsExceedRows);
+  for (const char* r : {"fp8-current", "fp8-block", "mxfp8"}) {  // with the bias gradient: fused or not
+    GuardedBuffer db(gpu, {2, 128}, DType::BF16);
+    const QuantSpec spec = Recipe::parse(r).spec(QuantRole::GradOutput);
+    detail::bind_quantize(gpu, x_d, Splits::device(counts_d),
+                          allocate_quantized(gpu, spec, DType::BF16, 64, 128, 2, QuantUsage::Both), db.view)
+        .run();
+    EXPECT_TRUE(db.untouched_outside(0)) << r;
+  }
   for (int64_t i = 0; i < q.rowwise.numel(); ++i)
     ASSERT_EQ(q.rowwise.data_as<uint8_t>()[i], 0xFF) << i;
   for (int64_t i = 0; i < q.columnwise.numel(); ++i)

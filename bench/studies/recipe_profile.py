@@ -5,6 +5,9 @@ K 4096, N 3072, bf16, device counts) forward + backward under each recipe given,
 warm-up, traced by torch.profiler: milliseconds per step per kernel, largest first. A study.
 
     PYTHONPATH=build/python python3 bench/studies/recipe_profile.py [none fp8-block mxfp8 ...]
+
+A name ending in "+bias" gives the layer a bias (its gradient: grouped_bias_grad's kernel on the
+bf16 path, fused into dy's quantize on the fp8-current / fp8-block paths).
 """
 import sys
 
@@ -22,19 +25,24 @@ RECIPES = {"fp8-block": Float8BlockScaling, "mxfp8": MXFP8BlockScaling,
 def main():
     names = sys.argv[1:] or ["none", "fp8-block", "mxfp8"]
     E, T, K, N = 16, 16384, 4096, 3072
-    layer = mt.GroupedLinear(E, K, N, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    layers = {b: mt.GroupedLinear(E, K, N, bias=b, params_dtype=torch.bfloat16, device="cuda")
+              for b in (False, True)}
     x = torch.randn(T, K, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dy = torch.randn(T, N, dtype=torch.bfloat16, device="cuda")
     splits = torch.full((E,), T // E, dtype=torch.int32, device="cuda")
     from torch.profiler import ProfilerActivity, profile
     for name in names:
+        recipe, bias = name.removesuffix("+bias"), name.endswith("+bias")
+        layer = layers[bias]
+
         def step():
             x.grad = None
-            layer.weight.grad = None
-            if name == "none":
+            for p in layer.parameters():
+                p.grad = None
+            if recipe == "none":
                 layer(x, splits).backward(dy)
             else:
-                with mt.autocast(recipe=RECIPES[name]()):
+                with mt.autocast(recipe=RECIPES[recipe]()):
                     layer(x, splits).backward(dy)
         for _ in range(3):
             step()

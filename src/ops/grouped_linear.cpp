@@ -253,7 +253,8 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
     if (need_dx || need_dw) {
       qdy = allocate_quantized(ctx_, config_.recipe.spec(QuantRole::GradOutput), dy.dtype(), T,
                                config_.out, config_.groups, usage);
-      work->quantize = detail::bind_quantize(ctx_, dy, splits, qdy);
+      // The bias gradient from the quantize's read of dy (bind_quantize's db).
+      work->quantize = detail::bind_quantize(ctx_, dy, splits, qdy, params.bias);
     }
   }
   if (need_dw) {
@@ -269,7 +270,9 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
                                                           BOp::Plain, splits, bound.input)
                          : detail::bind_group_m(ctx_, dy, weight_, BOp::Plain, splits, bound.input);
   }
-  if (params.bias.defined()) work->db = detail::bind_bias_grad(ctx_, dy, splits, params.bias, false);
+  if (params.bias.defined() && work->quantize.empty()) {
+    work->db = detail::bind_bias_grad(ctx_, dy, splits, params.bias, false);
+  }
   work->held = {dy, saved.input, splits.device_counts(), splits.device_copy(), params.weight};
   for (const QuantizedTensor* q : {static_cast<const QuantizedTensor*>(&qdy), &saved.quantized_input}) {  // what a quantized dW reads
     if (q->has_columnwise()) work->held.insert(work->held.end(), {q->columnwise, q->columnwise_scale_inv, q->group_scale_inv});

@@ -38,9 +38,12 @@ Plan bind_gemm_dswiglu(const Context& ctx, const Tensor& dy, const Tensor& w,
                        GluLayout layout, const Tensor& dh, const Tensor& dprobs,
                        bool accumulate_dprobs);
 
-/// Quantize x into q (allocated by allocate_quantized for x's shape and the splits' groups).
+/// Quantize x into q (allocated by allocate_quantized for x's shape and the splits' groups). With
+/// db ([G, C], not accumulated): also db[g] = the column sums of group g's rows of x, the bias
+/// gradient of a layer whose output gradient x is — from the quantize's own read of x where its
+/// kernel can (the GPU's one-read fp8-current and fp8-block kernels), else by grouped_bias_grad's.
 Plan bind_quantize(const Context& ctx, const Tensor& x, const Splits& splits,
-                   const QuantizedTensor& q);
+                   const QuantizedTensor& q, const Tensor& db = {});
 Plan bind_group_m_quantized(const Context& ctx, const QuantizedTensor& a, const QuantizedTensor& b,
                             BOp op, const Splits& splits, const Tensor& out, const Tensor& bias = {});
 Plan bind_group_k_quantized(const Context& ctx, const QuantizedTensor& dy, const QuantizedTensor& x,

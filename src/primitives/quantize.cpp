@@ -163,7 +163,7 @@ QuantizedTensor allocate_quantized(const Context& ctx, const QuantSpec& spec, DT
 }
 
 detail::Plan detail::bind_quantize(const Context& ctx, const Tensor& x, const Splits& splits,
-                                   const QuantizedTensor& q) {
+                                   const QuantizedTensor& q, const Tensor& db) {
   const Device dev = ctx.device();
   if (!x.defined() || x.dim() != 2) throw_invalid("x", "a 2-D tensor [T, C]", x.describe());
   if (!is_compute_dtype(x.dtype())) throw_invalid("x", "dtype f32, f16 or bf16", name(x.dtype()));
@@ -186,8 +186,12 @@ detail::Plan detail::bind_quantize(const Context& ctx, const Tensor& x, const Sp
                        "NVFP4's columnwise copy packs two rows per byte, never across groups");
     }
   }
+  if (db.defined()) {
+    if (!is_compute_dtype(db.dtype())) throw_invalid("db", "dtype f32, f16 or bf16", name(db.dtype()));
+    check_caller_buffer("db", db, {G, C}, db.dtype(), dev, {{"x", x}});
+  }
   return detail::bind<detail::QuantizeArgs>("quantize", kQuantize, ctx,
-                                            {ctx, x, splits, q, G, T, C});
+                                            {ctx, x, splits, q, G, T, C, db});
 }
 
 QuantizedTensor quantize(const Context& ctx, const Tensor& x, const Splits& splits,

@@ -13,13 +13,15 @@
 
 namespace moekit::detail {
 
-/// quantize: the copies q.usage names, from x [T, C] grouped by splits.
+/// quantize: the copies q.usage names, from x [T, C] grouped by splits; with db, also the column
+/// sums of each group's rows (a bias gradient, fp32 sums rounded once; 0 for an empty group).
 struct QuantizeArgs {
   Context ctx;
   Tensor x;  // [T, C]
   Splits splits;
   QuantizedTensor q;  // allocated, written by the backend
   int64_t groups, rows, cols;
+  Tensor db;  // [G, C] or undefined
 };
 
 /// dequantize: one copy of q into out (f32; [T, C] rowwise, [C, T] columnwise).

@@ -19,6 +19,7 @@
 #include "backends/contract/backend_table.h"
 #include "backends/contract/quant_args.h"
 #include "backends/contract/quant_math.h"
+#include "backends/cpu/cpu_backend.h"
 #include "moekit/core/error.h"
 
 namespace moekit::cpu {
@@ -230,6 +231,8 @@ void quantize_run(const detail::QuantizeArgs& args) {
       }
     }
   }
+  // The bias gradient beside it: grouped_bias_grad's CPU entry (its sums, in its order).
+  if (args.db.defined()) kBiasGrad.run({args.ctx, args.x, args.splits, args.db, false, G, args.rows, C});
 }
 
 // ---------------------------------------------------------------- dequantize

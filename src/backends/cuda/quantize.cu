@@ -19,6 +19,10 @@
 //   128×128: one CTA per tile — a block-wide amax, then both copies;
 //   per group: one CTA per 64×128 tile, both copies from one read (the columnwise one through
 //     shared memory).
+// With a bias gradient asked for (QuantizeArgs::db), the fp8-current and fp8-block one-read kernels
+// also sum each tile's columns (kDb: the per-group kernel's tiles then follow the groups' blocks of
+// 64 rows, as the fp8-block kernel's do), and db_reduce_kernel adds each group's tiles in order;
+// every other path runs grouped_bias_grad's kernel after the quantize (a second read of x).
 // Rows [S, T) are never read or written. NVFP4's columnwise copy needs even counts: an odd device
 // count makes the call write nothing and sets Context::kCountsMisaligned. The fp8-block and
 // per-group kernels read every element once, the other 1-D block kernels once per copy, the 128×128
@@ -34,6 +38,7 @@
 #include "backends/contract/quant_args.h"
 #include "backends/contract/quant_math.h"
 #include "backends/cuda/check.h"
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_quantize.h"
 #include "backends/cuda/device_counts.cuh"
 #include "backends/cuda/device_math.cuh"
@@ -58,6 +63,9 @@ struct QuantParams {
   void* col_scale;
   float* amax;       // [G] or null
   float* group_dec;  // [G] (Nv) or null
+  // The fused bias gradient (the kDb kernels): each tile row block's column sums [RB, C], the
+  // tiles' row blocks never crossing a group (the setup kernel's row-block offsets of `block`).
+  float* db_part;
   // Workspace written by the setup kernel: [0] = S (or -1: invalid counts), offsets [G+1] at
   // [1..], row-block offsets [G+1] after them.
   int64_t* ws;
@@ -508,6 +516,50 @@ __device__ __forceinline__ void with_format_and_nan(bool e4, bool fix_nan, F&& b
   }
 }
 
+// The fused bias gradient's share of one tile (kDb kernels): thread (warp, lane) holds rows of the
+// tile at columns 4·lane .. 4·lane + 3 as raw vectors v (rows past the tile's: zeros); it sums its
+// columns down its rows in order, then the warps' sums are added in warp order and stored at
+// out[j] for the tile's columns j < cols. part: shared [warps][128], free on entry and on return
+// (every thread of the CTA calls it).
+template <class T, class R, int kN, int kWarps>
+__device__ __forceinline__ void tile_column_sums(const R (&v)[kN], float (*part)[128], float* out,
+                                                 int cols) {
+  const int warp = static_cast<int>(threadIdx.x / 32), c = static_cast<int>(threadIdx.x % 32) * 4;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    float x[4];
+    raw_floats<T>(v[i], x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sum[j] += x[j];
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) part[warp][c + j] = sum[j];
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < cols) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += part[w][threadIdx.x];
+    out[threadIdx.x] = total;
+  }
+  __syncthreads();
+}
+
+// db[g, c] = Σ db_part[k, c] over group g's tile row blocks k in order, rounded once; 0 for an
+// empty group. Nothing is written when the counts are invalid.
+template <class Out>
+__global__ void db_reduce_kernel(QuantParams p, Out* __restrict__ db) {
+  if (p.ws[0] < 0) return;
+  const int64_t* rb = rb_offsets(p);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.G * p.C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t g = i / p.C, c = i % p.C;
+    float sum = 0.0f;
+    for (int64_t k = rb[g]; k < rb[g + 1]; ++k) sum += p.db_part[k * p.C + c];
+    db[i] = from_float<Out>(sum);
+  }
+}
+
 // Per-group scaling (e4m3 / e5m2): one CTA per tile of kPgRows rows × kPgCols columns
 // (grid-strided), each element read once for both copies. A tile may span groups: each row's factor
 // is its group's (1/scale_inv[g], recomputed exactly as group_scales_kernel stored it). One column
@@ -560,7 +612,9 @@ __global__ void __launch_bounds__(kPgThreads) per_group_kernel(QuantParams p, bo
 // of the tile (a row's 128 columns a warp per load), the format a constant of the encode loop and
 // NaN fix-ups only in warps that hold a NaN; the columnwise codes transposed four rows at a time by
 // byte permutes and staged one word a column (rotated by lane group: no bank conflicts).
-template <class T>
+// kDb: also the bias gradient's tile sums (tile_column_sums), the tiles then group row block k of
+// 64 rows × a strip (the setup kernel's row-block offsets), never across a group.
+template <class T, bool kDb>
 __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParams p, bool col_words) {
   const int64_t S = p.ws[0];
   if (S < 0) return;
@@ -573,10 +627,17 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int c = lane * kV, r0 = warp * kRowsPerWarp;
   const bool e4 = p.format == QuantFormat::E4M3;
-  const int64_t strips = (p.C + kPgCols - 1) / kPgCols, tiles = (S + kPgRows - 1) / kPgRows * strips;
+  const int64_t strips = (p.C + kPgCols - 1) / kPgCols;
+  const int64_t tiles = (kDb ? rb_offsets(p)[p.G] : (S + kPgRows - 1) / kPgRows) * strips;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform per CTA
-    const int64_t t0 = tile / strips * kPgRows, c0 = tile % strips * kPgCols;
-    const int rows = static_cast<int>(S - t0 < kPgRows ? S - t0 : kPgRows);
+    const int64_t k = tile / strips, c0 = tile % strips * kPgCols;
+    int64_t t0 = k * kPgRows, end = S;
+    if constexpr (kDb) {  // group row block k: rows [t0, end) of its group
+      const int64_t g = group_of_row(rb_offsets(p), p.G, k);
+      t0 = offsets(p)[g] + (k - rb_offsets(p)[g]) * kPgRows;
+      end = offsets(p)[g + 1];
+    }
+    const int rows = static_cast<int>(end - t0 < kPgRows ? end - t0 : kPgRows);
     const int cols = static_cast<int>(p.C - c0 < kPgCols ? p.C - c0 : kPgCols);
     const bool live = c < cols;
     R x[kRowsPerWarp];  // rows past the tile's: zeros, whose codes are never stored
@@ -584,6 +645,10 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       x[i] = live && r0 + i < rows ? *reinterpret_cast<const R*>(src + i * p.C) : R{};
+    }
+    if constexpr (kDb) {
+      __shared__ float part[kWarps][kPgCols];
+      tile_column_sums<T, R, kRowsPerWarp, kWarps>(x, part, p.db_part + k * p.C + c0, cols);
     }
     if (threadIdx.x < rows) {
       const int64_t g = group_of_row(offsets(p), p.G, t0 + threadIdx.x);
@@ -622,7 +687,9 @@ __global__ void __launch_bounds__(kPgThreads, 3) per_group_vec_kernel(QuantParam
       }
     });
     __syncthreads();
-    if (p.col) store_columnwise<kPgRows, kPgCols, kPgThreads>(p, codes, t0, rows, c0, cols, col_words);
+    if (p.col) {
+      store_columnwise<kPgRows, kPgCols, kPgThreads>(p, codes, t0, rows, c0, cols, col_words && t0 % 4 == 0);
+    }
     __syncthreads();  // factor and codes reused by the next tile
   }
 }
@@ -746,11 +813,15 @@ struct B1Shared {
 // kPasses·warp .. kPasses·warp + kPasses − 1 of the tile at columns 4·lane .. 4·lane + 3 (v[i]:
 // row kPasses·warp + i; rows and columns past the tile's: zeros, whose codes are never stored).
 // Ends with the CTA's shared memory free for the next tile.
-template <class T, class R>
+// kDb: first the bias gradient's tile sums (tile_column_sums, through sh.part).
+template <class T, bool kDb, class R>
 __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1Tile& cur,
                                                   const R (&v)[kB1Rows / (kB1Threads / 32)],
                                                   B1Shared& sh, bool col_words) {
   constexpr int kV = 4, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
+  if constexpr (kDb) {
+    tile_column_sums<T, R, kPasses, kWarps>(v, sh.part, p.db_part + cur.k * p.C + cur.c0, cur.cols);
+  }
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int c = lane * kV;  // this thread's first column in the strip
   const int r0 = kPasses * warp;  // this warp's first row in the tile
@@ -837,7 +908,7 @@ __device__ __forceinline__ void block1d_cast_tile(const QuantParams& p, const B1
   }
 }
 
-template <class T>
+template <class T, bool kDb>
 __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel(QuantParams p, bool col_words) {
   if (p.ws[0] < 0) return;
   constexpr int kV = 4, kLanes = kB1Cols / kV, kWarps = kB1Threads / 32, kPasses = kB1Rows / kWarps;
@@ -884,7 +955,7 @@ __global__ void __launch_bounds__(kB1Threads, kB1MinBlocks) block1d_tiles_kernel
       nxt = b1_tile_at(p, next);
       load(nxt);
     }
-    block1d_cast_tile<T>(p, cur, v, sh, col_words);
+    block1d_cast_tile<T, kDb>(p, cur, v, sh, col_words);
     cur = nxt;
   }
 }
@@ -895,13 +966,51 @@ unsigned grid_for(int64_t work, int threads, int sms) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
 }
 
+// db[g] (QuantizeArgs::db) from the kDb kernels' tile sums in p.db_part.
+void launch_db_reduce(const QuantParams& p, const Tensor& db, CudaResources& res) {
+  const unsigned grid = grid_for(p.G * p.C, 256, res.sm_count);
+  switch (db.dtype()) {
+    case DType::F32:
+      db_reduce_kernel<<<grid, 256, 0, res.stream>>>(p, db.data_as<float>());
+      break;
+    case DType::F16:
+      db_reduce_kernel<<<grid, 256, 0, res.stream>>>(p, db.data_as<__half>());
+      break;
+    default:
+      db_reduce_kernel<<<grid, 256, 0, res.stream>>>(p, db.data_as<__nv_bfloat16>());
+  }
+  MOEKIT_CUDA_CHECK_LAUNCH();
+}
+
+// Every kernel of one quantize of x (p) into q's copies. With db defined, the bias gradient too:
+// fused into the fp8-current and fp8-block one-read kernels (their kDb instances, tile sums into a
+// workspace from ctx's allocator, then launch_db_reduce); returns false when the chosen path does
+// not fuse it, and the caller runs it apart.
 template <class T>
-void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources& res) {
+bool launch_all(QuantParams p, const DeviceCounts& counts, const Tensor& db, const Context& ctx,
+                CudaResources& res) {
   const int sms = res.sm_count;
   const cudaStream_t stream = res.stream;
+  // The one-read kernels' vector paths: 4 elements of x a load, 4 rowwise codes a store, and the
+  // columnwise copy stored as 4-byte words.
+  const auto aligned = [](const void* q, int64_t bytes) {
+    return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
+  };
+  const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
+                   (p.row == nullptr || p.row_ld % 4 == 0);
+  const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
+  const bool per_group = p.scaling == Scaling::PerGroup;
+  const bool block1d = p.scaling == Scaling::Block1D && p.block == kB1Rows && vec;
+  const bool fuse_db = db.defined() && ((per_group && vec) || block1d);
+  Tensor part;  // the kDb kernels' tile sums: a row of C per tile row block
+  if (fuse_db) {
+    if (per_group) p.block = kPgRows;  // the setup's row blocks are the per-group kernel's tiles
+    const int64_t row_blocks = per_group ? (p.T + kPgRows - 1) / kPgRows + p.G : p.RB;
+    part = Tensor::empty({std::max<int64_t>(1, row_blocks * p.C)}, DType::F32, ctx);
+    p.db_part = part.data_as<float>();
+  }
   quant_setup_kernel<<<1, 256, 0, stream>>>(counts, p);
   MOEKIT_CUDA_CHECK_LAUNCH();
-  const bool per_group = p.scaling == Scaling::PerGroup;
   if (per_group || p.scaling == Scaling::Nv) {
     constexpr int kV = 16 / sizeof(T);
     if (p.C % kV == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
@@ -913,36 +1022,38 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     group_scales_kernel<<<static_cast<unsigned>((p.G + 255) / 256), 256, 0, stream>>>(p);
     MOEKIT_CUDA_CHECK_LAUNCH();
   }
-  // The one-read kernels' vector paths: 4 elements of x a load, 4 rowwise codes a store, and the
-  // columnwise copy stored as 4-byte words.
-  const auto aligned = [](const void* q, int64_t bytes) {
-    return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
-  };
-  const bool vec = p.C % 4 == 0 && aligned(p.x, 4 * sizeof(T)) && aligned(p.row, 4) &&
-                   (p.row == nullptr || p.row_ld % 4 == 0);
-  const bool col_words = aligned(p.col, 4) && p.col_ld % 4 == 0;
   if (per_group) {
-    const int64_t tiles = (p.T + kPgRows - 1) / kPgRows * ((p.C + kPgCols - 1) / kPgCols);
+    const int64_t row_tiles = (p.T + kPgRows - 1) / kPgRows + (fuse_db ? p.G : 0);
+    const int64_t tiles = row_tiles * ((p.C + kPgCols - 1) / kPgCols);
     const unsigned grid = grid_for(tiles * kPgThreads, kPgThreads, sms);  // a CTA a tile, capped
-    if (vec) {
-      per_group_vec_kernel<T><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+    if (fuse_db) {
+      per_group_vec_kernel<T, true><<<grid, kPgThreads, 0, stream>>>(p, col_words);
+    } else if (vec) {
+      per_group_vec_kernel<T, false><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     } else {
       per_group_kernel<T><<<grid, kPgThreads, 0, stream>>>(p, col_words);
     }
   } else if (p.scaling == Scaling::Block2D) {
     tile_blocks_kernel<T><<<static_cast<unsigned>(sms * 4), 256, 0, stream>>>(p);
-  } else if (p.scaling == Scaling::Block1D && p.block == kB1Rows && vec) {
+  } else if (block1d) {
     const int64_t tiles = p.RB * ((p.C + kB1Cols - 1) / kB1Cols);
     const unsigned grid = grid_for(tiles * kB1Threads, kB1Threads, sms);
     constexpr size_t smem = block1d_stage_bytes<T>();  // > 48 KiB: opted in once per device and type
-    static std::atomic<uint64_t> opted_devices{0};
-    const uint64_t bit = uint64_t{1} << (res.device & 63);
-    if ((opted_devices.load(std::memory_order_acquire) & bit) == 0) {
-      MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(block1d_tiles_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem)));
-      opted_devices.fetch_or(bit, std::memory_order_acq_rel);
+    const auto launch = [&](auto kernel, std::atomic<uint64_t>& opted_devices) {
+      const uint64_t bit = uint64_t{1} << (res.device & 63);
+      if ((opted_devices.load(std::memory_order_acquire) & bit) == 0) {
+        MOEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)));
+        opted_devices.fetch_or(bit, std::memory_order_acq_rel);
+      }
+      kernel<<<grid, kB1Threads, smem, stream>>>(p, col_words);
+    };
+    static std::atomic<uint64_t> opted_plain{0}, opted_db{0};
+    if (fuse_db) {
+      launch(block1d_tiles_kernel<T, true>, opted_db);
+    } else {
+      launch(block1d_tiles_kernel<T, false>, opted_plain);
     }
-    block1d_tiles_kernel<T><<<grid, kB1Threads, smem, stream>>>(p, col_words);
   } else {
     if (p.row)
       rowwise_blocks_kernel<T>  // a warp per (row, block)
@@ -955,6 +1066,8 @@ void launch_all(const QuantParams& p, const DeviceCounts& counts, CudaResources&
     }
   }
   MOEKIT_CUDA_CHECK_LAUNCH();
+  if (fuse_db) launch_db_reduce(p, db, res);
+  return fuse_db;
 }
 
 // ---------------------------------------------------------------- dequantize (CPU oracle:
@@ -1177,6 +1290,8 @@ void dequantize_bf16_rows(const Context& ctx, const QuantizedTensor& q, const Sp
 namespace {}  // namespace
 
 std::string quantize_rejects(const detail::QuantizeArgs& a) {
+  // A bias gradient may take grouped_bias_grad's kernel (the paths that do not fuse it): its limits.
+  if (a.db.defined()) return kBiasGrad.rejects({a.ctx, a.x, a.splits, a.db, false, a.groups, a.rows, a.cols});
   return reject_unless_cuda(a.ctx);
 }
 
@@ -1218,15 +1333,23 @@ void quantize_run(const detail::QuantizeArgs& a) {
   // Setup workspace: S, offsets [G+1], row-block offsets [G+1], from the context's allocator.
   const Tensor ws = Tensor::empty({2 * a.groups + 3}, DType::I64, a.ctx);
   const QuantParams p = quant_params(a.q, a.x.data(), a.x.dtype(), a.rows, a.cols, a.groups, ws);
+  bool db_done = false;
   switch (a.x.dtype()) {
     case DType::F32:
-      return launch_all<float>(p, counts.view, res);
+      db_done = launch_all<float>(p, counts.view, a.db, a.ctx, res);
+      break;
     case DType::F16:
-      return launch_all<__half>(p, counts.view, res);
+      db_done = launch_all<__half>(p, counts.view, a.db, a.ctx, res);
+      break;
     case DType::BF16:
-      return launch_all<__nv_bfloat16>(p, counts.view, res);
+      db_done = launch_all<__nv_bfloat16>(p, counts.view, a.db, a.ctx, res);
+      break;
     default:
       throw_invalid("x", "dtype f32, f16 or bf16", name(a.x.dtype()));
+  }
+  // A path that does not fuse the bias gradient: grouped_bias_grad's kernel, a second read of x.
+  if (a.db.defined() && !db_done) {
+    kBiasGrad.run({a.ctx, a.x, a.splits, a.db, false, a.groups, a.rows, a.cols});
   }
 }
 
