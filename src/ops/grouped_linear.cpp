@@ -270,7 +270,7 @@ BoundBackward GroupedLinear::bind_backward(const Saved& saved, const Tensor& dy,
                                                           BOp::Plain, splits, bound.input)
                          : detail::bind_group_m(ctx_, dy, weight_, BOp::Plain, splits, bound.input);
   }
-  if (params.bias.defined() && work->quantize.empty()) {
+  if (params.bias.defined() && !quantized) {  // quantized: dy's quantize computes it (above)
     work->db = detail::bind_bias_grad(ctx_, dy, splits, params.bias, false);
   }
   work->held = {dy, saved.input, splits.device_counts(), splits.device_copy(), params.weight};

@@ -481,7 +481,8 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
   if (dw1 || s.input_requires_grad) {
     dh_q = allocate_quantized(l1.context(), recipe.spec(QuantRole::GradOutput), dt, T, 2 * F, G,
                               usage_for(s.input_requires_grad, dw1));
-    w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q, grads.fc1.bias);  // and db1
+    // db1 (defined only with dW1, so dh is quantized whenever it is) from the same read of dh.
+    w->quantize1 = detail::bind_quantize(l1.context(), dh, s.splits, dh_q, grads.fc1.bias);
   }
   if (dw1) {
     w->dw1 = detail::bind_group_k_quantized(w->on(*w->side1), dh_q, s.x_q, s.splits,
@@ -489,9 +490,6 @@ BoundBackward GroupedMLP::bind_backward_quantized(const Saved& s, const Tensor& 
   }
   if (s.input_requires_grad) {
     w->dx = detail::bind_group_m_quantized(l1.context(), dh_q, s.w1_q, BOp::Plain, s.splits, grads.input);
-  }
-  if (grads.fc1.bias.defined() && w->quantize1.empty()) {
-    w->db1 = detail::bind_bias_grad(l1.context(), dh, s.splits, grads.fc1.bias, false);
   }
   const Tensor counts = s.splits.device_counts();
   const Tensor copy = s.splits.device_copy();
